@@ -1,0 +1,123 @@
+"""Encode and decode a placement decision as pod annotations.
+
+The decision is the ``gpupool.io/allocation`` annotation, compact JSON::
+
+    {"v": 1, "node": "n7", "cpuMilli": 4000, "memoryMiB": 8192, "exclusive": false,
+     "containers": [{"name": "main",
+                     "gpus": [{"uuid": "GPU-…", "index": 3, "memoryMiB": 4096, "corePct": 30}]}]}
+
+plus ``gpupool.io/node``, ``gpupool.io/bind-time`` (RFC 3339, UTC) and
+``gpupool.io/phase`` (allocating → allocated | failed, with ``gpupool.io/reason``).
+``index`` is the GPU's position on its node in the order the node publishes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpupool.contract import names
+from gpupool.core.allocation import Allocation, Slice
+from gpupool.core.errors import InvalidInput
+
+VERSION = 1
+MAX_ANNOTATION_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """A pod's recorded decision: its allocation, phase and bind time."""
+
+    allocation: Allocation
+    phase: str
+    bind_time: str
+    reason: str = ""
+
+
+def encode(alloc: Allocation, bind_time: str, phase: str = names.PHASE_ALLOCATING
+           ) -> dict[str, str]:
+    """The annotations that record ``alloc`` (merge them into the pod's metadata)."""
+    if phase not in names.PHASES:
+        raise InvalidInput(f"unknown phase {phase!r}")
+    containers: dict[str, list[dict[str, Any]]] = {}
+    for s in alloc.slices:
+        containers.setdefault(s.container, []).append(
+            {"uuid": s.gpu_uuid, "index": s.gpu_position, "memoryMiB": s.memory_mib,
+             "corePct": s.core_pct})
+    body = {
+        "v": VERSION, "node": alloc.node, "cpuMilli": alloc.cpu_milli,
+        "memoryMiB": alloc.memory_mib, "exclusive": alloc.exclusive,
+        "containers": [{"name": n, "gpus": g} for n, g in containers.items()],
+    }
+    return {
+        names.ANNOTATION_NODE: alloc.node,
+        names.ANNOTATION_ALLOCATION: json.dumps(body, separators=(",", ":"), sort_keys=True),
+        names.ANNOTATION_BIND_TIME: bind_time,
+        names.ANNOTATION_PHASE: phase,
+    }
+
+
+def has_decision(annotations: Mapping[str, str] | None) -> bool:
+    return bool(annotations) and names.ANNOTATION_ALLOCATION in (annotations or {})
+
+
+def decode(key: str, annotations: Mapping[str, str]) -> Decision:
+    """The decision recorded in ``annotations``; ``InvalidInput`` says what is broken."""
+    raw = annotations.get(names.ANNOTATION_ALLOCATION)
+    if raw is None:
+        raise InvalidInput(f"pod {key} has no {names.ANNOTATION_ALLOCATION} annotation")
+    if len(raw) > MAX_ANNOTATION_BYTES:
+        raise InvalidInput(f"pod {key}: {names.ANNOTATION_ALLOCATION} is too large")
+    try:
+        body = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise InvalidInput(f"pod {key}: {names.ANNOTATION_ALLOCATION} is not JSON ({exc})") from None
+    if not isinstance(body, dict) or body.get("v") != VERSION:
+        raise InvalidInput(f"pod {key}: {names.ANNOTATION_ALLOCATION} is not version {VERSION}")
+    node = _field(key, body, "node", str)
+    if annotations.get(names.ANNOTATION_NODE, node) != node:
+        raise InvalidInput(f"pod {key}: {names.ANNOTATION_NODE} disagrees with the allocation")
+    slices = []
+    for c in _field(key, body, "containers", list):
+        if not isinstance(c, dict):
+            raise InvalidInput(f"pod {key}: a container entry is not an object")
+        cname = _field(key, c, "name", str)
+        for g in _field(key, c, "gpus", list):
+            if not isinstance(g, dict):
+                raise InvalidInput(f"pod {key}: a GPU entry of {cname} is not an object")
+            slices.append(Slice(_field(key, g, "uuid", str), _nat(key, g, "index"),
+                                _nat(key, g, "memoryMiB"), _nat(key, g, "corePct"), cname))
+    alloc = Allocation(key, node, _nat(key, body, "cpuMilli"), _nat(key, body, "memoryMiB"),
+                       tuple(slices), bool(body.get("exclusive", False)))
+    phase = annotations.get(names.ANNOTATION_PHASE, names.PHASE_ALLOCATING)
+    if phase not in names.PHASES:
+        raise InvalidInput(f"pod {key}: unknown phase {phase!r}")
+    return Decision(alloc, phase, annotations.get(names.ANNOTATION_BIND_TIME, ""),
+                    annotations.get(names.ANNOTATION_REASON, ""))
+
+
+def phase_patch(phase: str, reason: str = "") -> dict[str, str]:
+    """Annotations that advance the phase (the node agent's write)."""
+    if phase not in names.PHASES:
+        raise InvalidInput(f"unknown phase {phase!r}")
+    patch = {names.ANNOTATION_PHASE: phase}
+    if reason:
+        patch[names.ANNOTATION_REASON] = reason[:1024]
+    return patch
+
+
+def _field(key: str, obj: Mapping[str, Any], name: str, kind: type) -> Any:
+    value = obj.get(name)
+    if not isinstance(value, kind) or (kind is str and not value):
+        raise InvalidInput(f"pod {key}: allocation field {name!r} is missing or not a "
+                           f"{kind.__name__}")
+    return value
+
+
+def _nat(key: str, obj: Mapping[str, Any], name: str) -> int:
+    value = obj.get(name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0 or value > 2**40:
+        raise InvalidInput(f"pod {key}: allocation field {name!r} must be a whole number >= 0")
+    return value

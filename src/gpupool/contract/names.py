@@ -1,0 +1,27 @@
+"""Resource names, labels and annotation keys users and components type (stable)."""
+
+GROUP = "gpupool.io"
+API_VERSION = "gpupool.io/v1alpha1"
+
+# pod resources (container limits)
+RESOURCE_GPU = "gpupool.io/gpu"
+RESOURCE_MEMORY = "gpupool.io/gpu-memory"  # MiB per GPU
+RESOURCE_CORE = "gpupool.io/gpu-core"  # percent of one GPU per GPU
+CLASS_RESOURCE_PREFIX = "class.gpupool.io/"
+
+# set by users
+LABEL_GROUP = "gpupool.io/group"
+ANNOTATION_MODE = "gpupool.io/mode"  # exclusive | shared
+ANNOTATION_AFFINITY = "gpupool.io/affinity"  # pod | least-loaded
+
+# written by gpupool (the durable record of a decision)
+ANNOTATION_NODE = "gpupool.io/node"
+ANNOTATION_ALLOCATION = "gpupool.io/allocation"
+ANNOTATION_BIND_TIME = "gpupool.io/bind-time"
+ANNOTATION_PHASE = "gpupool.io/phase"
+ANNOTATION_REASON = "gpupool.io/reason"
+
+PHASE_ALLOCATING = "allocating"
+PHASE_ALLOCATED = "allocated"
+PHASE_FAILED = "failed"
+PHASES = (PHASE_ALLOCATING, PHASE_ALLOCATED, PHASE_FAILED)

@@ -1,0 +1,144 @@
+"""Does a request fit? Vectorised masks over all nodes, and reasons for the ones that fail."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from gpupool.core.reasons import Check, Reason
+from gpupool.core.request import GpuDemand, PodRequest, merged_demand
+from gpupool.core.state import BoolArray, ClusterState, IntArray
+from gpupool.core.model import CORE_UNITS_PER_GPU
+
+
+@dataclass(frozen=True, slots=True)
+class Constraints:
+    """Masks from outside the node's own resources: classes, groups (may be None)."""
+
+    node_mask: BoolArray | None = None
+    gpu_mask: BoolArray | None = None
+    blocked: Reason | None = None  # request-level refusal (quota), applies to every node
+
+
+def demand_of(request: PodRequest) -> GpuDemand | None:
+    return merged_demand(request) if request.gpus else None
+
+
+def gpu_fit_mask(state: ClusterState, demand: GpuDemand, gpu_mask: BoolArray | None) -> BoolArray:
+    """[node, gpu] -> this GPU can take one slice of ``demand`` now."""
+    ok = state.present & state.healthy
+    if demand.exclusive:
+        ok = ok & (state.core_free == state.core_cap) & (state.unit_free == state.unit_cap)
+    else:
+        units = state.units_for(demand.memory_mib)
+        ok = ok & (state.core_free >= demand.core_pct) & (state.unit_free >= units)
+    if gpu_mask is not None:
+        ok = ok & gpu_mask
+    return ok
+
+
+def need_milli(state: ClusterState, demand: GpuDemand) -> IntArray:
+    """[node, gpu] -> share (milli-GPU) one slice of ``demand`` takes of that GPU."""
+    if demand.exclusive:
+        return np.full(state.free_milli.shape, 1000, np.int64)
+    units = state.units_for(demand.memory_mib)
+    by_mem = -(-units * 1000 // np.maximum(state.unit_cap, 1))
+    return np.maximum(by_mem, demand.core_pct * 1000 // CORE_UNITS_PER_GPU)
+
+
+def feasible(
+    state: ClusterState, request: PodRequest, constraints: Constraints = Constraints()
+) -> tuple[BoolArray, BoolArray | None]:
+    """(node mask, gpu mask) of where ``request`` fits now."""
+    n = len(state.nodes)
+    if constraints.blocked is not None:
+        return np.zeros(n, np.bool_), None
+    ok = (state.cpu_free >= request.cpu_milli) & (state.mem_free >= request.memory_mib)
+    ok &= state.model_mask(request.models)
+    if constraints.node_mask is not None:
+        ok &= constraints.node_mask
+    demand = demand_of(request)
+    if demand is None:
+        return ok, None
+    gpu_ok = gpu_fit_mask(state, demand, constraints.gpu_mask)
+    ok &= gpu_ok.sum(axis=1) >= demand.count
+    return ok, gpu_ok
+
+
+def explain(
+    state: ClusterState, request: PodRequest, i: int, constraints: Constraints = Constraints()
+) -> Reason | None:
+    """The first failed check of ``request`` on node ``i``, or None if it fits."""
+    node = state.nodes[i]
+    name = node.name
+    if constraints.blocked is not None:
+        return Reason(name, constraints.blocked.check, constraints.blocked.message,
+                      constraints.blocked.permanent)
+    if constraints.node_mask is not None and not constraints.node_mask[i]:
+        return Reason(name, Check.GROUP, f"not in group {request.group}", True)
+    if request.models is not None and node.model not in request.models:
+        allowed = "|".join(sorted(request.models))
+        return Reason(name, Check.MODEL, f"GPU model {node.model or 'none'} is not one of {allowed}",
+                      True)
+    demand = demand_of(request)
+    if demand is not None:
+        reason = _explain_capacity(state, request, demand, i, constraints)
+        if reason is not None:
+            return reason
+    if request.cpu_milli > state.cpu_free[i]:
+        return Reason(name, Check.CPU, f"{request.cpu_milli}m CPU needed, {state.cpu_free[i]}m "
+                      f"of {state.cpu_cap[i]}m free", request.cpu_milli > state.cpu_cap[i])
+    if request.memory_mib > state.mem_free[i]:
+        return Reason(name, Check.MEMORY, f"{request.memory_mib} MiB memory needed, "
+                      f"{state.mem_free[i]} of {state.mem_cap[i]} MiB free",
+                      request.memory_mib > state.mem_cap[i])
+    if demand is not None:
+        return _explain_gpu_free(state, demand, i, constraints)
+    return None
+
+
+def _explain_capacity(
+    state: ClusterState, request: PodRequest, demand: GpuDemand, i: int, c: Constraints
+) -> Reason | None:
+    name = state.nodes[i].name
+    present = state.present[i]
+    if c.gpu_mask is not None:
+        matching = int((present & c.gpu_mask[i]).sum())
+        if matching < demand.count:
+            what = f"class {request.gpu_class}" if request.gpu_class else "the selector"
+            return Reason(name, Check.CLASS, f"{demand.count} GPUs of {what} needed, "
+                          f"{matching} here", True)
+    total = int(present.sum())
+    if total < demand.count:
+        return Reason(name, Check.GPU_COUNT, f"{demand.count} GPUs needed, node has {total}", True)
+    if not demand.exclusive:
+        big = int((present & (state.unit_cap[i] >= state.units_for(demand.memory_mib))).sum())
+        if big < demand.count:
+            return Reason(name, Check.GPU_SIZE, f"{demand.count} GPUs with {demand.memory_mib} "
+                          f"MiB needed, {big} GPUs here are that large", True)
+    healthy = int((present & state.healthy[i]).sum())
+    if healthy < demand.count:
+        return Reason(name, Check.GPU_HEALTH, f"{demand.count} healthy GPUs needed, "
+                      f"{healthy} of {total} healthy", False)
+    return None
+
+
+def _explain_gpu_free(state: ClusterState, demand: GpuDemand, i: int, c: Constraints
+                      ) -> Reason | None:
+    name = state.nodes[i].name
+    row = gpu_fit_mask(state, demand, c.gpu_mask)[i]
+    have = int(row.sum())
+    if have >= demand.count:
+        return None
+    ok = state.present[i] & state.healthy[i]
+    if demand.exclusive:
+        idle = int((ok & (state.core_free[i] == state.core_cap[i])).sum())
+        msg = f"{demand.count} idle GPUs needed, {idle} idle"
+    else:
+        unit = state.memory_unit_mib
+        best = int(np.argmax(np.where(ok, state.free_milli[i], -1)))
+        msg = (f"{demand.count} GPUs with {demand.memory_mib} MiB + {demand.core_pct} % core "
+               f"needed, {have} have room (roomiest GPU: {state.unit_free[i, best] * unit} MiB, "
+               f"{state.core_free[i, best]} % core free)")
+    return Reason(name, Check.GPU_FREE, msg, False)

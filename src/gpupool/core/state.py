@@ -1,0 +1,282 @@
+"""Cluster state: capacities and what is free, as arrays the policies score in bulk.
+
+``ClusterState`` owns the only mutable truth of the core: free CPU, memory and
+per-GPU memory units and compute. It changes only through ``reserve`` and
+``release`` (idempotent, all-or-nothing, never over-commit) and through node
+and health updates. Every change bumps the node's ``version`` so scorers can
+cache per node; a change of layout (nodes added, removed, relabelled) bumps
+``epoch``.
+
+Arrays are indexed ``[node]`` or ``[node, gpu position]``; positions past a
+node's GPU count are absent (``present`` is False, free share is -1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from gpupool.core.allocation import Allocation, Slice
+from gpupool.core.errors import InvalidInput, OverCommit, UnknownName
+from gpupool.core.model import CORE_UNITS_PER_GPU, DEFAULT_MEMORY_UNIT_MIB, Node
+
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+MILLI = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Whole-cluster GPU usage in milli-GPU (1000 = one GPU)."""
+
+    allocated_milli: int
+    capacity_milli: int
+    gpus: int
+    idle_gpus: int
+
+    @property
+    def allocation_ratio(self) -> float:
+        return self.allocated_milli / self.capacity_milli if self.capacity_milli else 0.0
+
+
+class ClusterState:
+    """Free resources of every node and GPU; the single owner of reservations."""
+
+    def __init__(self, nodes: Iterable[Node] = (), memory_unit_mib: int = DEFAULT_MEMORY_UNIT_MIB):
+        if memory_unit_mib <= 0:
+            raise InvalidInput("memory unit must be a positive number of MiB")
+        self.memory_unit_mib = memory_unit_mib
+        self.nodes: list[Node] = []
+        self.index: dict[str, int] = {}
+        self.allocations: dict[str, Allocation] = {}
+        self._by_node: dict[str, dict[str, Allocation]] = {}
+        self.epoch = 0
+        self.models: list[str] = []
+        self._model_ids: dict[str, int] = {}
+        self._alloc_arrays(0, 1)
+        self.add_nodes(nodes)
+
+    # -- layout ---------------------------------------------------------------
+    def _alloc_arrays(self, n: int, g: int) -> None:
+        self.width = g
+        self.cpu_cap = np.zeros(n, np.int64)
+        self.cpu_free = np.zeros(n, np.int64)
+        self.mem_cap = np.zeros(n, np.int64)
+        self.mem_free = np.zeros(n, np.int64)
+        self.model_id = np.zeros(n, np.int64)
+        self.version = np.zeros(n, np.int64)
+        self.present = np.zeros((n, g), np.bool_)
+        self.healthy = np.zeros((n, g), np.bool_)
+        self.core_cap = np.zeros((n, g), np.int64)
+        self.core_free = np.zeros((n, g), np.int64)
+        self.unit_cap = np.zeros((n, g), np.int64)
+        self.unit_free = np.zeros((n, g), np.int64)
+        self.free_milli = np.full((n, g), -1, np.int64)
+
+    def add_nodes(self, nodes: Iterable[Node]) -> None:
+        """Add nodes (names must be new); their GPUs start empty."""
+        new = list(nodes)
+        if not new:
+            return
+        names = [n.name for n in new]
+        dup = [x for x in names if x in self.index] or [x for x in names if names.count(x) > 1]
+        if dup:
+            raise InvalidInput(f"node {dup[0]} is already known")
+        self._rebuild(self.nodes + new)
+
+    def remove_node(self, name: str) -> list[Allocation]:
+        """Forget a node; returns the allocations that were on it (now released)."""
+        i = self.node_index(name)
+        dropped = list(self._by_node.get(name, {}).values())
+        for alloc in dropped:
+            del self.allocations[alloc.key]
+        self._by_node.pop(name, None)
+        self._rebuild(self.nodes[:i] + self.nodes[i + 1 :])
+        return dropped
+
+    def replace_node(self, node: Node) -> list[Allocation]:
+        """Update a node's capacity, labels or GPU health, keeping what still fits.
+
+        Allocations whose GPUs are gone (or no longer fit) are released and returned.
+        """
+        i = self.node_index(node.name)
+        kept = list(self._by_node.get(node.name, {}).values())
+        for alloc in kept:
+            self._forget(alloc)
+        nodes = list(self.nodes)
+        nodes[i] = node
+        self._rebuild(nodes)
+        lost = []
+        for alloc in kept:
+            try:
+                self.reserve(self._remap(alloc, node))
+            except (OverCommit, UnknownName, InvalidInput):
+                lost.append(alloc)
+        return lost
+
+    def set_health(self, node: str, gpu_uuid: str, healthy: bool) -> None:
+        i = self.node_index(node)
+        j = self.gpu_position(node, gpu_uuid)
+        self.healthy[i, j] = healthy
+        self._refresh_row(i)
+
+    def _remap(self, alloc: Allocation, node: Node) -> Allocation:
+        positions = {g.uuid: p for p, g in enumerate(node.gpus)}
+        slices = []
+        for s in alloc.slices:
+            if s.gpu_uuid not in positions:
+                raise UnknownName(f"GPU {s.gpu_uuid} is gone from node {node.name}")
+            slices.append(Slice(s.gpu_uuid, positions[s.gpu_uuid], s.memory_mib, s.core_pct,
+                                s.container))
+        return Allocation(alloc.key, alloc.node, alloc.cpu_milli, alloc.memory_mib,
+                          tuple(slices), alloc.exclusive)
+
+    def _rebuild(self, nodes: list[Node]) -> None:
+        width = max([len(n.gpus) for n in nodes] + [1])
+        self._alloc_arrays(len(nodes), width)
+        self.nodes = nodes
+        self.index = {n.name: i for i, n in enumerate(nodes)}
+        for i, node in enumerate(nodes):
+            self._fill_row(i, node)
+        for alloc in self.allocations.values():
+            self._apply(alloc, -1)
+        self.epoch += 1
+
+    def _fill_row(self, i: int, node: Node) -> None:
+        self.cpu_cap[i] = self.cpu_free[i] = node.cpu_milli
+        self.mem_cap[i] = self.mem_free[i] = node.memory_mib
+        if node.model not in self._model_ids:
+            self._model_ids[node.model] = len(self.models)
+            self.models.append(node.model)
+        self.model_id[i] = self._model_ids[node.model]
+        for j, gpu in enumerate(node.gpus):
+            units = gpu.memory_mib // self.memory_unit_mib
+            if units <= 0:
+                raise InvalidInput(
+                    f"GPU {gpu.uuid} has less memory than one {self.memory_unit_mib} MiB unit"
+                )
+            self.present[i, j] = True
+            self.healthy[i, j] = gpu.healthy
+            self.core_cap[i, j] = self.core_free[i, j] = CORE_UNITS_PER_GPU
+            self.unit_cap[i, j] = self.unit_free[i, j] = units
+        self._refresh_row(i)
+
+    def _refresh_row(self, i: int) -> None:
+        ok = self.present[i] & self.healthy[i]
+        cap_u = np.maximum(self.unit_cap[i], 1)
+        share = np.minimum(
+            self.core_free[i] * MILLI // CORE_UNITS_PER_GPU, self.unit_free[i] * MILLI // cap_u
+        )
+        self.free_milli[i] = np.where(ok, share, -1)
+        self.version[i] += 1
+
+    # -- lookups ----------------------------------------------------------------
+    def node_index(self, name: str) -> int:
+        try:
+            return self.index[name]
+        except KeyError:
+            raise UnknownName(f"node {name} is not known") from None
+
+    def gpu_position(self, node: str, gpu_uuid: str) -> int:
+        for p, gpu in enumerate(self.nodes[self.node_index(node)].gpus):
+            if gpu.uuid == gpu_uuid:
+                return p
+        raise UnknownName(f"GPU {gpu_uuid} is not on node {node}")
+
+    def model_mask(self, models: frozenset[str] | None) -> BoolArray:
+        if models is None:
+            return np.ones(len(self.nodes), np.bool_)
+        ids = [self._model_ids[m] for m in models if m in self._model_ids]
+        return np.isin(self.model_id, ids)
+
+    def units_for(self, memory_mib: int) -> int:
+        """GPU memory units needed for ``memory_mib`` (rounded up)."""
+        return -(-memory_mib // self.memory_unit_mib)
+
+    def allocations_on(self, node: str) -> Iterator[Allocation]:
+        return iter(list(self._by_node.get(node, {}).values()))
+
+    # -- reservations -------------------------------------------------------------
+    def reserve(self, alloc: Allocation) -> None:
+        """Take what ``alloc`` names, all or nothing. Idempotent for the same value.
+
+        Raises ``OverCommit`` (nothing changed) if any GPU, CPU or memory lacks room,
+        ``InvalidInput`` if the key already holds a different allocation.
+        """
+        held = self.allocations.get(alloc.key)
+        if held is not None:
+            if held == alloc:
+                return
+            raise InvalidInput(f"{alloc.key} already holds {held.describe()}")
+        self._check(alloc)
+        self._apply(alloc, -1)
+        self.allocations[alloc.key] = alloc
+        self._by_node.setdefault(alloc.node, {})[alloc.key] = alloc
+
+    def release(self, key: str) -> Allocation | None:
+        """Give back what ``key`` holds; releasing twice is harmless."""
+        alloc = self.allocations.get(key)
+        if alloc is None:
+            return None
+        self._forget(alloc)
+        self._apply(alloc, +1)
+        return alloc
+
+    def _forget(self, alloc: Allocation) -> None:
+        del self.allocations[alloc.key]
+        self._by_node.get(alloc.node, {}).pop(alloc.key, None)
+
+    def _check(self, alloc: Allocation) -> None:
+        i = self.node_index(alloc.node)
+        node = self.nodes[i]
+        if alloc.cpu_milli < 0 or alloc.memory_mib < 0:
+            raise InvalidInput(f"{alloc.key}: negative CPU or memory")
+        if alloc.cpu_milli > self.cpu_free[i] or alloc.memory_mib > self.mem_free[i]:
+            raise OverCommit(
+                f"{alloc.key}: node {node.name} has {self.cpu_free[i]}m CPU and "
+                f"{self.mem_free[i]} MiB free, {alloc.cpu_milli}m and {alloc.memory_mib} MiB asked"
+            )
+        need: dict[int, list[int]] = {}
+        for s in alloc.slices:
+            j = s.gpu_position
+            if not (0 <= j < len(node.gpus)) or node.gpus[j].uuid != s.gpu_uuid:
+                raise UnknownName(f"{alloc.key}: GPU {s.gpu_uuid} is not at {j} on {node.name}")
+            if s.memory_mib < 0 or s.core_pct < 0:
+                raise InvalidInput(f"{alloc.key}: negative GPU slice")
+            units, core = need.setdefault(j, [0, 0])
+            need[j] = [units + self.units_for(s.memory_mib), core + s.core_pct]
+        for j, (units, core) in need.items():
+            if not self.healthy[i, j]:
+                raise OverCommit(f"{alloc.key}: GPU {node.gpus[j].uuid} is unhealthy")
+            if units > self.unit_free[i, j] or core > self.core_free[i, j]:
+                raise OverCommit(
+                    f"{alloc.key}: GPU {node.gpus[j].uuid} on {node.name} has "
+                    f"{self.unit_free[i, j] * self.memory_unit_mib} MiB and "
+                    f"{self.core_free[i, j]} % free, "
+                    f"{units * self.memory_unit_mib} MiB and {core} % asked"
+                )
+
+    def _apply(self, alloc: Allocation, sign: int) -> None:
+        i = self.index[alloc.node]
+        self.cpu_free[i] += sign * alloc.cpu_milli
+        self.mem_free[i] += sign * alloc.memory_mib
+        for s in alloc.slices:
+            self.unit_free[i, s.gpu_position] += sign * self.units_for(s.memory_mib)
+            self.core_free[i, s.gpu_position] += sign * s.core_pct
+        self._refresh_row(i)
+
+    # -- measures -------------------------------------------------------------------
+    def usage(self) -> Usage:
+        """GPU allocation in milli-GPU: a GPU's used share is its larger used dimension."""
+        ok = self.present
+        cap_u = np.maximum(self.unit_cap, 1)
+        used = np.maximum(
+            (self.core_cap - self.core_free) * MILLI // CORE_UNITS_PER_GPU,
+            -(-(self.unit_cap - self.unit_free) * MILLI // cap_u),
+        )
+        gpus = int(ok.sum())
+        idle = int((ok & (used == 0)).sum())
+        return Usage(int(np.where(ok, used, 0).sum()), gpus * MILLI, gpus, idle)
