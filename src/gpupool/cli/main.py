@@ -1,0 +1,48 @@
+"""``gpupool`` command line: one subcommand per module in this package.
+
+Each subcommand module exposes ``register(subparsers)``, which adds its parser
+and sets ``func`` (taking the parsed ``argparse.Namespace``, returning an exit
+code). The list below is the explicit registry; nothing registers itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from gpupool import __version__
+from gpupool.core.errors import GpupoolError
+
+SUBCOMMANDS: tuple[str, ...] = ("simulate",)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpupool", description="Share and pack the GPUs of a Kubernetes cluster."
+    )
+    parser.add_argument("--version", action="version", version=f"gpupool {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in SUBCOMMANDS:
+        importlib.import_module(f"gpupool.cli.{name}").register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args))
+    except GpupoolError as exc:
+        print(f"gpupool: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
