@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gpupool.core.model import CORE_UNITS_PER_GPU
 from gpupool.core.reasons import Check, Reason
 from gpupool.core.request import GpuDemand, PodRequest, merged_demand
 from gpupool.core.state import BoolArray, ClusterState, IntArray
-from gpupool.core.model import CORE_UNITS_PER_GPU
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,6 +19,7 @@ class Constraints:
     node_mask: BoolArray | None = None
     gpu_mask: BoolArray | None = None
     blocked: Reason | None = None  # request-level refusal (quota), applies to every node
+    group: str | None = None  # the resource group node_mask/gpu_mask stand for (for reasons)
 
 
 def demand_of(request: PodRequest) -> GpuDemand | None:
@@ -44,7 +45,7 @@ def need_milli(state: ClusterState, demand: GpuDemand) -> IntArray:
         return np.full(state.free_milli.shape, 1000, np.int64)
     units = state.units_for(demand.memory_mib)
     by_mem = -(-units * 1000 // np.maximum(state.unit_cap, 1))
-    return np.maximum(by_mem, demand.core_pct * 1000 // CORE_UNITS_PER_GPU)
+    return np.asarray(np.maximum(by_mem, demand.core_pct * 1000 // CORE_UNITS_PER_GPU), np.int64)
 
 
 def feasible(
@@ -76,11 +77,12 @@ def explain(
         return Reason(name, constraints.blocked.check, constraints.blocked.message,
                       constraints.blocked.permanent)
     if constraints.node_mask is not None and not constraints.node_mask[i]:
-        return Reason(name, Check.GROUP, f"not in group {request.group}", True)
+        return Reason(name, Check.GROUP, f"not in group {constraints.group or request.group}",
+                      True)
     if request.models is not None and node.model not in request.models:
         allowed = "|".join(sorted(request.models))
-        return Reason(name, Check.MODEL, f"GPU model {node.model or 'none'} is not one of {allowed}",
-                      True)
+        return Reason(name, Check.MODEL,
+                      f"GPU model {node.model or 'none'} is not one of {allowed}", True)
     demand = demand_of(request)
     if demand is not None:
         reason = _explain_capacity(state, request, demand, i, constraints)
@@ -106,8 +108,7 @@ def _explain_capacity(
     if c.gpu_mask is not None:
         matching = int((present & c.gpu_mask[i]).sum())
         if matching < demand.count:
-            what = f"class {request.gpu_class}" if request.gpu_class else "the selector"
-            return Reason(name, Check.CLASS, f"{demand.count} GPUs of {what} needed, "
+            return Reason(name, Check.CLASS, f"{demand.count} {_mask_words(request, c)} needed, "
                           f"{matching} here", True)
     total = int(present.sum())
     if total < demand.count:
@@ -122,6 +123,17 @@ def _explain_capacity(
         return Reason(name, Check.GPU_HEALTH, f"{demand.count} healthy GPUs needed, "
                       f"{healthy} of {total} healthy", False)
     return None
+
+
+def _mask_words(request: PodRequest, c: Constraints) -> str:
+    """What the GPU mask stands for: "GPUs of class a100 in group g" and the like."""
+    if request.gpu_class:
+        words = f"GPUs of class {request.gpu_class}"
+    elif request.selector is not None or c.group is None:
+        words = "GPUs of the selector"
+    else:
+        words = "GPUs"
+    return words if c.group is None else f"{words} in group {c.group}"
 
 
 def _explain_gpu_free(state: ClusterState, demand: GpuDemand, i: int, c: Constraints

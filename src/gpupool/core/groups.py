@@ -1,0 +1,356 @@
+"""Tenant resource groups (seed 001): sets of nodes and GPUs bound to tenants.
+
+A ``ResourceGroup`` holds whole nodes (every GPU on them) and/or single GPUs by
+uuid, so a group can take part of a machine and two groups may share GPUs. It
+names the tenants allowed to draw from it (none named: everyone) and the GPU
+models it is meant for (none named: any; otherwise only member GPUs of those
+models count). Groups are built by hand or by ``build_groups`` from GPU model
+and an estimated demand per tenant, and updated with ``ResourceGroup.updated``.
+
+A pod names its group, or — when it names none and groups exist — the group is
+chosen by best fit (``GroupCatalog.choose``): among the groups the tenant may
+use in which the pod fits now, the one whose remaining capacity is closest
+above the demand, so big groups stay whole for big pods.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from gpupool.core.classes import MaskCache
+from gpupool.core.errors import InvalidInput, UnknownName
+from gpupool.core.fit import Constraints, demand_of, feasible, need_milli
+from gpupool.core.model import Gpu, Node
+from gpupool.core.quota import Charge, QuotaBook
+from gpupool.core.request import PodRequest
+from gpupool.core.state import BoolArray, ClusterState
+
+_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?$")
+MILLI = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceGroup:
+    """Members (node names, GPU uuids), allowed tenants and intended GPU models.
+
+    Any iterable is accepted for the sets; they are stored as frozensets.
+    """
+
+    name: str
+    nodes: frozenset[str] = frozenset()
+    gpus: frozenset[str] = frozenset()
+    tenants: frozenset[str] = frozenset()
+    models: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _NAME.match(self.name):
+            raise InvalidInput(f"group name {self.name!r} must be 1-63 lower-case letters, "
+                               "digits, '-' or '.', starting and ending with a letter or digit")
+        for field_name in ("nodes", "gpus", "tenants", "models"):
+            value = getattr(self, field_name)
+            if isinstance(value, str):
+                raise InvalidInput(f"group {self.name}: {field_name} must be a set of names, "
+                                   f"not the string {value!r}")
+            members = frozenset(value)
+            if any(not isinstance(m, str) or not m for m in members):
+                raise InvalidInput(f"group {self.name}: {field_name} holds an empty name")
+            object.__setattr__(self, field_name, members)
+
+    def allows(self, tenant: str | None) -> bool:
+        """May ``tenant`` draw from this group? (An open group allows everyone.)"""
+        return not self.tenants or tenant in self.tenants
+
+    def suits(self, models: frozenset[str] | None) -> bool:
+        """Can a pod allowing ``models`` (None: any) use this group's GPUs?"""
+        return not self.models or models is None or bool(self.models & models)
+
+    def holds(self, node: str, gpu: Gpu) -> bool:
+        """Is ``gpu`` (on ``node``) a member GPU of this group?"""
+        if self.models and gpu.model not in self.models:
+            return False
+        return node in self.nodes or gpu.uuid in self.gpus
+
+    def updated(
+        self,
+        *,
+        add_nodes: Iterable[str] = (),
+        remove_nodes: Iterable[str] = (),
+        add_gpus: Iterable[str] = (),
+        remove_gpus: Iterable[str] = (),
+        tenants: Iterable[str] | None = None,
+        models: Iterable[str] | None = None,
+    ) -> ResourceGroup:
+        """A copy with members added or removed, and tenants or models replaced."""
+        return replace(
+            self,
+            nodes=(self.nodes | frozenset(add_nodes)) - frozenset(remove_nodes),
+            gpus=(self.gpus | frozenset(add_gpus)) - frozenset(remove_gpus),
+            tenants=self.tenants if tenants is None else frozenset(tenants),
+            models=self.models if models is None else frozenset(models),
+        )
+
+    def describe(self) -> str:
+        who = ", ".join(sorted(self.tenants)) or "everyone"
+        models = ", ".join(sorted(self.models)) or "any model"
+        return (f"group {self.name}: {len(self.nodes)} nodes + {len(self.gpus)} GPUs, "
+                f"for {who}, {models}")
+
+
+def group_gpu_mask(state: ClusterState, group: ResourceGroup) -> BoolArray:
+    """[node, gpu] -> the GPU is a member of ``group`` (present GPUs only)."""
+    mask = np.zeros(state.present.shape, np.bool_)
+    for i, node in enumerate(state.nodes):
+        for j, gpu in enumerate(node.gpus):
+            mask[i, j] = group.holds(node.name, gpu)
+    return mask
+
+
+# -- best-fit choice ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class GroupRoom:
+    """How a pod stands in one group now: free and total share (milli-GPU) of the
+    member GPUs it may use, what it needs, and whether some member node fits it."""
+
+    group: ResourceGroup
+    free_milli: int
+    capacity_milli: int
+    demand_milli: int
+    fits: bool
+    refusal: str = ""  # why it cannot be chosen ('' when it can)
+    permanent: bool = False  # the refusal holds however the group's load changes
+
+
+@dataclass(frozen=True, slots=True)
+class GroupChoice:
+    """The chosen group (None if none fits) and how every candidate stood."""
+
+    group: ResourceGroup | None
+    rooms: tuple[GroupRoom, ...]
+
+    def refusals(self) -> list[str]:
+        return [r.refusal for r in self.rooms if r.refusal]
+
+
+class GroupCatalog:
+    """The known groups by name, with their masks cached per cluster epoch."""
+
+    def __init__(self, groups: Iterable[ResourceGroup] = ()):
+        self._groups: dict[str, ResourceGroup] = {}
+        self._cache = MaskCache()
+        for g in groups:
+            self.put(g)
+
+    def put(self, group: ResourceGroup) -> None:
+        """Add a group or replace the one of the same name (an update)."""
+        self._groups[group.name] = group
+        self._cache.clear()
+
+    def remove(self, name: str) -> ResourceGroup | None:
+        self._cache.clear()
+        return self._groups.pop(name, None)
+
+    def get(self, name: str) -> ResourceGroup:
+        try:
+            return self._groups[name]
+        except KeyError:
+            known = ", ".join(sorted(self._groups)) or "none"
+            raise UnknownName(f"resource group {name} does not exist (known: {known})") from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._groups
+
+    def __len__(self) -> int:
+        return len(self._groups)
+
+    def __iter__(self) -> Iterator[ResourceGroup]:
+        return iter([self._groups[n] for n in sorted(self._groups)])
+
+    def usable_by(self, tenant: str | None) -> list[ResourceGroup]:
+        """The groups ``tenant`` may draw from, by name."""
+        return [g for g in self if g.allows(tenant)]
+
+    def gpu_mask(self, state: ClusterState, name: str) -> BoolArray:
+        """Member GPUs of group ``name`` [node, gpu]; cached per epoch, read-only."""
+        masks = self._cache.masks_for(state)
+        mask = masks.get(("gpu", name))
+        if mask is None:
+            mask = masks["gpu", name] = group_gpu_mask(state, self.get(name))
+            mask.flags.writeable = False
+        return mask
+
+    def node_mask(self, state: ClusterState, name: str) -> BoolArray:
+        """Member nodes: named nodes and nodes holding a member GPU; cached, read-only."""
+        masks = self._cache.masks_for(state)
+        mask = masks.get(("node", name))
+        if mask is None:
+            group = self.get(name)
+            named = np.array([n.name in group.nodes for n in state.nodes], np.bool_)
+            mask = masks["node", name] = named | self.gpu_mask(state, name).any(axis=1)
+            mask.flags.writeable = False
+        return mask
+
+    def constraints(self, state: ClusterState, name: str, gpu_mask: BoolArray | None
+                    ) -> Constraints:
+        """The group's masks, narrowed by ``gpu_mask`` (a class or selector) if given."""
+        gmask = self.gpu_mask(state, name)
+        if gpu_mask is not None:
+            gmask = gmask & gpu_mask
+        return Constraints(self.node_mask(state, name), gmask, None, group=name)
+
+    def room(self, state: ClusterState, request: PodRequest, group: ResourceGroup,
+             gpu_mask: BoolArray | None = None) -> GroupRoom:
+        """Where ``request`` stands in ``group`` now (GPU models and ``gpu_mask`` honoured)."""
+        c = self.constraints(state, group.name, gpu_mask)
+        assert c.gpu_mask is not None
+        usable = c.gpu_mask & state.model_mask(request.models)[:, None]
+        capacity = int(usable.sum()) * MILLI
+        free = int(np.where(usable & state.healthy, np.maximum(state.free_milli, 0), 0).sum())
+        demand = demand_of(request)
+        need = 0
+        if demand is not None:
+            per_gpu = need_milli(state, demand)[usable]
+            need = demand.count * (int(per_gpu.min()) if per_gpu.size else MILLI)
+        fits = bool(feasible(state, request, c)[0].any())
+        refusal = "" if fits else (
+            f"group {group.name}: {_gpus(free)} of {_gpus(capacity)} GPUs free, no member node "
+            f"can take {request.describe()}")
+        too_small = demand is not None and capacity < demand.count * MILLI
+        return GroupRoom(group, free, capacity, need, fits, refusal, too_small and not fits)
+
+    def choose(self, state: ClusterState, request: PodRequest, gpu_mask: BoolArray | None = None,
+               quotas: QuotaBook | None = None, charge: Charge | None = None) -> GroupChoice:
+        """Best fit among the groups the tenant may use whose GPU models suit the pod:
+        of those where it fits now (and, given ``quotas`` and ``charge``, whose group
+        quota allows it), the one with the least free capacity left above the demand.
+        Ties go to the smaller group, then the name."""
+        rooms = [self._room_or_refusal(state, request, g, gpu_mask, quotas, charge)
+                 for g in self.usable_by(request.tenant)]
+        fitting = [r for r in rooms if not r.refusal]
+        if not fitting:
+            return GroupChoice(None, tuple(rooms))
+        best = min(fitting, key=lambda r: (r.free_milli - r.demand_milli, r.capacity_milli,
+                                           r.group.name))
+        return GroupChoice(best.group, tuple(rooms))
+
+    def _room_or_refusal(self, state: ClusterState, request: PodRequest, group: ResourceGroup,
+                         gpu_mask: BoolArray | None, quotas: QuotaBook | None,
+                         charge: Charge | None) -> GroupRoom:
+        if not group.suits(request.models):
+            models = ", ".join(sorted(group.models))
+            allowed = ", ".join(sorted(request.models or ()))
+            return GroupRoom(group, 0, 0, 0, False,
+                             f"group {group.name} is meant for {models}, the pod allows {allowed}",
+                             True)
+        if quotas is not None and charge is not None:
+            reason = quotas.check(Charge(charge.amount, group=group.name))
+            if reason is not None:
+                return GroupRoom(group, 0, 0, 0, False, reason.message, reason.permanent)
+        return self.room(state, request, group, gpu_mask)
+
+
+def _gpus(milli: int) -> str:
+    return f"{milli / MILLI:g}"
+
+
+# -- building groups --------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DemandEstimate:
+    """A tenant's estimated need: ``gpus`` GPUs of ``model`` (None: any model)."""
+
+    tenant: str
+    gpus: int
+    model: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.tenant:
+            raise InvalidInput("a demand estimate needs a tenant")
+        if self.gpus <= 0:
+            raise InvalidInput(f"tenant {self.tenant}: estimated GPUs must be > 0, got {self.gpus}")
+
+
+@dataclass(frozen=True, slots=True)
+class GroupPlan:
+    """Groups built automatically, and the GPUs per tenant that could not be found."""
+
+    groups: tuple[ResourceGroup, ...]
+    unmet: tuple[tuple[str, int], ...] = ()
+
+
+def slug(text: str) -> str:
+    """A lower-case DNS-label fragment of ``text`` (``A100-SXM4-80GB`` -> ``a100-sxm4-80gb``)."""
+    s = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+    return s[:40].strip("-") or "any"
+
+
+def build_groups(
+    nodes: Sequence[Node],
+    estimates: Sequence[DemandEstimate],
+    permitted: Mapping[str, frozenset[str]] | None = None,
+    shared: bool = True,
+) -> GroupPlan:
+    """Group GPUs by model and estimated demand (seed 001's automatic mode).
+
+    Largest estimates first (then by tenant). Each tenant gets a group of whole
+    GPUs of its model, taken best fit: the node whose free GPUs cover the rest of
+    the estimate most tightly, else the node with the most free GPUs, repeatedly.
+    ``permitted`` limits, per tenant, the nodes its group may take (a tenant not
+    listed may take any). With ``shared``, the GPUs left over form one open group
+    per model, ``shared-<model>``. Unhealthy GPUs are not assigned.
+    """
+    free: dict[str, list[Gpu]] = {n.name: [g for g in n.gpus if g.healthy] for n in nodes}
+    groups: list[ResourceGroup] = []
+    unmet: list[tuple[str, int]] = []
+    for est in sorted(estimates, key=lambda e: (-e.gpus, e.tenant, e.model or "")):
+        allowed = permitted.get(est.tenant) if permitted is not None else None
+        taken = _take(free, est, allowed)
+        name = est.tenant if est.model is None else f"{est.tenant}-{slug(est.model)}"
+        models = frozenset() if est.model is None else frozenset({est.model})
+        groups.append(ResourceGroup(name, gpus=frozenset(taken), tenants=frozenset({est.tenant}),
+                                    models=models))
+        if len(taken) < est.gpus:
+            unmet.append((est.tenant, est.gpus - len(taken)))
+    if shared:
+        groups.extend(_shared_groups(free))
+    names = [g.name for g in groups]
+    if len(set(names)) != len(names):
+        dup = next(n for n in names if names.count(n) > 1)
+        raise InvalidInput(f"two estimates build the same group {dup}: give one per tenant "
+                           "and model")
+    return GroupPlan(tuple(groups), tuple(unmet))
+
+
+def _take(free: dict[str, list[Gpu]], est: DemandEstimate, allowed: frozenset[str] | None
+          ) -> list[str]:
+    """Remove and return the uuids of up to ``est.gpus`` GPUs for ``est``, best fit."""
+    taken: list[str] = []
+    while len(taken) < est.gpus:
+        pools = {name: [g for g in gpus if est.model is None or g.model == est.model]
+                 for name, gpus in free.items() if allowed is None or name in allowed}
+        pools = {name: gpus for name, gpus in pools.items() if gpus}
+        if not pools:
+            break
+        need = est.gpus - len(taken)
+        covering = [(len(g), name) for name, g in pools.items() if len(g) >= need]
+        name = min(covering)[1] if covering else min(pools, key=lambda n: (-len(pools[n]), n))
+        for gpu in pools[name][:need]:
+            taken.append(gpu.uuid)
+            free[name].remove(gpu)
+    return taken
+
+
+def _shared_groups(free: dict[str, list[Gpu]]) -> list[ResourceGroup]:
+    by_model: dict[str, set[str]] = {}
+    for gpus in free.values():
+        for g in gpus:
+            by_model.setdefault(g.model, set()).add(g.uuid)
+    return [ResourceGroup(f"shared-{slug(model)}", gpus=frozenset(uuids),
+                          models=frozenset({model}))
+            for model, uuids in sorted(by_model.items())]
