@@ -1,0 +1,261 @@
+"""``KubeApi``: every Kubernetes API call gpupool makes, through the lightkube client.
+
+This is the only module that talks to the Kubernetes API. Core kinds come back
+as lightkube's typed models (``Pod``, ``Node``); the gpupool custom resources
+(``GPUDevice``, ``ResourceClass``, ``ResourceGroup``, ``GPULedger``) come back as
+plain dicts (lightkube generic resources, which subclass ``dict``). Failures
+raise the ``gpupool.kube.errors`` tree (``Conflict`` for a failed
+resourceVersion precondition), never lightkube or httpx exceptions.
+
+Watches yield ``(event_type, object)`` and end when the server ends the
+stream (``timeout_s``); ``gpupool.kube.informer`` turns list + watch into a
+resilient feed. A ``KubeApi`` is not shared between threads that watch: use
+``fork()`` to get a second connection with the same configuration.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import httpx2
+import lightkube
+import msgspec
+from lightkube.config.kubeconfig import KubeConfig
+from lightkube.config.models import Cluster, User
+from lightkube.core.exceptions import ConfigError
+from lightkube.generic_resource import create_global_resource
+from lightkube.models.core_v1 import ObjectReference
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Node, Pod
+from lightkube.types import PatchType
+
+from gpupool.contract import names
+from gpupool.kube.errors import KubeError, from_status
+
+T = TypeVar("T")
+KubeObject = dict[str, Any]
+
+_V = names.API_VERSION.split("/")[1]
+GPUDevice = create_global_resource(names.GROUP, _V, "GPUDevice", "gpudevices")
+ResourceClass = create_global_resource(names.GROUP, _V, "ResourceClass", "resourceclasses")
+ResourceGroup = create_global_resource(names.GROUP, _V, "ResourceGroup", "resourcegroups")
+GPULedger = create_global_resource(names.GROUP, _V, "GPULedger", "gpuledgers")
+
+FIELD_MANAGER = "gpupool"
+LABEL_NODE = "gpupool.io/node"  # GPUDevice label: the node the GPU is in
+LABEL_MODEL = "gpupool.io/model"  # GPUDevice label: the GPU model
+
+
+@dataclass(frozen=True, slots=True)
+class Listing(Generic[T]):
+    """The objects of a list call and the resourceVersion to watch from."""
+
+    items: list[T]
+    resource_version: str
+
+
+@contextlib.contextmanager
+def _translated(what: str) -> Iterator[None]:
+    """Turn lightkube / httpx failures into ``KubeError``s that say what was attempted."""
+    try:
+        yield
+    except lightkube.ApiError as exc:
+        st = exc.status
+        raise from_status(int(st.code or 0), st.reason or "", f"{what}: {st.message}") from None
+    except ConfigError as exc:
+        raise KubeError(f"{what}: {exc}") from None
+    except httpx2.HTTPError as exc:
+        raise KubeError(f"{what}: {type(exc).__name__}: {exc}") from None
+    except RuntimeError as exc:  # httpx: the client was closed (``KubeApi.close``)
+        raise KubeError(f"{what}: {exc}") from None
+
+
+class KubeApi:
+    """Typed calls on one lightkube client (one HTTP connection pool)."""
+
+    def __init__(self, config: KubeConfig, timeout_s: float = 10.0, trust_env: bool = True):
+        self._config = config
+        self._timeout_s = timeout_s
+        self._trust_env = trust_env
+        self.client = lightkube.Client(config, timeout=httpx2.Timeout(timeout_s),
+                                       field_manager=FIELD_MANAGER, trust_env=trust_env)
+
+    @classmethod
+    def connect(cls, kubeconfig: str | None = None, server: str | None = None,
+                timeout_s: float = 10.0) -> KubeApi:
+        """From a kubeconfig file, a bare server URL (tests), or the in-cluster account."""
+        if server:
+            # from_one with an empty user: lightkube's from_server leaves the user unset
+            config = KubeConfig.from_one(cluster=Cluster(server=server), user=User())
+            return cls(config, timeout_s, trust_env=False)
+        with _translated("load the Kubernetes configuration"):
+            config = (KubeConfig.from_file(kubeconfig) if kubeconfig
+                      else KubeConfig.from_service_account())
+        return cls(config, timeout_s)
+
+    def fork(self) -> KubeApi:
+        """A new connection with the same configuration (for a watch thread)."""
+        return KubeApi(self._config, self._timeout_s, self._trust_env)
+
+    def close(self) -> None:
+        """Close the connection; a watch blocked on it ends with a ``KubeError``."""
+        with contextlib.suppress(Exception):
+            self.client.close()
+
+    # -- generic helpers -------------------------------------------------------------------
+    def _list(self, res: Any, what: str, *, labels: Mapping[str, Any] | None = None,
+              fields: Mapping[str, Any] | None = None, namespace: str | None = None
+              ) -> Listing[Any]:
+        with _translated(f"list {what}"):
+            kwargs: dict[str, Any] = {"labels": labels, "fields": fields}
+            if res is Pod:
+                kwargs["namespace"] = namespace or lightkube.ALL_NS
+            it = self.client.list(res, **kwargs)
+            items = list(it)
+            return Listing(items, it._resourceVersion or "")
+
+    def _watch(self, res: Any, what: str, resource_version: str, timeout_s: int | None, *,
+               labels: Mapping[str, Any] | None = None, fields: Mapping[str, Any] | None = None
+               ) -> Iterator[tuple[str, Any]]:
+        kwargs: dict[str, Any] = {"labels": labels, "fields": fields,
+                                  "resource_version": resource_version or None,
+                                  "server_timeout": timeout_s}
+        if res is Pod:
+            kwargs["namespace"] = lightkube.ALL_NS
+        with _translated(f"watch {what}"):
+            yield from self.client.watch(res, **kwargs)
+
+    # -- pods --------------------------------------------------------------------------------
+    def list_pods(self, node: str | None = None, labels: Mapping[str, Any] | None = None
+                  ) -> Listing[Pod]:
+        """Pods of every namespace, optionally only those bound to ``node``."""
+        fields = {"spec.nodeName": node} if node else None
+        return self._list(Pod, "pods", labels=labels, fields=fields)
+
+    def watch_pods(self, resource_version: str, node: str | None = None,
+                   timeout_s: int | None = None) -> Iterator[tuple[str, Pod]]:
+        fields = {"spec.nodeName": node} if node else None
+        return self._watch(Pod, "pods", resource_version, timeout_s, fields=fields)
+
+    def get_pod(self, namespace: str, name: str) -> Pod:
+        with _translated(f"get pod {namespace}/{name}"):
+            return self.client.get(Pod, name, namespace=namespace)
+
+    def patch_pod_annotations(self, namespace: str, name: str,
+                              annotations: Mapping[str, str | None],
+                              resource_version: str | None = None) -> Pod:
+        """Merge ``annotations`` (None deletes a key); with ``resource_version`` the patch
+        applies only to that version, else ``Conflict``."""
+        meta: dict[str, Any] = {"annotations": dict(annotations)}
+        if resource_version is not None:
+            meta["resourceVersion"] = resource_version
+        with _translated(f"annotate pod {namespace}/{name}"):
+            return self.client.patch(Pod, name, {"metadata": meta}, namespace=namespace,
+                                     patch_type=PatchType.MERGE)
+
+    def bind_pod(self, namespace: str, name: str, uid: str, node: str,
+                 annotations: Mapping[str, str] | None = None) -> None:
+        """Create the pod's Binding; the API server copies ``annotations`` onto the pod in
+        the same write. ``Conflict`` if the pod is already bound or is another pod."""
+        binding = Pod.Binding(
+            metadata=ObjectMeta(name=name, namespace=namespace, uid=uid or None,
+                                annotations=dict(annotations) if annotations else None),
+            target=ObjectReference(apiVersion="v1", kind="Node", name=node))
+        # success answers a Status, which lightkube tries to read as a Binding
+        with (_translated(f"bind pod {namespace}/{name} to {node}"),
+              contextlib.suppress(msgspec.ValidationError)):
+            self.client.create(binding, name=name, namespace=namespace)
+
+    # -- nodes ---------------------------------------------------------------------------------
+    def list_nodes(self) -> Listing[Node]:
+        return self._list(Node, "nodes")
+
+    def watch_nodes(self, resource_version: str, timeout_s: int | None = None
+                    ) -> Iterator[tuple[str, Node]]:
+        return self._watch(Node, "nodes", resource_version, timeout_s)
+
+    def get_node(self, name: str) -> Node:
+        with _translated(f"get node {name}"):
+            return self.client.get(Node, name)
+
+    # -- GPUDevice -------------------------------------------------------------------------------
+    def list_gpu_devices(self, node: str | None = None) -> Listing[KubeObject]:
+        labels = {LABEL_NODE: node} if node else None
+        return self._list(GPUDevice, "GPUDevices", labels=labels)
+
+    def watch_gpu_devices(self, resource_version: str, node: str | None = None,
+                          timeout_s: int | None = None) -> Iterator[tuple[str, KubeObject]]:
+        labels = {LABEL_NODE: node} if node else None
+        return self._watch(GPUDevice, "GPUDevices", resource_version, timeout_s, labels=labels)
+
+    def get_gpu_device(self, name: str) -> KubeObject:
+        with _translated(f"get GPUDevice {name}"):
+            return dict(self.client.get(GPUDevice, name))
+
+    def create_gpu_device(self, obj: Mapping[str, Any]) -> KubeObject:
+        with _translated(f"create GPUDevice {_name(obj)}"):
+            return dict(self.client.create(GPUDevice.from_dict(dict(obj))))
+
+    def update_gpu_device(self, obj: Mapping[str, Any]) -> KubeObject:
+        """Replace the object (``metadata.resourceVersion``, when set, is a precondition)."""
+        with _translated(f"update GPUDevice {_name(obj)}"):
+            return dict(self.client.replace(GPUDevice.from_dict(dict(obj))))
+
+    def patch_gpu_device_status(self, name: str, status: Mapping[str, Any]) -> KubeObject:
+        with _translated(f"patch status of GPUDevice {name}"):
+            return dict(self.client.patch(GPUDevice.Status, name, {"status": dict(status)},
+                                          patch_type=PatchType.MERGE))
+
+    def delete_gpu_device(self, name: str) -> None:
+        with _translated(f"delete GPUDevice {name}"):
+            self.client.delete(GPUDevice, name)
+
+    # -- ResourceClass / ResourceGroup -----------------------------------------------------------
+    def list_resource_classes(self) -> Listing[KubeObject]:
+        return self._list(ResourceClass, "ResourceClasses")
+
+    def watch_resource_classes(self, resource_version: str, timeout_s: int | None = None
+                               ) -> Iterator[tuple[str, KubeObject]]:
+        return self._watch(ResourceClass, "ResourceClasses", resource_version, timeout_s)
+
+    def list_resource_groups(self) -> Listing[KubeObject]:
+        return self._list(ResourceGroup, "ResourceGroups")
+
+    def watch_resource_groups(self, resource_version: str, timeout_s: int | None = None
+                              ) -> Iterator[tuple[str, KubeObject]]:
+        return self._watch(ResourceGroup, "ResourceGroups", resource_version, timeout_s)
+
+    # -- GPULedger (the per-node compare-and-swap record; docs/design/extender.md) -------------
+    def list_ledgers(self) -> Listing[KubeObject]:
+        return self._list(GPULedger, "GPULedgers")
+
+    def watch_ledgers(self, resource_version: str, timeout_s: int | None = None
+                      ) -> Iterator[tuple[str, KubeObject]]:
+        return self._watch(GPULedger, "GPULedgers", resource_version, timeout_s)
+
+    def get_ledger(self, node: str) -> KubeObject:
+        with _translated(f"get GPULedger {node}"):
+            return dict(self.client.get(GPULedger, node))
+
+    def create_ledger(self, obj: Mapping[str, Any]) -> KubeObject:
+        with _translated(f"create GPULedger {_name(obj)}"):
+            return dict(self.client.create(GPULedger.from_dict(dict(obj))))
+
+    def patch_ledger(self, node: str, patch: Mapping[str, Any],
+                     resource_version: str | None) -> KubeObject:
+        """Merge-patch the ledger; with ``resource_version`` only if it is still current."""
+        body = dict(patch)
+        if resource_version is not None:
+            meta = dict(body.get("metadata") or {})
+            meta["resourceVersion"] = resource_version
+            body["metadata"] = meta
+        with _translated(f"update GPULedger {node}"):
+            return dict(self.client.patch(GPULedger, node, body, patch_type=PatchType.MERGE))
+
+
+def _name(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata") or {}
+    return str(meta.get("name", "?")) if isinstance(meta, Mapping) else "?"

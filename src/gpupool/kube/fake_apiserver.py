@@ -1,0 +1,560 @@
+"""A FAKE Kubernetes API server: the one test seam in front of the real API.
+
+It implements, in memory, just the REST subset gpupool uses, and serves it as a
+real HTTP app (starlette under uvicorn, in a thread, on 127.0.0.1) so tests
+drive the real ``lightkube`` client over real HTTP. It is a fake: no auth, no
+admission, no validation beyond what gpupool relies on.
+
+Resources (``KINDS``): ``pods`` (namespaced, subresources ``binding`` and
+``status``), ``nodes``, and the gpupool CRDs ``gpudevices``,
+``resourceclasses``, ``resourcegroups``, ``gpuledgers`` (cluster-scoped, with a
+``status`` subresource).
+
+REST behaviour:
+
+* ``GET`` collection: ``labelSelector`` (``k=v``, ``k==v``, ``k!=v``, ``k``,
+  ``!k``, ``k in (a,b)``, ``k notin (a,b)``) and ``fieldSelector`` (``path=v``,
+  ``path!=v`` on dotted paths, e.g. ``spec.nodeName=n1``); the list carries
+  ``metadata.resourceVersion``.
+* ``GET ...?watch=true&resourceVersion=R&timeoutSeconds=T``: newline-delimited
+  ``{"type": ADDED|MODIFIED|DELETED, "object": ...}`` events after ``R``
+  (without ``R``: synthetic ADDED for every current object first); a ``R``
+  older than the retained history gets an ``ERROR`` event with a 410 Status.
+* ``POST`` create (409 AlreadyExists), ``GET``/``DELETE`` one object (404),
+  ``PUT`` replace and ``PATCH`` (JSON merge patch; strategic merge is treated
+  as merge patch): a ``metadata.resourceVersion`` in the body that is not the
+  current one answers 409 Conflict and changes nothing.
+* ``POST pods/{name}/binding``: sets ``spec.nodeName`` and merges the Binding's
+  ``metadata.annotations`` into the pod, as the real API server does; 409 if
+  the pod is already bound or the Binding's ``metadata.uid`` is not the pod's.
+* ``.../status``: ``GET``/``PUT``/``PATCH`` touch only ``status``.
+* Errors are ``Status`` objects with ``Content-Type: application/json``.
+
+Python handle (thread-safe, for tests)::
+
+    with FakeApiServer() as api:          # or api.start() / api.stop()
+        api.url                           # "http://127.0.0.1:<port>"
+        api.seed("nodes", node_dict)      # create (or replace) an object, returns it
+        api.get("pods", "p1", "default")  # a deep copy, or None
+        api.objects("gpudevices")         # deep copies of all objects of a kind
+        api.patch("pods", "p1", {...}, "default")   # merge patch, bumps resourceVersion
+        api.delete("pods", "p1", "default")
+        api.fail_next("POST", "binding", 500, "boom")   # inject one failure
+        api.requests                      # [(method, path), ...] seen so far
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import json
+import socket
+import threading
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+Obj = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Kind:
+    plural: str
+    group: str  # "" for the core group
+    version: str
+    kind: str
+    namespaced: bool
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+
+KINDS: dict[str, Kind] = {
+    k.plural: k
+    for k in (
+        Kind("pods", "", "v1", "Pod", True),
+        Kind("nodes", "", "v1", "Node", False),
+        Kind("gpudevices", "gpupool.io", "v1alpha1", "GPUDevice", False),
+        Kind("resourceclasses", "gpupool.io", "v1alpha1", "ResourceClass", False),
+        Kind("resourcegroups", "gpupool.io", "v1alpha1", "ResourceGroup", False),
+        Kind("gpuledgers", "gpupool.io", "v1alpha1", "GPULedger", False),
+    )
+}
+HISTORY = 200_000  # watch events retained; older resourceVersions get 410 Gone
+
+
+class ApiFailure(Exception):
+    """An error answer: HTTP code, Kubernetes reason, message."""
+
+    def __init__(self, code: int, reason: str, message: str):
+        super().__init__(message)
+        self.code, self.reason, self.message = code, reason, message
+
+
+def status_body(code: int, reason: str, message: str) -> Obj:
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": message, "reason": reason, "code": code}
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch (``None`` deletes a key)."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patch(out.get(key), value)
+    return out
+
+
+# -- selectors ------------------------------------------------------------------------------
+def _split_terms(text: str) -> list[str]:
+    terms, depth, cur = [], 0, ""
+    for ch in text:
+        depth += ch == "("
+        depth -= ch == ")"
+        if ch == "," and depth == 0:
+            terms.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    if cur.strip():
+        terms.append(cur.strip())
+    return terms
+
+
+def label_matches(selector: str, labels: Mapping[str, str]) -> bool:
+    return all(_label_term(term, labels) for term in _split_terms(selector))
+
+
+def _label_term(term: str, labels: Mapping[str, str]) -> bool:
+    for op in (" notin ", " in "):
+        if op in term:
+            key, _, rest = term.partition(op)
+            values = {v.strip() for v in rest.strip().strip("()").split(",")}
+            present = key.strip() in labels and labels[key.strip()] in values
+            return present if op == " in " else not present
+    if "!=" in term:
+        key, _, value = term.partition("!=")
+        return labels.get(key.strip()) != value.strip()
+    if "=" in term:
+        key, _, value = term.replace("==", "=").partition("=")
+        return labels.get(key.strip()) == value.strip()
+    if term.startswith("!"):
+        return term[1:].strip() not in labels
+    return term in labels
+
+
+def field_value(obj: Obj, path: str) -> str:
+    cur: Any = obj
+    for part in path.split("."):
+        cur = cur.get(part) if isinstance(cur, dict) else None
+    return "" if cur is None else str(cur)
+
+
+def field_matches(selector: str, obj: Obj) -> bool:
+    for term in _split_terms(selector):
+        if "!=" in term:
+            path, _, value = term.partition("!=")
+            if field_value(obj, path.strip()) == value.strip():
+                return False
+        else:
+            path, _, value = term.replace("==", "=").partition("=")
+            if field_value(obj, path.strip()) != value.strip():
+                return False
+    return True
+
+
+# -- the store --------------------------------------------------------------------------------
+class Store:
+    """Objects by (plural, namespace, name), a global resourceVersion, an event history."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.objects: dict[str, dict[tuple[str, str], Obj]] = {k: {} for k in KINDS}
+        self.rv = 0
+        self.history: list[tuple[int, str, str, Obj]] = []  # (rv, plural, type, obj)
+        self.first_rv = 1
+        self.listeners: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
+
+    def _bump(self, plural: str, kind: str, obj: Obj) -> None:
+        self.rv += 1
+        obj["metadata"]["resourceVersion"] = str(self.rv)
+        self.history.append((self.rv, plural, kind, copy.deepcopy(obj)))
+        if len(self.history) > HISTORY:
+            drop = len(self.history) - HISTORY
+            del self.history[:drop]
+            self.first_rv = self.history[0][0]
+        for loop, event in list(self.listeners):
+            try:
+                loop.call_soon_threadsafe(event.set)
+            except RuntimeError:  # loop closed
+                self.listeners.remove((loop, event))
+
+    def _key(self, kind: Kind, namespace: str | None, name: str) -> tuple[str, str]:
+        return ((namespace or "default") if kind.namespaced else "", name)
+
+    def create(self, plural: str, obj: Obj, namespace: str | None = None) -> Obj:
+        kind = KINDS[plural]
+        meta = obj.setdefault("metadata", {})
+        name = meta.get("name")
+        if not name:
+            raise ApiFailure(422, "Invalid", f"{kind.kind}: metadata.name is required")
+        if kind.namespaced:
+            meta["namespace"] = namespace or meta.get("namespace") or "default"
+        key = self._key(kind, meta.get("namespace"), name)
+        with self.lock:
+            if key in self.objects[plural]:
+                raise ApiFailure(409, "AlreadyExists", f'{plural} "{name}" already exists')
+            obj = copy.deepcopy(obj)
+            obj["apiVersion"], obj["kind"] = kind.api_version, kind.kind
+            obj["metadata"].setdefault("uid", str(uuid.uuid4()))
+            obj["metadata"].setdefault(
+                "creationTimestamp", datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+            if plural == "pods":
+                obj.setdefault("status", {}).setdefault("phase", "Pending")
+            self.objects[plural][key] = obj
+            self._bump(plural, "ADDED", obj)
+            return copy.deepcopy(obj)
+
+    def get(self, plural: str, name: str, namespace: str | None = None) -> Obj:
+        kind = KINDS[plural]
+        with self.lock:
+            obj = self.objects[plural].get(self._key(kind, namespace, name))
+            if obj is None:
+                raise ApiFailure(404, "NotFound", f'{plural} "{name}" not found')
+            return copy.deepcopy(obj)
+
+    def select(self, plural: str, namespace: str | None, labels: str, fields: str
+             ) -> tuple[list[Obj], str]:
+        with self.lock:
+            items = [copy.deepcopy(o) for o in self.objects[plural].values()
+                     if self._selected(o, namespace, labels, fields)]
+            return items, str(self.rv)
+
+    @staticmethod
+    def _selected(obj: Obj, namespace: str | None, labels: str, fields: str) -> bool:
+        meta = obj.get("metadata", {})
+        if namespace and meta.get("namespace") != namespace:
+            return False
+        if labels and not label_matches(labels, meta.get("labels") or {}):
+            return False
+        return not fields or field_matches(fields, obj)
+
+    def update(self, plural: str, name: str, namespace: str | None, patch: Obj,
+               replace: bool = False, subresource: str = "") -> Obj:
+        """Merge-patch (or replace) an object; a stale metadata.resourceVersion is a 409."""
+        kind = KINDS[plural]
+        key = self._key(kind, namespace, name)
+        with self.lock:
+            cur = self.objects[plural].get(key)
+            if cur is None:
+                raise ApiFailure(404, "NotFound", f'{plural} "{name}" not found')
+            want = (patch.get("metadata") or {}).get("resourceVersion")
+            if want is not None and str(want) != cur["metadata"]["resourceVersion"]:
+                raise ApiFailure(409, "Conflict", (
+                    f'Operation cannot be fulfilled on {plural} "{name}": the object has been '
+                    "modified; please apply your changes to the latest version and try again"))
+            new = self._changed(cur, patch, replace, subresource)
+            self.objects[plural][key] = new
+            self._bump(plural, "MODIFIED", new)
+            return copy.deepcopy(new)
+
+    @staticmethod
+    def _changed(cur: Obj, patch: Obj, replace: bool, subresource: str) -> Obj:
+        if subresource == "status":
+            status = patch.get("status") if replace else merge_patch(cur.get("status"), patch.get(
+                "status", {}))
+            new = copy.deepcopy(cur)
+            new["status"] = status
+            return new
+        if replace:
+            new = copy.deepcopy(patch)
+            new["status"] = copy.deepcopy(cur.get("status"))
+        else:
+            new = merge_patch(cur, {k: v for k, v in patch.items() if k != "status"})
+        for fixed in ("uid", "creationTimestamp", "name", "namespace"):
+            if fixed in cur["metadata"]:
+                new.setdefault("metadata", {})[fixed] = cur["metadata"][fixed]
+        new["apiVersion"], new["kind"] = cur["apiVersion"], cur["kind"]
+        return dict(new)
+
+    def delete(self, plural: str, name: str, namespace: str | None = None) -> Obj:
+        kind = KINDS[plural]
+        with self.lock:
+            obj = self.objects[plural].pop(self._key(kind, namespace, name), None)
+            if obj is None:
+                raise ApiFailure(404, "NotFound", f'{plural} "{name}" not found')
+            self._bump(plural, "DELETED", obj)
+            return copy.deepcopy(obj)
+
+    def bind(self, name: str, namespace: str, binding: Obj) -> None:
+        target = (binding.get("target") or {}).get("name")
+        if not target:
+            raise ApiFailure(422, "Invalid", "Binding: target.name is required")
+        meta = binding.get("metadata") or {}
+        with self.lock:
+            pod = self.objects["pods"].get((namespace, name))
+            if pod is None:
+                raise ApiFailure(404, "NotFound", f'pods "{name}" not found')
+            if meta.get("uid") and meta["uid"] != pod["metadata"]["uid"]:
+                raise ApiFailure(409, "Conflict", f"pod {name}: the Binding's uid is not the pod's")
+            if pod.get("spec", {}).get("nodeName"):
+                raise ApiFailure(409, "Conflict", (
+                    f"pod {name} is already assigned to node \"{pod['spec']['nodeName']}\""))
+            new = copy.deepcopy(pod)
+            new.setdefault("spec", {})["nodeName"] = target
+            if meta.get("annotations"):
+                new["metadata"].setdefault("annotations", {}).update(meta["annotations"])
+            self.objects["pods"][(namespace, name)] = new
+            self._bump("pods", "MODIFIED", new)
+
+    def events_after(self, rv: int, plural: str) -> list[tuple[int, str, Obj]]:
+        with self.lock:
+            if rv + 1 < self.first_rv:
+                raise ApiFailure(410, "Expired", f"too old resource version: {rv} ({self.rv})")
+            lo, hi = 0, len(self.history)
+            while lo < hi:  # first event with rv > given
+                mid = (lo + hi) // 2
+                if self.history[mid][0] <= rv:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            return [(r, t, o) for r, p, t, o in self.history[lo:] if p == plural]
+
+
+# -- the HTTP app -----------------------------------------------------------------------------
+class FakeApiServer:
+    """The fake API server: an in-memory ``Store`` behind a Kubernetes-shaped REST app."""
+
+    def __init__(self) -> None:
+        self.store = Store()
+        self.requests: list[tuple[str, str]] = []
+        self._failures: list[tuple[str, str, int, str]] = []
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self._closing = False
+        self.url = ""
+        self.app = self._build_app()
+
+    # -- Python handle --------------------------------------------------------------------------
+    def seed(self, plural: str, obj: Obj) -> Obj:
+        meta = obj.get("metadata", {})
+        kind = KINDS[plural]
+        ns = meta.get("namespace", "default") if kind.namespaced else None
+        with contextlib.suppress(ApiFailure):
+            self.store.delete(plural, meta.get("name", ""), ns)
+        return self.store.create(plural, obj, ns)
+
+    def get(self, plural: str, name: str, namespace: str | None = None) -> Obj | None:
+        try:
+            return self.store.get(plural, name, namespace)
+        except ApiFailure:
+            return None
+
+    def objects(self, plural: str) -> list[Obj]:
+        return self.store.select(plural, None, "", "")[0]
+
+    def patch(self, plural: str, name: str, patch: Obj, namespace: str | None = None) -> Obj:
+        return self.store.update(plural, name, namespace, patch)
+
+    def patch_status(self, plural: str, name: str, status: Obj,
+                     namespace: str | None = None) -> Obj:
+        return self.store.update(plural, name, namespace, {"status": status},
+                                 subresource="status")
+
+    def delete(self, plural: str, name: str, namespace: str | None = None) -> None:
+        self.store.delete(plural, name, namespace)
+
+    def fail_next(self, method: str, path_part: str, code: int, message: str = "injected") -> None:
+        """The next ``method`` request whose path contains ``path_part`` answers ``code``."""
+        with self.store.lock:
+            self._failures.append((method.upper(), path_part, code, message))
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def start(self) -> str:
+        # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets that say so
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        config = uvicorn.Config(self.app, log_level="warning", lifespan="off",
+                                timeout_graceful_shutdown=1, access_log=False)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
+                                        name="fake-apiserver", daemon=True)
+        self._thread.start()
+        while not self._server.started:
+            if not self._thread.is_alive():
+                raise RuntimeError("the fake API server did not start")
+            threading.Event().wait(0.01)
+        self.url = f"http://127.0.0.1:{port}"
+        return self.url
+
+    def stop(self) -> None:
+        self._closing = True
+        with self.store.lock:
+            for loop, event in self.store.listeners:
+                loop.call_soon_threadsafe(event.set)
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def __enter__(self) -> FakeApiServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- routing -------------------------------------------------------------------------------
+    def _build_app(self) -> Starlette:
+        methods = ["GET", "POST", "PUT", "PATCH", "DELETE"]
+        core = "/api/v1"
+        crd = "/apis/{group}/{version}"
+        routes = [
+            Route(core + "/namespaces/{namespace}/{plural}/{name}/{sub}", self._handle,
+                  methods=methods),
+            Route(core + "/namespaces/{namespace}/{plural}/{name}", self._handle, methods=methods),
+            Route(core + "/namespaces/{namespace}/{plural}", self._handle, methods=methods),
+            Route(core + "/{plural}/{name}/{sub}", self._handle, methods=methods),
+            Route(core + "/{plural}/{name}", self._handle, methods=methods),
+            Route(core + "/{plural}", self._handle, methods=methods),
+            Route(crd + "/{plural}/{name}/{sub}", self._handle, methods=methods),
+            Route(crd + "/{plural}/{name}", self._handle, methods=methods),
+            Route(crd + "/{plural}", self._handle, methods=methods),
+        ]
+        return Starlette(routes=routes)
+
+    async def _handle(self, request: Request) -> Response:
+        p = request.path_params
+        self.requests.append((request.method, request.url.path))
+        try:
+            self._injected(request)
+            plural = p["plural"]
+            if plural not in KINDS:
+                raise ApiFailure(404, "NotFound", f"the server could not find resource {plural}")
+            return await self._dispatch(request, plural, p.get("namespace"), p.get("name"),
+                                        p.get("sub", ""))
+        except ApiFailure as exc:
+            return _json(status_body(exc.code, exc.reason, exc.message), exc.code)
+
+    def _injected(self, request: Request) -> None:
+        with self.store.lock:
+            for i, (method, part, code, message) in enumerate(self._failures):
+                if method == request.method and part in request.url.path:
+                    del self._failures[i]
+                    raise ApiFailure(code, "InternalError" if code >= 500 else "Invalid", message)
+
+    async def _dispatch(self, request: Request, plural: str, ns: str | None, name: str | None,
+                        sub: str) -> Response:
+        m = request.method
+        if name is None:
+            if m == "GET":
+                return await self._collection(request, plural, ns)
+            if m == "POST":
+                return _json(self.store.create(plural, await _body(request), ns), 201)
+            raise ApiFailure(405, "MethodNotAllowed", f"{m} on a collection")
+        if sub == "binding" and plural == "pods" and m == "POST":
+            self.store.bind(name, ns or "default", await _body(request))
+            return _json({"kind": "Status", "apiVersion": "v1", "status": "Success",
+                          "code": 201, "metadata": {}}, 201)
+        if sub not in ("", "status"):
+            raise ApiFailure(404, "NotFound", f"subresource {sub} is not served")
+        if m == "GET":
+            return _json(self.store.get(plural, name, ns))
+        if m == "DELETE":
+            return _json(self.store.delete(plural, name, ns))
+        if m in ("PATCH", "PUT"):
+            body = await _body(request)
+            return _json(self.store.update(plural, name, ns, body, m == "PUT", sub))
+        raise ApiFailure(405, "MethodNotAllowed", f"{m} on an object")
+
+    async def _collection(self, request: Request, plural: str, ns: str | None) -> Response:
+        q = request.query_params
+        labels, fields = q.get("labelSelector", ""), q.get("fieldSelector", "")
+        if q.get("watch") in ("true", "1"):
+            timeout = float(q.get("timeoutSeconds") or 1800)
+            rv = q.get("resourceVersion")
+            stream = self._watch(plural, ns, labels, fields, rv, timeout)
+            return StreamingResponse(stream, media_type="application/json")
+        items, rv = self.store.select(plural, ns, labels, fields)
+        kind = KINDS[plural]
+        return _json({"kind": f"{kind.kind}List", "apiVersion": kind.api_version,
+                      "metadata": {"resourceVersion": rv}, "items": items})
+
+    async def _watch(self, plural: str, ns: str | None, labels: str, fields: str,
+                     rv_text: str | None, timeout: float) -> AsyncIterator[bytes]:
+        loop = asyncio.get_running_loop()
+        event = asyncio.Event()
+        entry = (loop, event)
+        with self.store.lock:
+            self.store.listeners.append(entry)
+        try:
+            if rv_text in (None, "", "0"):
+                items, rv_now = self.store.select(plural, ns, labels, fields)
+                for obj in items:
+                    yield _line("ADDED", obj)
+                rv = int(rv_now)
+            else:
+                rv = int(rv_text)
+            deadline = loop.time() + timeout
+            async for line in self._follow(plural, ns, labels, fields, rv, event, deadline):
+                yield line
+        finally:
+            with self.store.lock:
+                if entry in self.store.listeners:
+                    self.store.listeners.remove(entry)
+
+    async def _follow(self, plural: str, ns: str | None, labels: str, fields: str, rv: int,
+                      event: asyncio.Event, deadline: float) -> AsyncIterator[bytes]:
+        loop = asyncio.get_running_loop()
+        while not self._closing and loop.time() < deadline:
+            event.clear()
+            try:
+                events = self.store.events_after(rv, plural)
+            except ApiFailure as exc:
+                yield json.dumps({"type": "ERROR", "object": status_body(
+                    exc.code, exc.reason, exc.message)}).encode() + b"\n"
+                return
+            for erv, etype, obj in events:
+                rv = erv
+                if Store._selected(obj, ns, labels, fields):
+                    yield _line(etype, obj)
+            if not events:
+                try:
+                    await asyncio.wait_for(event.wait(), max(0.0, deadline - loop.time()))
+                except TimeoutError:
+                    return
+
+
+def _line(kind: str, obj: Obj) -> bytes:
+    return json.dumps({"type": kind, "object": obj}, separators=(",", ":")).encode() + b"\n"
+
+
+def _json(obj: Obj, code: int = 200) -> Response:
+    return Response(json.dumps(obj, separators=(",", ":")), status_code=code,
+                    media_type="application/json")
+
+
+async def _body(request: Request) -> Obj:
+    try:
+        body = json.loads(await request.body())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ApiFailure(400, "BadRequest", f"body is not JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise ApiFailure(400, "BadRequest", "body must be a JSON object")
+    return body
