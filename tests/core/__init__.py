@@ -1,0 +1,1 @@
+"""Tests of the pure core (table-driven, small builders, no mocks)."""
