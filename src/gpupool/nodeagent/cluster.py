@@ -1,0 +1,41 @@
+"""The narrow view of the Kubernetes API the node agent needs.
+
+``kubeview`` implements it on ``gpupool.kube.api.KubeApi``; failures raise the
+``gpupool.kube.errors`` tree (``Conflict`` when a precondition fails).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from gpupool.nodeagent.pods import Pod
+
+
+class PodApi(Protocol):
+    """Pods bound to this node, and compare-and-swap writes of their annotations."""
+
+    def node_pods(self, node: str) -> list[Pod]:
+        """Every pod bound to ``node``, read fresh from the API server."""
+        ...
+
+    def patch_annotations(self, pod: Pod, annotations: Mapping[str, str]) -> Pod:
+        """Merge ``annotations`` into ``pod`` if it is still at ``pod.resource_version``.
+
+        Raises ``gpupool.kube.errors.Conflict`` (nothing written) when the pod changed.
+        """
+        ...
+
+
+class InventoryApi(Protocol):
+    """The cluster-scoped ``GPUDevice`` objects of this node."""
+
+    def list_devices(self, node: str) -> list[dict[str, Any]]: ...
+
+    def create_device(self, body: Mapping[str, Any]) -> None: ...
+
+    def replace_device(self, body: Mapping[str, Any]) -> None: ...
+
+    def update_device_status(self, name: str, status: Mapping[str, Any]) -> None: ...
+
+    def delete_device(self, name: str) -> None: ...

@@ -1,0 +1,187 @@
+"""FAKE GPU driver: GPUs described in a YAML file, with fault injection.
+
+This is the one fake at the GPU-driver seam (the real one is ``nvml``), for
+machines without GPUs: tests, demos, benchmarks. The file::
+
+    gpus:
+      - uuid: GPU-5f2c0000-0000-0000-0000-000000000000
+        model: A100-SXM4-80GB
+        memoryMiB: 81920
+        numaNode: 0                 # default 0
+        architecture: ampere        # default unknown
+        index: 0                    # default: position in the list
+        labels: {nvlink: "true"}    # extra selector labels
+        health: Healthy             # or Unhealthy (fault injection)
+        reason: "XID 79"            # why unhealthy
+        present: true               # false: the GPU has vanished
+
+Faults are injected by editing the file (it is re-read when it changes) or
+from a test through ``set_health`` / ``set_present``, which rewrite the file.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpupool.core.errors import InvalidInput
+from gpupool.nodeagent.gpu import HEALTHY, UNHEALTHY, GpuInfo, HealthListener
+
+log = logging.getLogger(__name__)
+
+
+class FakeGpuBackend:
+    """FAKE: the GPUs of a YAML file; re-reads it when it changes."""
+
+    def __init__(self, path: Path, poll_s: float = 0.05):
+        self.path = Path(path)
+        self.poll_s = poll_s
+        self._lock = threading.Lock()
+        self._entries = load_entries(self.path)
+        self._stamp = _stamp(self.path)
+        self._listener: HealthListener | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def discover(self) -> tuple[GpuInfo, ...]:
+        with self._lock:
+            return gpus_of(self._entries)
+
+    def watch(self, listener: HealthListener) -> None:
+        self._listener = listener
+        self._thread = threading.Thread(target=self._poll, name="fake-gpu-watch", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+
+    # -- fault injection ------------------------------------------------------
+    def set_health(self, uuid: str, healthy: bool, reason: str = "") -> None:
+        """Turn a GPU unhealthy (with a reason) or healthy again."""
+        self._edit(uuid, {"health": HEALTHY if healthy else UNHEALTHY,
+                          "reason": "" if healthy else (reason or "injected fault")})
+
+    def set_present(self, uuid: str, present: bool) -> None:
+        """Make a GPU vanish (False) or come back (True)."""
+        self._edit(uuid, {"present": present})
+
+    def _edit(self, uuid: str, changes: Mapping[str, Any]) -> None:
+        with self._lock:
+            entries = [dict(e) for e in self._entries]
+            match = [e for e in entries if e.get("uuid") == uuid]
+            if not match:
+                raise InvalidInput(f"fake GPU file {self.path} has no GPU {uuid}")
+            match[0].update(changes)
+            gpus_of(entries)  # validate before writing
+            _write(self.path, entries)
+            self._entries, self._stamp = entries, _stamp(self.path)
+            current = gpus_of(entries)
+        self._notify(current)
+
+    # -- file watching ----------------------------------------------------------
+    def _poll(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            stamp = _stamp(self.path)
+            if stamp == self._stamp:
+                continue
+            self._reload(stamp)
+
+    def _reload(self, stamp: tuple[int, int, int]) -> None:
+        try:
+            entries = load_entries(self.path)
+        except InvalidInput as exc:
+            log.error("ignoring edit of fake GPU file: %s", exc)
+            self._stamp = stamp
+            return
+        with self._lock:
+            self._entries, self._stamp = entries, stamp
+            current = gpus_of(entries)
+        self._notify(current)
+
+    def _notify(self, gpus: tuple[GpuInfo, ...]) -> None:
+        if self._listener is not None:
+            self._listener(gpus)
+
+
+def load_entries(path: Path) -> list[dict[str, Any]]:
+    """The GPU entries of a fake GPU file, validated (``InvalidInput`` says what is wrong)."""
+    try:
+        body = yaml.safe_load(Path(path).read_text())
+    except OSError as exc:
+        raise InvalidInput(f"cannot read fake GPU file {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise InvalidInput(f"fake GPU file {path} is not YAML: {exc}") from None
+    if not isinstance(body, dict) or not isinstance(body.get("gpus"), list):
+        raise InvalidInput(f"fake GPU file {path} needs a top-level 'gpus' list")
+    entries = body["gpus"]
+    if not all(isinstance(e, dict) for e in entries):
+        raise InvalidInput(f"fake GPU file {path}: every entry of 'gpus' must be a mapping")
+    gpus_of(entries, str(path))
+    return [dict(e) for e in entries]
+
+
+def gpus_of(entries: list[dict[str, Any]], where: str = "fake GPU file") -> tuple[GpuInfo, ...]:
+    """The present GPUs of validated entries, ordered by index."""
+    gpus = [_gpu(e, i, where) for i, e in enumerate(entries)]
+    uuids = [g.uuid for g in gpus]
+    indexes = [g.index for g in gpus]
+    if len(set(uuids)) != len(uuids) or len(set(indexes)) != len(indexes):
+        raise InvalidInput(f"{where}: GPU uuids and indexes must be unique")
+    present = [g for g, e in zip(gpus, entries, strict=True) if e.get("present", True)]
+    return tuple(sorted(present, key=lambda g: g.index))
+
+
+def _gpu(e: Mapping[str, Any], position: int, where: str) -> GpuInfo:
+    uuid = e.get("uuid")
+    if not isinstance(uuid, str) or not uuid:
+        raise InvalidInput(f"{where}: GPU #{position} needs a uuid")
+    health = e.get("health", HEALTHY)
+    if health not in (HEALTHY, UNHEALTHY):
+        raise InvalidInput(f"{where}: GPU {uuid} health must be {HEALTHY} or {UNHEALTHY}")
+    labels = e.get("labels") or {}
+    if not isinstance(labels, dict):
+        raise InvalidInput(f"{where}: GPU {uuid} labels must be a mapping")
+    try:
+        return GpuInfo(
+            uuid=uuid, index=_int(e, "index", position, uuid, where),
+            model=str(e.get("model", "unknown")),
+            memory_mib=_int(e, "memoryMiB", None, uuid, where),
+            numa_node=_int(e, "numaNode", 0, uuid, where),
+            architecture=str(e.get("architecture", "unknown")),
+            healthy=health == HEALTHY, reason=str(e.get("reason", "") or ""),
+            labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())))
+    except InvalidInput:
+        raise
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput(f"{where}: GPU {uuid}: {exc}") from None
+
+
+def _int(e: Mapping[str, Any], key: str, default: int | None, uuid: str, where: str) -> int:
+    value = e.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidInput(f"{where}: GPU {uuid}: {key} must be a whole number >= 0")
+    if key == "memoryMiB" and value == 0:
+        raise InvalidInput(f"{where}: GPU {uuid}: memoryMiB must be positive")
+    return value
+
+
+def _stamp(path: Path) -> tuple[int, int, int]:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return (0, 0, 0)
+    return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+
+def _write(path: Path, entries: list[dict[str, Any]]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(yaml.safe_dump({"gpus": entries}, sort_keys=False))
+    os.replace(tmp, path)

@@ -1,0 +1,56 @@
+"""A physical GPU as the node agent sees it, and the backend seam that finds them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from gpupool.core.model import Gpu, freeze_labels
+
+HEALTHY = "Healthy"
+UNHEALTHY = "Unhealthy"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuInfo:
+    """One physical GPU: identity, capacity, topology and current health."""
+
+    uuid: str
+    index: int
+    model: str
+    memory_mib: int
+    numa_node: int = 0
+    architecture: str = "unknown"
+    healthy: bool = True
+    reason: str = ""
+    labels: tuple[tuple[str, str], ...] = field(default=())
+
+    @property
+    def health(self) -> str:
+        return HEALTHY if self.healthy else UNHEALTHY
+
+    def to_core(self) -> Gpu:
+        """The core's model of this GPU (capacity, topology, health, labels)."""
+        return Gpu(self.uuid, self.index, self.model, self.memory_mib, self.numa_node,
+                   self.healthy, freeze_labels(dict(self.labels)))
+
+
+HealthListener = Callable[[tuple[GpuInfo, ...]], None]
+"""Called with the full, current list of GPUs whenever any of them changes."""
+
+
+class GpuBackend(Protocol):
+    """Where GPUs come from: NVML on a real node, a YAML file in tests and demos."""
+
+    def discover(self) -> tuple[GpuInfo, ...]:
+        """The GPUs present now, ordered by index."""
+        ...
+
+    def watch(self, listener: HealthListener) -> None:
+        """Start watching health; call ``listener`` with the full list on every change."""
+        ...
+
+    def close(self) -> None:
+        """Stop watching and release the driver."""
+        ...

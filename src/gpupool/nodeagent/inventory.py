@@ -1,0 +1,97 @@
+"""One ``GPUDevice`` object per physical GPU, kept true by the agent.
+
+``sync`` creates the objects of GPUs it knows, updates spec and labels when
+they change, writes status (health, reason, heartbeat) every time, and
+deletes this node's objects whose GPU the agent no longer knows (garbage
+collection). A GPU that vanished while the agent runs stays, ``Unhealthy``
+with reason ``vanished``, until the agent restarts without it.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from gpupool.contract import names
+from gpupool.core.errors import GpupoolError
+from gpupool.nodeagent.cluster import InventoryApi
+from gpupool.nodeagent.gpu import GpuInfo
+
+log = logging.getLogger(__name__)
+
+LABEL_NODE = f"{names.GROUP}/node"
+LABEL_MODEL = f"{names.GROUP}/model"
+
+
+def device_name(uuid: str) -> str:
+    """The object name of a GPU: ``gpu-`` + its lower-cased uuid (a DNS subdomain)."""
+    body = uuid.lower()
+    body = body[4:] if body.startswith("gpu-") else body
+    return ("gpu-" + re.sub(r"[^a-z0-9.-]+", "-", body)).strip("-.")[:253]
+
+
+def label_value(text: str) -> str:
+    """``text`` made a valid label value (63 characters, alphanumerics and ``-_.``)."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text)[:63].strip("-_.")
+
+
+def device_spec(node: str, gpu: GpuInfo) -> dict[str, Any]:
+    return {"node": node, "uuid": gpu.uuid, "index": gpu.index, "model": gpu.model,
+            "memoryMiB": gpu.memory_mib, "architecture": gpu.architecture,
+            "numaNode": gpu.numa_node, "labels": dict(gpu.labels)}
+
+
+def device_status(gpu: GpuInfo, now: datetime) -> dict[str, Any]:
+    return {"health": gpu.health, "reason": gpu.reason,
+            "heartbeatTime": now.strftime("%Y-%m-%dT%H:%M:%SZ")}
+
+
+def device_object(node: str, gpu: GpuInfo, now: datetime) -> dict[str, Any]:
+    return {
+        "apiVersion": names.API_VERSION, "kind": "GPUDevice",
+        "metadata": {"name": device_name(gpu.uuid),
+                     "labels": {LABEL_NODE: node, LABEL_MODEL: label_value(gpu.model)}},
+        "spec": device_spec(node, gpu), "status": device_status(gpu, now)}
+
+
+class Inventory:
+    """Publishes the node's GPUs as ``GPUDevice`` objects."""
+
+    def __init__(self, node: str, api: InventoryApi):
+        self.node = node
+        self.api = api
+
+    def sync(self, gpus: Sequence[GpuInfo], now: datetime) -> None:
+        """Make this node's objects match ``gpus``; API errors are logged, the next sync retries."""
+        try:
+            existing = {o["metadata"]["name"]: o for o in self.api.list_devices(self.node)}
+        except GpupoolError as exc:
+            log.warning("cannot list GPUDevices of %s: %s", self.node, exc)
+            return
+        for gpu in gpus:
+            self._publish(gpu, existing.pop(device_name(gpu.uuid), None), now)
+        for name, obj in existing.items():
+            if (obj.get("spec") or {}).get("node") == self.node:
+                self._call(self.api.delete_device, name)
+
+    def _publish(self, gpu: GpuInfo, current: Mapping[str, Any] | None, now: datetime) -> None:
+        name = device_name(gpu.uuid)
+        body = device_object(self.node, gpu, now)
+        if current is None:
+            self._call(self.api.create_device, body)
+            self._call(self.api.update_device_status, name, body["status"])
+            return
+        if current.get("spec") != body["spec"] or \
+                (current.get("metadata") or {}).get("labels") != body["metadata"]["labels"]:
+            meta = {**(current.get("metadata") or {}), "labels": body["metadata"]["labels"]}
+            self._call(self.api.replace_device, {**current, "metadata": meta, "spec": body["spec"]})
+        self._call(self.api.update_device_status, name, body["status"])
+
+    def _call(self, fn: Any, *args: Any) -> None:
+        try:
+            fn(*args)
+        except GpupoolError as exc:
+            log.warning("GPUDevice write failed on %s: %s", self.node, exc)

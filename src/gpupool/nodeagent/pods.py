@@ -1,0 +1,143 @@
+"""Pods as the node agent needs them: identity, GPU containers, decision.
+
+Translated once at the edge from the API server's JSON; nothing past this
+module reads a pod dict.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpupool.contract import annotations as contract
+from gpupool.contract import names
+from gpupool.core.errors import InvalidInput
+from gpupool.core.quantity import to_int
+from gpupool.core.request import Affinity, GpuDemand, Mode, PodRequest
+
+ANNOTATION_DEVICES = f"{names.GROUP}/devices"
+"""Written by the node agent: {container: {logical device ID: GPU uuid}} it served."""
+
+TERMINAL_PHASES = ("Succeeded", "Failed")
+
+
+@dataclass(frozen=True, slots=True)
+class GpuContainer:
+    """A container that asks for ``gpupool.io/gpu``, in kubelet's allocation order."""
+
+    name: str
+    count: int
+    memory_mib: int
+    core_pct: int
+
+
+@dataclass(frozen=True, slots=True)
+class Pod:
+    """The parts of a pod the agent reads."""
+
+    namespace: str
+    name: str
+    uid: str
+    resource_version: str
+    created: str
+    node: str
+    phase: str
+    deleting: bool
+    annotations: Mapping[str, str]
+    containers: tuple[GpuContainer, ...]
+    problem: str = ""  # why the GPU containers could not be read (they are then empty)
+
+    @property
+    def ref(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def active(self) -> bool:
+        return self.phase not in TERMINAL_PHASES
+
+    def served(self) -> dict[str, dict[str, str]]:
+        """What the agent recorded as served: container -> {logical ID: GPU uuid}."""
+        raw = self.annotations.get(ANNOTATION_DEVICES)
+        if not raw:
+            return {}
+        try:
+            body = json.loads(raw)
+        except json.JSONDecodeError:
+            raise InvalidInput(f"pod {self.ref}: {ANNOTATION_DEVICES} is not JSON") from None
+        if not isinstance(body, dict) or not all(
+                isinstance(v, dict) and all(isinstance(x, str) for x in v.values())
+                for v in body.values()):
+            raise InvalidInput(f"pod {self.ref}: {ANNOTATION_DEVICES} is malformed")
+        return {str(k): {str(a): b for a, b in v.items()} for k, v in body.items()}
+
+    def decision(self) -> contract.Decision | None:
+        """The recorded decision, None without one; ``InvalidInput`` if it is broken."""
+        if not contract.has_decision(self.annotations):
+            return None
+        return contract.decode(self.uid, self.annotations)
+
+    def container(self, name: str) -> GpuContainer:
+        for c in self.containers:
+            if c.name == name:
+                return c
+        raise InvalidInput(f"pod {self.ref} has no GPU container {name!r}")
+
+    def request(self) -> PodRequest:
+        """What the pod asks for, as the core's request (GPU part only)."""
+        mode = self.annotations.get(names.ANNOTATION_MODE)
+        affinity = self.annotations.get(names.ANNOTATION_AFFINITY, Affinity.LEAST_LOADED.value)
+        try:
+            aff = Affinity(affinity)
+        except ValueError:
+            raise InvalidInput(f"pod {self.ref}: {names.ANNOTATION_AFFINITY} must be "
+                               f"'pod' or 'least-loaded', not {affinity!r}") from None
+        return PodRequest(self.uid, gpus=tuple(_demand(self, c, mode) for c in self.containers),
+                          affinity=aff)
+
+
+def _demand(pod: Pod, c: GpuContainer, mode: str | None) -> GpuDemand:
+    if mode not in (None, Mode.EXCLUSIVE.value, Mode.SHARED.value):
+        raise InvalidInput(f"pod {pod.ref}: {names.ANNOTATION_MODE} must be 'exclusive' or "
+                           f"'shared', not {mode!r}")
+    shared = c.memory_mib > 0 or c.core_pct > 0
+    chosen = Mode(mode) if mode else (Mode.SHARED if shared else Mode.EXCLUSIVE)
+    return GpuDemand(c.count, c.memory_mib, c.core_pct, chosen, c.name)
+
+
+def pod_from_json(obj: Mapping[str, Any]) -> Pod:
+    """The agent's view of a pod object (a malformed GPU quantity goes to ``problem``)."""
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    ref = f"{meta.get('namespace', 'default')}/{meta.get('name', '?')}"
+    containers = [c for c in (spec.get("initContainers") or []) + (spec.get("containers") or [])
+                  if isinstance(c, dict)]
+    problem = ""
+    try:
+        gpu = tuple(g for g in (_gpu_container(ref, c) for c in containers) if g is not None)
+    except InvalidInput as exc:
+        gpu, problem = (), str(exc)
+    return Pod(
+        namespace=str(meta.get("namespace", "default")), name=str(meta.get("name", "")),
+        uid=str(meta.get("uid", "")), resource_version=str(meta.get("resourceVersion", "")),
+        created=str(meta.get("creationTimestamp", "")), node=str(spec.get("nodeName") or ""),
+        phase=str((obj.get("status") or {}).get("phase", "Pending")),
+        deleting=bool(meta.get("deletionTimestamp")),
+        annotations=dict(meta.get("annotations") or {}), containers=gpu, problem=problem)
+
+
+def _gpu_container(ref: str, c: Mapping[str, Any]) -> GpuContainer | None:
+    res = c.get("resources") or {}
+    limits = {**(res.get("requests") or {}), **(res.get("limits") or {})}
+    if names.RESOURCE_GPU not in limits:
+        return None
+    name = str(c.get("name", ""))
+    try:
+        count = to_int(limits[names.RESOURCE_GPU], names.RESOURCE_GPU)
+        memory = to_int(limits.get(names.RESOURCE_MEMORY, 0), names.RESOURCE_MEMORY)
+        core = to_int(limits.get(names.RESOURCE_CORE, 0), names.RESOURCE_CORE)
+    except InvalidInput as exc:
+        raise InvalidInput(f"pod {ref} container {name}: {exc}") from None
+    return GpuContainer(name, count, memory, core) if count > 0 else None
+

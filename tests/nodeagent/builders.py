@@ -1,0 +1,56 @@
+"""Small builders for node-agent tests: fake GPU files, pods, extender-style decisions."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpupool.contract import annotations, names
+from gpupool.core.allocation import Allocation, Slice
+
+NODE = "node-a"
+BIND_TIME = "2026-01-01T00:00:00Z"
+
+
+def uuid_of(i: int) -> str:
+    return f"GPU-{i:08d}-0000-4000-8000-{i:012d}"
+
+
+def write_gpus(path: Path, count: int, memory_mib: int = 16384, numa_split: int = 2) -> Path:
+    """A FAKE GPU file with ``count`` identical GPUs (the upper half on NUMA node 1)."""
+    gpus = [{"uuid": uuid_of(i), "model": "A100-SXM4-80GB", "memoryMiB": memory_mib,
+             "numaNode": (i * numa_split) // max(count, 1), "architecture": "ampere",
+             "labels": {"nvlink": "true"}} for i in range(count)]
+    path.write_text(yaml.safe_dump({"gpus": gpus}, sort_keys=False))
+    return path
+
+
+Container = tuple[str, int, int, int]
+"""(name, gpupool.io/gpu, gpu-memory MiB, gpu-core %)"""
+
+
+def pod(name: str, containers: Sequence[Container], node: str = NODE,
+        ann: dict[str, str] | None = None, created: str = "2026-01-01T00:00:00Z") -> dict[str, Any]:
+    cs = []
+    for cname, count, mem, core in containers:
+        limits = {names.RESOURCE_GPU: str(count)}
+        if mem:
+            limits[names.RESOURCE_MEMORY] = str(mem)
+        if core:
+            limits[names.RESOURCE_CORE] = str(core)
+        cs.append({"name": cname, "image": "cuda", "resources": {"limits": limits}})
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "default", "uid": f"uid-{name}",
+                         "annotations": dict(ann or {}), "creationTimestamp": created},
+            "spec": {"nodeName": node, "containers": cs}}
+
+
+def decision(pod_name: str, slices: Sequence[tuple[str, int, int, int, str]],
+             node: str = NODE, exclusive: bool = False) -> dict[str, str]:
+    """Extender-style annotations: slices are (uuid, index, memory MiB, core %, container)."""
+    alloc = Allocation(f"uid-{pod_name}", node, 1000, 1024,
+                       tuple(Slice(u, i, m, c, n) for u, i, m, c, n in slices), exclusive)
+    return annotations.encode(alloc, BIND_TIME)
