@@ -117,9 +117,12 @@ class Placer:
 
 
 def choose(values: np.ndarray, rng: random.Random) -> int:
-    """Index of the best value; exact ties are broken by the seeded ``rng``."""
-    best = values.max()
-    ties = np.flatnonzero(values == best)
-    if ties.size == 1:
-        return int(ties[0])
-    return int(ties[rng.randrange(ties.size)])
+    """Index of the best value; ties go to the first candidate in node order.
+
+    Deterministic on purpose: the FGD authors' evaluation harness resolves equal
+    scores by node order (their nodes are listed in a seeded random order), and
+    reproducing the published figures needs the same rule (docs/simulator.md).
+    The simulator shuffles node order per seed; policies that want randomness
+    (``random``) draw from ``rng`` themselves.
+    """
+    return int(np.argmax(values))

@@ -3,7 +3,14 @@
 Place each task where the node's fragmentation (``gpupool.core.fragmentation``)
 grows least:
 
-    score(n) = −( F_n(after placing on n) − F_n(before) )
+    ΔF_n     = ( F_n(after placing on n) − F_n(before) ) / W      (expected milli-GPU)
+    score(n) = ⌊ 100 · σ(−ΔF_n / 1000) ⌋                          (σ: logistic)
+
+W is the target workload's total weight. The score is put on kube-scheduler's
+integer 0–100 scale through the logistic function, as the authors' harness
+does; nodes whose fragmentation changes by nearly the same amount then tie,
+and ties go to the first node in node order (``placement.choose``). With the
+weight ``fgd.exact`` = 1 the score is the unquantised −ΔF_n instead.
 
 For a sharing task every GPU with room on the node is tried and the best one
 kept (ties: tightest GPU, then lowest position); whole-GPU tasks take idle GPUs;
@@ -54,6 +61,11 @@ class _Cache:
         return rows[self.seen[rows] != state.version[rows]]
 
 
+def quantised(expected_delta: np.ndarray) -> np.ndarray:
+    """kube-scheduler's integer score of an expected fragmentation change."""
+    return np.floor(100.0 / (1.0 + np.exp(expected_delta / 1000.0)))
+
+
 class Fgd:
     name = "fgd"
     gpu_order = GpuOrder.TIGHTEST
@@ -64,10 +76,15 @@ class Fgd:
         self.frag = FragmentationModel(config.workload)
         self._deltas: dict[tuple[object, ...], _Cache] = {}
         self._before: _Cache | None = None
+        self.weight_total = float(config.workload.total_weight)
+        self.exact = config.weight("fgd.exact", 0.0) > 0
 
     def score(self, inp: ScoreInput) -> Scores:
         delta, gpu = self.deltas(inp)
-        return Scores(-delta.astype(np.float64), gpu)
+        expected = delta / self.weight_total
+        if self.exact:
+            return Scores(-expected, gpu)
+        return Scores(quantised(expected), gpu)
 
     # -- cached fragmentation ----------------------------------------------------
     def before(self, state: ClusterState, rows: IntArray) -> IntArray:
