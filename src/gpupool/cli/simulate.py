@@ -1,0 +1,211 @@
+"""``gpupool simulate``: run placement policies over a trace and report how well they pack.
+
+With no arguments it runs the built-in synthetic cluster and workload
+(``gpupool.sim.synthetic``) with the default policies and seeds. The flags are
+relied on by automation; see docs/simulator.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from gpupool.core.errors import InvalidInput, UnknownName
+from gpupool.core.policies import POLICIES
+from gpupool.sim.campaign import (
+    Campaign,
+    PolicyStats,
+    Run,
+    SimMode,
+    aggregate,
+    default_workers,
+    run_campaign,
+)
+from gpupool.sim.report import write_all
+from gpupool.sim.scenario import Scenario
+from gpupool.sim.sources import scenario_from_files
+from gpupool.sim.synthetic import DEFAULT_NODES, synthetic_scenario
+
+DEFAULT_POLICIES = ("fgd", "fgd-balance", "best-fit", "random")
+DEFAULT_SEEDS = "42-46"
+MAX_SEEDS = 10_000
+PROGRESS_MIN_PODS = 20_000
+"""Below this many pods in all runs together the progress bar is not worth drawing."""
+
+
+def seeds(spec: str) -> tuple[int, ...]:
+    """``42-51``, ``1,2,5`` or a mix (``42-44,50``) -> the seeds, in order, without repeats."""
+    out: dict[int, None] = {}
+    for part in spec.split(","):
+        lo, sep, hi = part.strip().partition("-")
+        try:
+            first, last = int(lo), int(hi if sep else lo)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"bad seed list {spec!r}: use a range like 42-51 or a list like 1,2,5") from None
+        if first < 0 or last < first or last - first >= MAX_SEEDS:
+            raise argparse.ArgumentTypeError(f"bad seed range {part.strip()!r}")
+        out.update(dict.fromkeys(range(first, last + 1)))
+    return tuple(out)
+
+
+def inflation(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--inflate must be a number, got {text!r}") from None
+    if not 1.0 <= value <= 10.0:
+        raise argparse.ArgumentTypeError(f"--inflate must be between 1.0 and 10, got {value}")
+    return value
+
+
+def positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
+    return value
+
+
+def weight(text: str) -> tuple[str, float]:
+    name, _, value = text.partition("=")
+    try:
+        number = float(value)
+    except ValueError:
+        number = None
+    if not name.strip() or number is None:
+        raise argparse.ArgumentTypeError(
+            f"--weight takes NAME=NUMBER (e.g. fgd-balance.lambda=0.5), got {text!r}")
+    return name.strip(), number
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "simulate", help="replay a workload through the placement policies",
+        description="Replay a cluster trace through gpupool's placement policies (the FGD "
+                    "paper's protocol by default) and report the unallocated GPU share. "
+                    "Without --nodes/--pods: a built-in synthetic cluster and workload.")
+    p.add_argument("--nodes", type=Path, metavar="FILE",
+                   help="cluster: Alibaba node-list CSV or gpupool YAML")
+    p.add_argument("--pods", type=Path, metavar="FILE",
+                   help="workload: Alibaba pod-list CSV or gpupool YAML")
+    p.add_argument("--policy", action="append", metavar="NAME",
+                   help=f"policy to run (repeatable; default: {', '.join(DEFAULT_POLICIES)}; "
+                        f"known: {', '.join(sorted(POLICIES))})")
+    p.add_argument("--seeds", type=seeds, default=seeds(DEFAULT_SEEDS), metavar="SEEDS",
+                   help=f"seeds as a range or list, e.g. 42-51 or 1,2,5 (default {DEFAULT_SEEDS})")
+    p.add_argument("--inflate", type=inflation, default=1.3, metavar="X",
+                   help="protocol: resample the trace until its GPU demand reaches X times "
+                        "the GPU capacity (default 1.3)")
+    p.add_argument("--mode", choices=[m.value for m in SimMode], default="protocol",
+                   help="protocol: the FGD paper's (shuffle, inflate, no departures); "
+                        "timed: honour creation and deletion times")
+    p.add_argument("--out", type=Path, default=Path("sim-out"), metavar="DIR",
+                   help="output folder for summary.json, curves.csv, allocation.png "
+                        "(default sim-out)")
+    p.add_argument("--workers", type=positive, metavar="N",
+                   help="processes to run (policy, seed) pairs in (default: one per core)")
+    p.add_argument("--synthetic-nodes", type=positive, default=DEFAULT_NODES, metavar="N",
+                   help=f"size of the built-in synthetic cluster (default {DEFAULT_NODES})")
+    p.add_argument("--weight", type=weight, action="append", default=[], metavar="NAME=X",
+                   help="policy weight, e.g. fgd-balance.lambda=0.5 (repeatable)")
+    p.set_defaults(func=simulate)
+    _one_line_errors(p)
+
+
+def _one_line_errors(parser: argparse.ArgumentParser) -> None:
+    """Bad flags print one line and exit 2 (argparse would print the usage too, and leave
+    unknown flags to the top-level parser). The subparser's class is the top-level
+    parser's choice, so the two methods are replaced on this instance."""
+    def error(message: str) -> NoReturn:
+        parser.exit(2, f"{parser.prog}: {message} (see --help)\n")
+
+    known = parser.parse_known_args
+
+    def strict(args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+               ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = known(args, namespace)
+        if extras:
+            error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed, extras
+
+    parser.error = error  # type: ignore[method-assign,assignment]
+    parser.parse_known_args = strict  # type: ignore[method-assign,assignment]
+
+
+def load(args: argparse.Namespace) -> Scenario:
+    if (args.nodes is None) != (args.pods is None):
+        raise InvalidInput("--nodes and --pods go together (neither: the built-in synthetic "
+                           "cluster and workload)")
+    if args.nodes is None:
+        return synthetic_scenario(args.synthetic_nodes)
+    return scenario_from_files(args.nodes, args.pods)
+
+
+def check_policies(names: Sequence[str]) -> tuple[str, ...]:
+    unknown = [n for n in names if n not in POLICIES]
+    if unknown:
+        raise UnknownName(f"unknown policy {unknown[0]!r}; known policies: "
+                          f"{', '.join(sorted(POLICIES))}")
+    return tuple(dict.fromkeys(names))
+
+
+def simulate(args: argparse.Namespace) -> int:
+    policies = check_policies(args.policy or DEFAULT_POLICIES)
+    started = time.perf_counter()
+    campaign = Campaign(load(args), policies, args.seeds, SimMode(args.mode), args.inflate,
+                        dict(args.weight))
+    workers = args.workers or default_workers(len(campaign.jobs))
+    runs = _with_progress(campaign, workers)
+    stats = aggregate(runs)
+    wall = time.perf_counter() - started
+    try:
+        written = write_all(args.out, campaign, runs, stats, wall)
+    except OSError as exc:
+        raise InvalidInput(f"cannot write to {args.out}: {exc.strerror or exc}") from None
+    console = Console()
+    console.print(_table(campaign, stats, wall))
+    console.print(f"wrote {', '.join(str(p) for p in written)}")
+    return 0
+
+
+def _with_progress(campaign: Campaign, workers: int) -> list[Run]:
+    total = campaign.planned_pods()
+    console = Console(stderr=True)
+    if total < PROGRESS_MIN_PODS or not console.is_terminal:
+        return run_campaign(campaign, workers)
+    columns = (TextColumn("simulating"), BarColumn(), MofNCompleteColumn(), TextColumn("pods"),
+               TimeRemainingColumn())
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task("pods", total=total)
+        return run_campaign(campaign, workers, lambda n: bar.advance(task, n))
+
+
+def _table(campaign: Campaign, stats: Sequence[PolicyStats], wall: float) -> Table:
+    s = campaign.scenario
+    title = (f"{s.name}: {len(s.nodes)} nodes, {s.gpu_capacity_milli // 1000} GPUs, "
+             f"{len(s.pods)} pods, {len(campaign.seeds)} seed(s), {campaign.mode.value} mode")
+    table = Table(title=title, caption=f"mean ± std over seeds; failed pods: mean per run; "
+                                       f"decision: median; total wall time {wall:.1f} s")
+    table.add_column("policy")
+    protocol = campaign.mode is SimMode.PROTOCOL
+    table.add_column("unallocated GPU %" if protocol else "peak GPU alloc. %", justify="right")
+    for name in ("failed pods", "decision ms", "wall s"):
+        table.add_column(name, justify="right")
+    for p in stats:
+        headline = (f"{p.mean_unallocated_gpu_pct:.2f} ± {p.std_unallocated_gpu_pct:.2f}"
+                    if p.mean_unallocated_gpu_pct is not None
+                    else f"{p.mean_peak_allocation_pct or 0.0:.2f}")
+        table.add_row(p.policy, headline, f"{p.mean_failed_pods:.1f}",
+                      f"{p.decision_median_ms:.3f}", f"{p.wall_s:.1f}")
+    return table
+

@@ -1,0 +1,150 @@
+"""Many runs: every (policy, seed) pair of one scenario, in-process or in a process pool.
+
+Every policy gets the same ``PolicyConfig``: the target workload of the original
+(un-inflated) pods, which FGD-type policies need and the others ignore, and the
+weights given on the command line.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import statistics
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from enum import Enum
+
+from gpupool.core.errors import InvalidInput
+from gpupool.core.policies import make_policy
+from gpupool.core.policies.config import PolicyConfig
+from gpupool.core.workload import TargetWorkload
+from gpupool.sim.protocol import ProtocolRun, arrival_order, run_protocol
+from gpupool.sim.scenario import Scenario
+from gpupool.sim.timed import TimedRun, run_timed
+
+Run = ProtocolRun | TimedRun
+Progress = Callable[[int], None]
+
+
+class SimMode(Enum):
+    PROTOCOL = "protocol"
+    TIMED = "timed"
+
+
+@dataclass(frozen=True, slots=True)
+class Campaign:
+    """What to run: a scenario, policies, seeds and the protocol's inflation."""
+
+    scenario: Scenario
+    policies: tuple[str, ...]
+    seeds: tuple[int, ...]
+    mode: SimMode = SimMode.PROTOCOL
+    inflate: float = 1.3
+    weights: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.policies or not self.seeds:
+            raise InvalidInput("a simulation needs at least one policy and one seed")
+
+    @property
+    def jobs(self) -> list[tuple[str, int]]:
+        return [(p, s) for p in self.policies for s in self.seeds]
+
+    def config(self) -> PolicyConfig:
+        workload = TargetWorkload.from_requests(self.scenario.requests)
+        return PolicyConfig(workload=workload, weights=dict(self.weights))
+
+    def planned_pods(self) -> int:
+        """Pods all runs will place (for a progress bar)."""
+        if self.mode is SimMode.TIMED:
+            return len(self.scenario.pods) * len(self.jobs)
+        capacity = self.scenario.gpu_capacity_milli
+        per_seed = [len(arrival_order(self.scenario.requests, capacity, self.inflate,
+                                      random.Random(s))) for s in self.seeds]
+        return sum(per_seed) * len(self.policies)
+
+
+def run_one(campaign: Campaign, config: PolicyConfig, policy: str, seed: int,
+            progress: Progress | None = None) -> Run:
+    if campaign.mode is SimMode.TIMED:
+        return run_timed(campaign.scenario, policy, seed, config, progress)
+    return run_protocol(campaign.scenario, policy, seed, campaign.inflate, config, progress)
+
+
+def run_campaign(campaign: Campaign, workers: int = 1,
+                 progress: Progress | None = None) -> list[Run]:
+    """All runs, ordered by (policy, seed) as given. Unknown policies fail before any run."""
+    config = campaign.config()
+    for name in campaign.policies:
+        make_policy(name, config)
+    jobs = campaign.jobs
+    if workers <= 1 or len(jobs) == 1:
+        return [run_one(campaign, config, p, s, progress) for p, s in jobs]
+    done: dict[tuple[str, int], Run] = {}
+    with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), initializer=_adopt,
+                             initargs=(campaign, config)) as pool:
+        futures = [pool.submit(_run_adopted, p, s) for p, s in jobs]
+        for future in as_completed(futures):
+            run = future.result()
+            done[(run.policy, run.seed)] = run
+            if progress is not None:
+                progress(run.pods)
+    return [done[job] for job in jobs]
+
+
+def default_workers(jobs: int) -> int:
+    """One worker per core, at most one per run."""
+    return max(1, min(os.cpu_count() or 1, jobs))
+
+
+_ADOPTED: list[tuple[Campaign, PolicyConfig]] = []
+
+
+def _adopt(campaign: Campaign, config: PolicyConfig) -> None:
+    """Worker start-up: keep the campaign, so each job ships only (policy, seed)."""
+    _ADOPTED[:] = [(campaign, config)]
+
+
+def _run_adopted(policy: str, seed: int) -> Run:
+    campaign, config = _ADOPTED[0]
+    return run_one(campaign, config, policy, seed)
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyStats:
+    """A policy's runs, aggregated over seeds (std: sample standard deviation)."""
+
+    policy: str
+    runs: int
+    mean_unallocated_gpu_pct: float | None
+    std_unallocated_gpu_pct: float | None
+    mean_failed_pods: float
+    mean_peak_allocation_pct: float | None
+    wall_s: float
+    decision_median_ms: float
+
+
+def aggregate(runs: Sequence[Run]) -> list[PolicyStats]:
+    """Per policy, in first-seen order."""
+    by_policy: dict[str, list[Run]] = {}
+    for run in runs:
+        by_policy.setdefault(run.policy, []).append(run)
+    return [_stats(name, group) for name, group in by_policy.items()]
+
+
+def _mean_std(values: list[float]) -> tuple[float | None, float | None]:
+    if not values:
+        return None, None
+    std = statistics.stdev(values) if len(values) > 1 else 0.0
+    return round(statistics.fmean(values), 4), round(std, 4)
+
+
+def _stats(policy: str, runs: list[Run]) -> PolicyStats:
+    unallocated = [r.unallocated_gpu_pct for r in runs if isinstance(r, ProtocolRun)]
+    peaks = [r.peak_allocation_pct for r in runs if isinstance(r, TimedRun)]
+    mean, std = _mean_std(unallocated)
+    return PolicyStats(
+        policy, len(runs), mean, std, round(statistics.fmean(r.failed_pods for r in runs), 2),
+        _mean_std(peaks)[0], round(sum(r.wall_s for r in runs), 3),
+        round(statistics.median(r.decision_median_ms for r in runs), 4))

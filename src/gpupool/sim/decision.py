@@ -1,0 +1,54 @@
+"""One policy deciding for one run: the core ``Placer`` plus class constraints.
+
+A pod that names a resource class (``class``) or a GPU selector may only use
+the GPUs they match; the masks come from ``gpupool.core.classes`` (cached per
+cluster layout). Tenant groups and quotas are not simulated.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable
+
+from gpupool.core.allocation import Allocation
+from gpupool.core.classes import ClassCatalog, ResourceClass
+from gpupool.core.fit import Constraints
+from gpupool.core.placement import Placer
+from gpupool.core.policies import make_policy
+from gpupool.core.policies.config import PolicyConfig
+from gpupool.core.request import PodRequest
+from gpupool.core.state import ClusterState
+
+NO_CONSTRAINTS = Constraints()
+
+
+def policy_seed(seed: int) -> int:
+    """Seed of the policy's own generator (ties, random choices), apart from the order's."""
+    return seed * 1_000_003 + 7
+
+
+class Decider:
+    """Decides placements on ``state`` with one named policy and a seeded generator."""
+
+    def __init__(self, state: ClusterState, policy: str, config: PolicyConfig, seed: int,
+                 classes: Iterable[ResourceClass] = ()):
+        self.state = state
+        self.placer = Placer(make_policy(policy, config))
+        self.rng = random.Random(policy_seed(seed))
+        self.catalog = ClassCatalog(classes)
+
+    def decide(self, request: PodRequest) -> Allocation | None:
+        """The allocation the policy picks, or None when no node fits (never explained)."""
+        return self.placer.decide(self.state, request, self.rng,
+                                  self.constraints(request)).allocation
+
+    def constraints(self, request: PodRequest) -> Constraints:
+        if request.gpu_class is None and request.selector is None:
+            return NO_CONSTRAINTS
+        mask = None
+        if request.gpu_class is not None:
+            mask = self.catalog.gpu_mask(self.state, request.gpu_class)
+        if request.selector is not None:
+            chosen = self.catalog.selector_mask(self.state, request.selector)
+            mask = chosen if mask is None else mask & chosen
+        return Constraints(gpu_mask=mask)
