@@ -73,7 +73,9 @@ def decode(key: str, annotations: Mapping[str, str]) -> Decision:
     try:
         body = json.loads(raw)
     except json.JSONDecodeError as exc:
-        raise InvalidInput(f"pod {key}: {names.ANNOTATION_ALLOCATION} is not JSON ({exc})") from None
+        raise InvalidInput(
+            f"pod {key}: {names.ANNOTATION_ALLOCATION} is not JSON ({exc})"
+        ) from None
     if not isinstance(body, dict) or body.get("v") != VERSION:
         raise InvalidInput(f"pod {key}: {names.ANNOTATION_ALLOCATION} is not version {VERSION}")
     node = _field(key, body, "node", str)

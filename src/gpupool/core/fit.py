@@ -22,6 +22,10 @@ class Constraints:
     group: str | None = None  # the resource group node_mask/gpu_mask stand for (for reasons)
 
 
+NO_CONSTRAINTS = Constraints()
+"""No class, group or quota restriction."""
+
+
 def demand_of(request: PodRequest) -> GpuDemand | None:
     return merged_demand(request) if request.gpus else None
 
@@ -49,7 +53,7 @@ def need_milli(state: ClusterState, demand: GpuDemand) -> IntArray:
 
 
 def feasible(
-    state: ClusterState, request: PodRequest, constraints: Constraints = Constraints()
+    state: ClusterState, request: PodRequest, constraints: Constraints = NO_CONSTRAINTS
 ) -> tuple[BoolArray, BoolArray | None]:
     """(node mask, gpu mask) of where ``request`` fits now."""
     n = len(state.nodes)
@@ -68,7 +72,7 @@ def feasible(
 
 
 def explain(
-    state: ClusterState, request: PodRequest, i: int, constraints: Constraints = Constraints()
+    state: ClusterState, request: PodRequest, i: int, constraints: Constraints = NO_CONSTRAINTS
 ) -> Reason | None:
     """The first failed check of ``request`` on node ``i``, or None if it fits."""
     node = state.nodes[i]

@@ -37,7 +37,9 @@ class Gpu:
         if not self.uuid:
             raise InvalidInput("a GPU needs a uuid")
         if self.memory_mib <= 0:
-            raise InvalidInput(f"GPU {self.uuid}: memory_mib must be positive, got {self.memory_mib}")
+            raise InvalidInput(
+                f"GPU {self.uuid}: memory_mib must be positive, got {self.memory_mib}"
+            )
         if self.index < 0:
             raise InvalidInput(f"GPU {self.uuid}: index must be >= 0")
 

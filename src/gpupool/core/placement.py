@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpupool.core.allocation import Allocation
-from gpupool.core.fit import Constraints, demand_of, explain, feasible
+from gpupool.core.fit import NO_CONSTRAINTS, Constraints, demand_of, explain, feasible
 from gpupool.core.gpus import build_allocation, pick_gpus
 from gpupool.core.reasons import Reason
 from gpupool.core.request import PodRequest
@@ -66,7 +66,7 @@ class Placer:
         self,
         state: ClusterState,
         request: PodRequest,
-        constraints: Constraints = Constraints(),
+        constraints: Constraints = NO_CONSTRAINTS,
         among: IntArray | None = None,
     ) -> Candidates:
         mask, gpu_fit = feasible(state, request, constraints)
@@ -86,7 +86,7 @@ class Placer:
         state: ClusterState,
         request: PodRequest,
         rng: random.Random,
-        constraints: Constraints = Constraints(),
+        constraints: Constraints = NO_CONSTRAINTS,
         among: IntArray | None = None,
         explain_limit: int = 0,
     ) -> Placement:

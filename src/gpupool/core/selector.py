@@ -110,7 +110,9 @@ class Selector:
                 op = Operator(op_name)
             except ValueError:
                 names = ", ".join(o.value for o in Operator)
-                raise InvalidInput(f"selector: operator {op_name!r} is not one of {names}") from None
+                raise InvalidInput(
+                    f"selector: operator {op_name!r} is not one of {names}"
+                ) from None
             values = raw.get("values") or []
             if not isinstance(values, list):
                 raise InvalidInput("selector: values must be a list")

@@ -12,9 +12,9 @@ not per-node ratios). GPUs are picked tightest first. Weights:
 
 from __future__ import annotations
 
-from gpupool.core.policies.config import PolicyConfig
 import numpy as np
 
+from gpupool.core.policies.config import PolicyConfig
 from gpupool.core.policies.measure import gpu_demand, gpu_free
 from gpupool.core.scoring import GpuOrder, ScoreInput, Scores
 

@@ -58,7 +58,7 @@ class _Cache:
         return self.state_id == id(state) and self.epoch == state.epoch
 
     def stale(self, state: ClusterState, rows: IntArray) -> IntArray:
-        return rows[self.seen[rows] != state.version[rows]]
+        return np.asarray(rows[self.seen[rows] != state.version[rows]], np.int64)
 
 
 def quantised(expected_delta: np.ndarray) -> np.ndarray:
