@@ -149,7 +149,8 @@ def _explain_gpu_free(state: ClusterState, demand: GpuDemand, i: int, c: Constra
         return None
     ok = state.present[i] & state.healthy[i]
     if demand.exclusive:
-        idle = int((ok & (state.core_free[i] == state.core_cap[i])).sum())
+        idle = int((ok & (state.core_free[i] == state.core_cap[i])
+                    & (state.unit_free[i] == state.unit_cap[i])).sum())
         msg = f"{demand.count} idle GPUs needed, {idle} idle"
     else:
         unit = state.memory_unit_mib
