@@ -1,0 +1,120 @@
+"""Every placement policy on tiny clusters whose right answer is known by hand."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from gpupool.core.errors import InvalidInput, UnknownName
+from gpupool.core.placement import Placement, Placer
+from gpupool.core.policies import POLICIES, make_policy
+from gpupool.core.policies.config import PolicyConfig
+from gpupool.core.request import PodRequest
+from gpupool.core.state import ClusterState
+from gpupool.core.workload import TargetWorkload, TaskShape
+
+from .builders import cluster, hold, hold_whole, node, pod, shared, whole
+
+SIXTY_PCT = TargetWorkload((TaskShape(0, 1, 600),), (1,))
+"""A target workload of tasks that each need 60 % of one GPU."""
+
+
+def place(policy: str, s: ClusterState, r: PodRequest, seed: int = 1,
+          workload: TargetWorkload = SIXTY_PCT) -> Placement:
+    placer = Placer(make_policy(policy, PolicyConfig(workload=workload)))
+    return placer.decide(s, r, random.Random(seed))
+
+
+def where(p: Placement) -> tuple[str, list[int]]:
+    assert p.allocation is not None, p.summary()
+    return p.allocation.node, [x.gpu_position for x in p.allocation.slices]
+
+
+def _one_half_used_node() -> ClusterState:
+    s = cluster(node("n0", 2), node("n1", 2))
+    hold_whole(s, "a", "n0", 0)
+    return s
+
+
+@pytest.mark.parametrize(("policy", "expected"), [
+    ("best-fit", ("n0", [1])), ("spread", ("n1", [0])), ("dot-product", ("n1", [0])),
+    ("packing", ("n0", [1]))],
+    ids=["best-fit fills the used node", "spread picks the emptiest node",
+         "dot-product picks the node whose free GPUs align with the demand",
+         "packing prefers a node already in use"])
+def test_a_whole_gpu_pod_goes_where_the_policy_says(policy: str,
+                                                    expected: tuple[str, list[int]]) -> None:
+    assert where(place(policy, _one_half_used_node(), pod("p", whole(1)))) == expected
+
+
+def test_packing_puts_a_slice_on_a_gpu_already_in_use() -> None:
+    s = cluster(node("n0", 2), node("n1", 2))
+    hold(s, "a", "n1", (1, 0, 30))
+    assert where(place("packing", s, pod("p", shared(1, 0, 20)))) == ("n1", [1])
+
+
+def test_clustering_pairs_a_slice_with_slices_of_the_same_size() -> None:
+    s = cluster(node("n0", 2, gpu_gib=16), node("n1", 2, gpu_gib=16))
+    hold(s, "a", "n0", (0, 4096, 0))  # a quarter of GPU 0
+    hold(s, "b", "n1", (0, 6144, 0))  # three eighths of GPU 0
+    assert where(place("clustering", s, pod("p", shared(1, 4096)))) == ("n0", [0])
+
+
+def test_spread_takes_the_emptiest_gpu_of_the_emptiest_node() -> None:
+    s = cluster(node("n0", 2), node("n1", 2))
+    hold(s, "a", "n0", (0, 0, 10))
+    hold(s, "b", "n1", (0, 0, 10), (1, 0, 10))
+    assert where(place("spread", s, pod("p", shared(1, 0, 20)))) == ("n0", [1])
+
+
+@pytest.mark.parametrize("policy", ["fgd", "fgd-balance"])
+def test_fgd_prefers_the_gpu_that_leaves_no_unusable_fragment(policy: str) -> None:
+    # GPU0 has 70 % free, GPU1 100 %; tasks need 60 %. A 30 % slice on GPU0 would
+    # leave 40 % nobody can use; on GPU1 it leaves 70 % + 70 %, both usable.
+    s = cluster(node("n", 2))
+    hold(s, "a", "n", (0, 0, 30))
+    assert where(place(policy, s, pod("p", shared(1, 0, 30), cpu=0))) == ("n", [1])
+    assert where(place("best-fit", s, pod("p", shared(1, 0, 30), cpu=0))) == ("n", [0])
+
+
+@pytest.mark.parametrize("policy", ["fgd", "fgd-balance"])
+def test_fgd_prefers_the_node_whose_fragmentation_grows_least(policy: str) -> None:
+    s = cluster(node("n0", 1), node("n1", 1))
+    hold(s, "a", "n0", (0, 0, 30))
+    assert where(place(policy, s, pod("p", shared(1, 0, 30), cpu=0))) == ("n1", [0])
+
+
+def test_fgd_needs_a_target_workload() -> None:
+    with pytest.raises(InvalidInput, match="target workload"):
+        make_policy("fgd", PolicyConfig())
+
+
+def test_random_draws_among_feasible_nodes_reproducibly() -> None:
+    s = cluster(node("n0", 1), node("n1", 1), node("n2", 1))
+    hold_whole(s, "a", "n2", 0)
+    chosen = [where(place("random", s, pod("p", whole(1)), seed))[0] for seed in range(20)]
+    assert set(chosen) == {"n0", "n1"}
+    assert chosen == [where(place("random", s, pod("p", whole(1)), seed))[0]
+                      for seed in range(20)]
+
+
+def test_an_unknown_policy_lists_the_known_ones() -> None:
+    with pytest.raises(UnknownName, match=r"known policies: .*best-fit"):
+        make_policy("worst-fit", PolicyConfig())
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+@pytest.mark.parametrize("request_", [
+    pod("p", whole(2)), pod("p", shared(1, 8192, 25)), pod("p", shared(3, 1024, 10)),
+    pod("p", cpu=2000)], ids=["two whole GPUs", "one slice", "three slices", "CPU only"])
+def test_every_policy_places_only_where_the_pod_fits(policy: str, request_: PodRequest) -> None:
+    s = cluster(node("n0", 4), node("n1", 2, cpu=4000), node("n2", 8, "V100", 16))
+    hold_whole(s, "a", "n0", 0, 1, 2)
+    hold(s, "b", "n2", *((j, 8192, 50) for j in range(8)))
+    workload = TargetWorkload.from_requests([request_, pod("q", whole(1))])
+    for seed in range(3):
+        p = place(policy, s, request_, seed, workload)
+        assert p.allocation is not None, p.summary()
+        s.reserve(p.allocation)  # raises if the policy chose something that does not fit
+        s.release(p.allocation.key)
