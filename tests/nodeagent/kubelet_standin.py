@@ -54,7 +54,7 @@ class _Registration(dp_grpc.RegistrationServicer):
     def __init__(self, kubelet: FakeKubelet):
         self.kubelet = kubelet
 
-    def Register(self, request: Any, context: Any) -> Any:  # noqa: N802
+    def Register(self, request: Any, context: Any) -> Any:
         if request.version != "v1beta1":
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "unsupported version")
         self.kubelet._registered(request)
@@ -65,7 +65,7 @@ class _PodResources(pr_grpc.PodResourcesListerServicer):
     def __init__(self, kubelet: FakeKubelet):
         self.kubelet = kubelet
 
-    def List(self, request: Any, context: Any) -> Any:  # noqa: N802
+    def List(self, request: Any, context: Any) -> Any:
         with self.kubelet.lock:
             pods = []
             for ref, containers in self.kubelet.pod_manager.items():
@@ -143,7 +143,11 @@ class FakeKubelet:
         self._disconnect()
         channel = grpc.insecure_channel(f"unix://{self.plugin_dir / endpoint}")
         stub = dp_grpc.DevicePluginStub(channel)
-        options = stub.GetDevicePluginOptions(dp.Empty(), timeout=5)
+        try:
+            options = stub.GetDevicePluginOptions(dp.Empty(), timeout=5)
+        except grpc.RpcError:  # the plugin went away again; kubelet waits for a new Register
+            channel.close()
+            return
         stream = stub.ListAndWatch(dp.Empty())
         with self.lock:
             self._channel, self._stream, self.options = channel, stream, options

@@ -62,6 +62,7 @@ def identify(pods: Sequence[Pod], holders: Holders | None, count: int) -> Target
         pod, c = min(matching, key=lambda pc: (pc[0].created, pc[0].name))
         return Target(pod, c, holders is not None)
     if not matching:
+        _explain_failed(pods, holders, count)
         broken = "; ".join(p.problem for p in pods if p.problem)
         raise NotIdentified(_none_message(waiting, holders, count)
                             + (f" (unreadable pods: {broken})" if broken else ""))
@@ -76,7 +77,7 @@ def _waiting(pods: Sequence[Pod], holders: Holders | None) -> list[tuple[Pod, Gp
     for pod in pods:
         if not pod.active or pod.deleting or not pod.containers:
             continue
-        if pod.annotations.get(names.ANNOTATION_PHASE) == names.PHASE_FAILED:
+        if _failed(pod):
             continue
         if holders is not None and pod.ref not in holders:
             continue
@@ -84,6 +85,21 @@ def _waiting(pods: Sequence[Pod], holders: Holders | None) -> list[tuple[Pod, Gp
         if c is not None:
             out.append((pod, c))
     return out
+
+
+def _failed(pod: Pod) -> bool:
+    return pod.annotations.get(names.ANNOTATION_PHASE) == names.PHASE_FAILED
+
+
+def _explain_failed(pods: Sequence[Pod], holders: Holders | None, count: int) -> None:
+    """Raise naming a waiting pod whose decision was already marked failed, if there is one."""
+    for pod in pods:
+        if not _failed(pod) or (holders is not None and pod.ref not in holders):
+            continue
+        c = next_container(pod, (holders or {}).get(pod.ref, {}))
+        if c is not None and c.count == count:
+            reason = pod.annotations.get(names.ANNOTATION_REASON) or "no reason recorded"
+            raise NotIdentified(f"pod {pod.ref}: its decision was marked failed: {reason}")
 
 
 def _none_message(waiting: Sequence[tuple[Pod, GpuContainer]], holders: Holders | None,

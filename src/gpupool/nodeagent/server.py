@@ -131,6 +131,8 @@ class PluginSocket:
         if self._server is not None:
             self._server.stop(grace=0.5).wait(2)
             self._server = None
+            if _inode(self.path) == self._inode:
+                self.path.unlink(missing_ok=True)
 
 
 def register(kubelet_socket: Path, resource: str = names.RESOURCE_GPU,
