@@ -85,14 +85,19 @@ def decode(key: str, annotations: Mapping[str, str]) -> Decision:
     for c in _field(key, body, "containers", list):
         if not isinstance(c, dict):
             raise InvalidInput(f"pod {key}: a container entry is not an object")
-        cname = _field(key, c, "name", str)
+        cname = c.get("name")
+        if not isinstance(cname, str):  # "" is the unnamed container of core requests
+            raise InvalidInput(f"pod {key}: allocation field 'name' is missing or not a str")
         for g in _field(key, c, "gpus", list):
             if not isinstance(g, dict):
                 raise InvalidInput(f"pod {key}: a GPU entry of {cname} is not an object")
             slices.append(Slice(_field(key, g, "uuid", str), _nat(key, g, "index"),
                                 _nat(key, g, "memoryMiB"), _nat(key, g, "corePct"), cname))
+    exclusive = body.get("exclusive", False)
+    if not isinstance(exclusive, bool):
+        raise InvalidInput(f"pod {key}: allocation field 'exclusive' must be true or false")
     alloc = Allocation(key, node, _nat(key, body, "cpuMilli"), _nat(key, body, "memoryMiB"),
-                       tuple(slices), bool(body.get("exclusive", False)))
+                       tuple(slices), exclusive)
     phase = annotations.get(names.ANNOTATION_PHASE, names.PHASE_ALLOCATING)
     if phase not in names.PHASES:
         raise InvalidInput(f"pod {key}: unknown phase {phase!r}")
