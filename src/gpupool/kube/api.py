@@ -144,6 +144,11 @@ class KubeApi:
         with _translated(f"get pod {namespace}/{name}"):
             return self.client.get(Pod, name, namespace=namespace)
 
+    def get_pod_json(self, namespace: str, name: str) -> KubeObject:
+        """The pod as plain decoded JSON (the shape kube-scheduler sends)."""
+        result: KubeObject = msgspec.to_builtins(self.get_pod(namespace, name))
+        return result
+
     def patch_pod_annotations(self, namespace: str, name: str,
                               annotations: Mapping[str, str | None],
                               resource_version: str | None = None) -> Pod:

@@ -1,0 +1,87 @@
+"""The extender's HTTP face: a starlette app over an ``Extender``.
+
+Routes: ``POST /filter``, ``/prioritize``, ``/bind`` (kube-scheduler extender
+protocol), ``GET /healthz`` (the process answers), ``/readyz`` (the cache has
+listed nodes, GPUs, pods and ledgers), ``/metrics`` (Prometheus text).
+
+Every extender call answers HTTP 200: a body that is not JSON, or any failure
+inside, comes back in ``Error`` (for prioritize, which has no error field, as
+an empty list), because kube-scheduler shows an ``Error`` to the user verbatim
+but turns an HTTP 500 into "code 500" and drops the body. Filter and
+prioritize run on the event loop (CPU only, under the cache lock); bind, which
+waits on the API server, runs in the thread pool.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from gpupool.extender import protocol
+from gpupool.extender.service import Extender
+
+log = logging.getLogger(__name__)
+MAX_BODY_BYTES = 256 * 1024 * 1024
+
+
+def _dumps(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+def build_app(extender: Extender) -> Starlette:
+    """The ASGI app serving ``extender``."""
+    metrics = extender.metrics
+
+    def verb(name: str, handler: Callable[[Any], Any], on_error: Callable[[str], Any],
+             threaded: bool) -> Callable[[Request], Awaitable[Response]]:
+        latency = metrics.latency.labels(name)
+
+        async def endpoint(request: Request) -> Response:
+            start = time.perf_counter()
+            try:
+                body = await request.body()
+                if len(body) > MAX_BODY_BYTES:
+                    raise ValueError(f"the {name} body is larger than {MAX_BODY_BYTES} bytes")
+                args = json.loads(body)
+                result = await run_in_threadpool(handler, args) if threaded else handler(args)
+            except (ValueError, UnicodeDecodeError) as exc:
+                result = on_error(f"gpupool {name}: the request is not valid JSON ({exc})")
+            except Exception as exc:  # never a 500: the scheduler would drop the message
+                log.exception("%s failed", name)
+                result = on_error(f"gpupool {name}: internal error: {type(exc).__name__}: {exc}")
+            latency.observe(time.perf_counter() - start)
+            return Response(_dumps(result), media_type="application/json")
+
+        return endpoint
+
+    async def healthz(request: Request) -> Response:
+        return PlainTextResponse("ok")
+
+    async def readyz(request: Request) -> Response:
+        if extender.ready():
+            return PlainTextResponse("ready")
+        missing = sorted({"nodes", "devices", "pods", "ledgers"} - extender.cache.synced)
+        return JSONResponse({"ready": False, "waiting for": missing}, status_code=503)
+
+    async def prometheus(request: Request) -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return Starlette(routes=[
+        Route("/filter", verb("filter", extender.filter, protocol.filter_error, False),
+              methods=["POST"]),
+        Route("/prioritize", verb("prioritize", extender.prioritize, lambda _m: [], False),
+              methods=["POST"]),
+        Route("/bind", verb("bind", extender.bind, protocol.binding_result, True),
+              methods=["POST"]),
+        Route("/healthz", healthz), Route("/readyz", readyz), Route("/metrics", prometheus),
+    ])

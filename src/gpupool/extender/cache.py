@@ -1,0 +1,418 @@
+"""The extender's view of the cluster: one lock, one ``ClusterState``, fed by watches.
+
+``ClusterCache`` is the single owner of the extender's mutable truth. Every
+handler and every decision takes ``lock``. It keeps
+
+* the layout: v1 Nodes + their GPUDevices -> core ``Node``s (nodes without any
+  GPUDevice are not in the state: nothing gpupool manages can go there);
+* holdings, keyed by pod UID, each with the *sources* that justify it:
+  ``pod`` (a bound pod's decision annotation), ``load`` (a bound pod's CPU and
+  memory without a gpupool decision), ``ledger`` (an entry in a node's
+  GPULedger, possibly written by another replica) and ``bind`` (this replica's
+  bind in flight). A key is released when its last source goes, and at once
+  when its pod is deleted or finishes;
+* the catalogue: resource classes, groups and their quotas (charged per key).
+
+Layout changes arrive from watches at any rate; they are applied lazily
+(``flush``) before each decision so a burst of GPUDevice events costs one
+re-layout, not one per event. GPU health follows GPUDevice status and the
+heartbeat age (``sweep``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from gpupool.core.allocation import Allocation
+from gpupool.core.eligibility import Catalogue
+from gpupool.core.errors import InvalidInput, OverCommit, UnknownName
+from gpupool.core.model import Node
+from gpupool.core.quota import Charge, amount_of_allocation
+from gpupool.core.state import ClusterState
+from gpupool.extender import inventory, ledger
+from gpupool.extender.inventory import DeviceFacts, NodeFacts
+from gpupool.extender.pods import PodFacts, facts_of
+
+log = logging.getLogger(__name__)
+
+FINISHED_MEMORY = 200_000  # pod UIDs remembered as gone (so late ledger entries are ignored)
+RELAYOUT_ALL_AT = 16  # this many dirty nodes: rebuild the whole state at once
+
+
+class ClusterCache:
+    """Nodes, GPUs, pods, ledgers and the catalogue, under one lock."""
+
+    def __init__(self, memory_unit_mib: int = 256, stale_after_s: float = 120.0,
+                 ledger_grace_s: float = 300.0, clock: Callable[[], float] = time.time):
+        self.lock = threading.RLock()
+        self.clock = clock
+        self.stale_after_s = stale_after_s
+        self.ledger_grace_s = ledger_grace_s
+        self.state = ClusterState([], memory_unit_mib)
+        self.catalogue = Catalogue()
+        self.catalogue_version = 0
+        self.nodes: dict[str, NodeFacts] = {}
+        self.devices: dict[str, DeviceFacts] = {}
+        self.pods: dict[str, PodFacts] = {}
+        self.pods_on: dict[str, set[str]] = {}
+        self.ledgers: dict[str, ledger.View] = {}
+        self.sources: dict[str, set[str]] = {}
+        self.charges: dict[str, Charge] = {}
+        self.finished: OrderedDict[str, None] = OrderedDict()
+        self.dirty: set[str] = set()
+        self.conflicts = 0  # holdings that could not be reserved (inconsistent inputs)
+        self.synced: set[str] = set()
+
+    # -- holdings ------------------------------------------------------------------------------
+    def hold(self, alloc: Allocation, source: str, charge: Charge | None = None) -> bool:
+        """Reserve ``alloc`` for ``source`` (idempotent). False if it cannot be held."""
+        key = alloc.key
+        if key in self.finished:
+            return False
+        held = self.state.allocations.get(key)
+        if held is not None:
+            if held.node == alloc.node and held.slices == self._positioned(alloc).slices:
+                self.sources.setdefault(key, set()).add(source)
+                return True
+            if source != "pod":  # the pod's own record wins over a ledger or a guess
+                return False
+            self._release(key)
+        if alloc.node not in self.state.index:
+            return False
+        try:
+            self.state.reserve(self._positioned(alloc))
+        except (OverCommit, UnknownName, InvalidInput) as exc:
+            self.conflicts += 1
+            log.info("cannot hold %s: %s", key, exc)
+            return False
+        self.sources[key] = {source}
+        if charge is not None:
+            self._charge(key, charge)
+        return True
+
+    def _positioned(self, alloc: Allocation) -> Allocation:
+        """``alloc`` with GPU positions looked up by uuid (indices may have gaps)."""
+        node = self.state.nodes[self.state.index[alloc.node]]
+        if all(s.gpu_position < len(node.gpus) and node.gpus[s.gpu_position].uuid == s.gpu_uuid
+               for s in alloc.slices):
+            return alloc
+        remapped = ledger.gpu_only(alloc, node)
+        return Allocation(alloc.key, alloc.node, alloc.cpu_milli, alloc.memory_mib,
+                          remapped.slices, alloc.exclusive)
+
+    def _charge(self, key: str, charge: Charge) -> None:
+        try:
+            self.catalogue.quotas.charge(key, charge)
+            self.charges[key] = charge
+        except InvalidInput as exc:
+            log.info("quota charge of %s: %s", key, exc)
+
+    def unhold(self, key: str, source: str) -> None:
+        """Withdraw ``source``; the key is released when no source is left."""
+        sources = self.sources.get(key)
+        if sources is None:
+            return
+        sources.discard(source)
+        if not sources:
+            self._release(key)
+
+    def _release(self, key: str) -> None:
+        self.state.release(key)
+        self.sources.pop(key, None)
+        if self.charges.pop(key, None) is not None:
+            self.catalogue.quotas.refund(key)
+
+    def _finish(self, key: str) -> None:
+        self._release(key)
+        self.finished[key] = None
+        while len(self.finished) > FINISHED_MEMORY:
+            self.finished.popitem(last=False)
+
+    # -- pods -----------------------------------------------------------------------------------
+    def sync_pods(self, pods: Iterable[Any]) -> None:
+        with self.lock:
+            facts = [facts_of(p) for p in pods]
+            seen = {f.uid for f in facts}
+            for uid in [u for u in self.pods if u not in seen]:
+                self._forget_pod(uid)
+            for f in facts:
+                self._apply_pod(f)
+            self.synced.add("pods")
+
+    def pod_event(self, kind: str, pod: Any) -> None:
+        with self.lock:
+            f = facts_of(pod)
+            if kind == "DELETED":
+                self._forget_pod(f.uid)
+            else:
+                self._apply_pod(f)
+
+    def _forget_pod(self, uid: str) -> None:
+        f = self.pods.pop(uid, None)
+        if f is not None and f.node:
+            self.pods_on.get(f.node, set()).discard(uid)
+        self._finish(uid)
+
+    def _apply_pod(self, f: PodFacts) -> None:
+        if f.terminal:
+            self._forget_pod(f.uid)
+            return
+        old = self.pods.get(f.uid)
+        self.pods[f.uid] = f
+        if not f.node:
+            return
+        self.pods_on.setdefault(f.node, set()).add(f.uid)
+        if old is not None and old.decision is not None and f.decision != old.decision:
+            self.unhold(f.uid, "pod")
+        if f.decision is not None:
+            self.unhold(f.uid, "load")
+            self.hold(f.decision, "pod", f.charge())
+        elif "ledger" not in self.sources.get(f.uid, ()) and "bind" not in self.sources.get(
+                f.uid, ()):
+            self.hold(f.held(), "load")
+
+    # -- nodes and GPUs --------------------------------------------------------------------------
+    def sync_nodes(self, nodes: Iterable[Any]) -> None:
+        with self.lock:
+            self.nodes = {f.name: f for f in (inventory.node_facts(n) for n in nodes)}
+            self._relayout_all()
+            self.synced.add("nodes")
+
+    def node_event(self, kind: str, node: Any) -> None:
+        with self.lock:
+            f = inventory.node_facts(node)
+            if kind == "DELETED":
+                self.nodes.pop(f.name, None)
+            elif self.nodes.get(f.name) == f:
+                return
+            else:
+                self.nodes[f.name] = f
+            self.dirty.add(f.name)
+
+    def sync_devices(self, objs: Iterable[dict[str, Any]]) -> None:
+        with self.lock:
+            self.devices = {}
+            for obj in objs:
+                self._put_device(obj)
+            self._relayout_all()
+            self.synced.add("devices")
+
+    def device_event(self, kind: str, obj: dict[str, Any]) -> None:
+        with self.lock:
+            name = str((obj.get("metadata") or {}).get("name"))
+            old = self.devices.get(name)
+            if kind == "DELETED":
+                self.devices.pop(name, None)
+                if old is not None:
+                    self.dirty.add(old.node)
+                return
+            new = self._put_device(obj)
+            if new is None:
+                return
+            if old is None or old.node != new.node or old.gpu != new.gpu:
+                self.dirty.update({new.node} | ({old.node} if old else set()))
+            else:
+                self._refresh_health(new)
+
+    def _put_device(self, obj: dict[str, Any]) -> DeviceFacts | None:
+        try:
+            dev = inventory.device_facts(obj)
+        except InvalidInput as exc:
+            log.warning("%s", exc)
+            return None
+        self.devices[dev.name] = dev
+        return dev
+
+    def _refresh_health(self, dev: DeviceFacts) -> None:
+        i = self.state.index.get(dev.node)
+        if i is None:
+            return
+        healthy = inventory.is_fresh(dev, self.clock(), self.stale_after_s)
+        try:
+            j = self.state.gpu_position(dev.node, dev.gpu.uuid)
+        except UnknownName:
+            self.dirty.add(dev.node)
+            return
+        if bool(self.state.healthy[i, j]) != healthy:
+            self.state.set_health(dev.node, dev.gpu.uuid, healthy)
+
+    def sweep(self) -> None:
+        """Mark GPUs whose heartbeat went stale unhealthy (and fresh ones healthy again);
+        release ledger-only holdings of unknown pods past the grace period."""
+        with self.lock:
+            for dev in self.devices.values():
+                self._refresh_health(dev)
+            now = self.clock()
+            for view in self.ledgers.values():
+                for uid, entry in view.entries.items():
+                    if self._stale_entry(uid, entry, now):
+                        self.unhold(uid, "ledger")
+
+    # -- layout ------------------------------------------------------------------------------------
+    def flush(self) -> None:
+        """Apply pending layout changes (call under ``lock`` before deciding)."""
+        if not self.dirty:
+            return
+        if len(self.dirty) >= RELAYOUT_ALL_AT:
+            self._relayout_all()
+            return
+        for name in sorted(self.dirty):
+            self._relayout_node(name)
+        self.dirty.clear()
+
+    def _core_nodes(self) -> dict[str, Node]:
+        by_node: dict[str, list[DeviceFacts]] = {}
+        for dev in self.devices.values():
+            by_node.setdefault(dev.node, []).append(dev)
+        now = self.clock()
+        return {name: inventory.build_node(f, by_node[name], now, self.stale_after_s)
+                for name, f in self.nodes.items() if name in by_node}
+
+    def _relayout_all(self) -> None:
+        """Rebuild the state from scratch and hold everything again."""
+        self.dirty.clear()
+        nodes = self._core_nodes()
+        kept = [(a, self.sources.get(a.key, set()), self.charges.get(a.key))
+                for a in self.state.allocations.values()]
+        self.state = ClusterState(sorted(nodes.values(), key=lambda n: n.name),
+                                  self.state.memory_unit_mib)
+        self.sources.clear()
+        for key in list(self.charges):
+            self.catalogue.quotas.refund(key)
+        self.charges.clear()
+        for alloc, sources, charge in kept:
+            for source in sorted(sources):
+                self.hold(alloc, source, charge)
+        self._hold_all(self.pods.values(), self.ledgers.values())
+
+    def _hold_all(self, pods: Iterable[PodFacts], views: Iterable[ledger.View]) -> None:
+        for f in pods:
+            if f.node and f.node in self.state.index:
+                self._apply_pod(f)
+        for view in views:
+            if view.node in self.state.index:
+                self._hold_ledger(view)
+
+    def _relayout_node(self, name: str) -> None:
+        devs = [d for d in self.devices.values() if d.node == name]
+        facts = self.nodes.get(name)
+        present = name in self.state.index
+        if facts is None or not devs:
+            if present:
+                for alloc in self.state.remove_node(name):
+                    self.sources.pop(alloc.key, None)
+                    if self.charges.pop(alloc.key, None) is not None:
+                        self.catalogue.quotas.refund(alloc.key)
+            return
+        node = inventory.build_node(facts, devs, self.clock(), self.stale_after_s)
+        if present:
+            for alloc in self.state.replace_node(node):
+                self.sources.pop(alloc.key, None)
+        else:
+            self.state.add_nodes([node])
+        pods = [self.pods[u] for u in self.pods_on.get(name, ()) if u in self.pods]
+        self._hold_all(pods, [v for v in [self.ledgers.get(name)] if v is not None])
+
+    # -- ledgers --------------------------------------------------------------------------------
+    def sync_ledgers(self, objs: Iterable[dict[str, Any]]) -> None:
+        with self.lock:
+            views = [ledger.view_of(o) for o in objs]
+            gone = set(self.ledgers) - {v.node for v in views}
+            for node in gone:
+                self.ledger_update(ledger.View(node))
+            for view in views:
+                self.ledger_update(view)
+            self.synced.add("ledgers")
+
+    def ledger_event(self, kind: str, obj: dict[str, Any]) -> None:
+        view = ledger.view_of(obj)
+        with self.lock:
+            self.ledger_update(ledger.View(view.node) if kind == "DELETED" else view)
+
+    def ledger_update(self, view: ledger.View) -> None:
+        """Take in a ledger as read (watch, bind, or conflict); stale versions are ignored."""
+        with self.lock:
+            old = self.ledgers.get(view.node)
+            if old is not None and view.resource_version and old.resource_version and int(
+                    view.resource_version) < int(old.resource_version):
+                return
+            self.ledgers[view.node] = view
+            for uid in set(old.entries if old else ()) - set(view.entries):
+                self.unhold(uid, "ledger")
+            if view.node in self.state.index:
+                self._hold_ledger(view)
+
+    def _hold_ledger(self, view: ledger.View) -> None:
+        now = self.clock()
+        for uid, entry in view.entries.items():
+            if not self._stale_entry(uid, entry, now):
+                self.hold(entry.allocation, "ledger", self._entry_charge(entry))
+
+    def _entry_charge(self, entry: ledger.Entry) -> Charge:
+        return Charge(amount_of_allocation(entry.allocation), entry.tenant, entry.gpu_class,
+                      entry.group)
+
+    def _stale_entry(self, uid: str, entry: ledger.Entry, now: float) -> bool:
+        """An entry that holds nothing any more: its pod is gone, or unknown for too long."""
+        if uid in self.finished:
+            return True
+        if uid in self.pods:
+            pod = self.pods[uid]
+            return bool(pod.node) and pod.node != entry.allocation.node
+        bound = entry.bind_s
+        return bound is not None and now - bound > self.ledger_grace_s and "pods" in self.synced
+
+    def prunable(self, view: ledger.View) -> list[str]:
+        """Entries of ``view`` a writer may drop (under ``lock``)."""
+        now = self.clock()
+        return [u for u, e in view.entries.items() if self._stale_entry(u, e, now)]
+
+    # -- catalogue -----------------------------------------------------------------------------
+    def sync_classes(self, objs: Iterable[dict[str, Any]]) -> None:
+        with self.lock:
+            for name in self.catalogue.classes.names():
+                self.catalogue.classes.remove(name)
+            for obj in objs:
+                self.class_event("ADDED", obj)
+            self.synced.add("classes")
+
+    def class_event(self, kind: str, obj: dict[str, Any]) -> None:
+        with self.lock:
+            self.catalogue_version += 1
+            name = str((obj.get("metadata") or {}).get("name"))
+            if kind == "DELETED":
+                self.catalogue.classes.remove(name)
+                return
+            try:
+                self.catalogue.classes.put(inventory.resource_class(obj))
+            except InvalidInput as exc:
+                log.warning("ResourceClass %s ignored: %s", name, exc)
+
+    def sync_groups(self, objs: Iterable[dict[str, Any]]) -> None:
+        with self.lock:
+            for g in list(self.catalogue.groups):
+                self.group_event("DELETED", {"metadata": {"name": g.name}})
+            for obj in objs:
+                self.group_event("ADDED", obj)
+            self.synced.add("groups")
+
+    def group_event(self, kind: str, obj: dict[str, Any]) -> None:
+        with self.lock:
+            self.catalogue_version += 1
+            name = str((obj.get("metadata") or {}).get("name"))
+            if kind == "DELETED":
+                self.catalogue.groups.remove(name)
+                self.catalogue.quotas.set_group_limit(name, None)
+                return
+            try:
+                group, limit = inventory.resource_group(obj)
+            except InvalidInput as exc:
+                log.warning("ResourceGroup %s ignored: %s", name, exc)
+                return
+            self.catalogue.groups.put(group)
+            self.catalogue.quotas.set_group_limit(name, limit)

@@ -1,0 +1,169 @@
+"""Kubernetes objects -> core values: v1 Nodes + GPUDevices -> ``Node``; CRs -> catalogue.
+
+* A node's CPU and memory are its ``status.allocatable``; its GPUs are the
+  GPUDevice objects whose ``spec.node`` names it, ordered by ``spec.index``.
+* A GPU is healthy when ``status.health`` is ``Healthy`` and its
+  ``status.heartbeatTime`` is at most ``stale_after_s`` old (no heartbeat at
+  all counts as fresh only while the object is younger than that).
+* ``ResourceClass.spec.selector`` is a label selector over GPU labels;
+  ``ResourceGroup.spec`` has ``nodes``, ``gpus`` (uuids), ``tenants``,
+  ``models`` and ``quota`` (``gpus``, ``memoryMiB``, ``corePct``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from gpupool.core.classes import ResourceClass
+from gpupool.core.errors import InvalidInput, QuantityError
+from gpupool.core.groups import ResourceGroup
+from gpupool.core.model import Gpu, Node, freeze_labels
+from gpupool.core.quantity import to_mib, to_milli
+from gpupool.core.quota import Limit
+from gpupool.core.selector import Selector
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFacts:
+    """What the extender keeps of a v1 Node."""
+
+    name: str
+    cpu_milli: int
+    memory_mib: int
+    labels: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceFacts:
+    """What the extender keeps of a GPUDevice (``heartbeat_s``: epoch seconds or None)."""
+
+    name: str
+    node: str
+    gpu: Gpu
+    reported_healthy: bool
+    heartbeat_s: float | None
+    created_s: float | None
+
+
+def node_facts(node: Any) -> NodeFacts:
+    """From a lightkube ``Node`` model; unparsable allocatable counts as 0."""
+    meta = node.metadata
+    alloc = (node.status.allocatable if node.status is not None else None) or {}
+    return NodeFacts(meta.name, _quiet(to_milli, alloc.get("cpu")),
+                     _quiet(to_mib, alloc.get("memory")), freeze_labels(meta.labels))
+
+
+def _quiet(parse: Any, value: Any) -> int:
+    if value is None:
+        return 0
+    try:
+        return int(parse(value))
+    except QuantityError:
+        return 0
+
+
+def parse_time(text: Any) -> float | None:
+    """RFC 3339 -> epoch seconds (None when absent or unreadable)."""
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def device_facts(obj: Mapping[str, Any]) -> DeviceFacts:
+    """From a GPUDevice dict; ``InvalidInput`` names the object and the field."""
+    meta = obj.get("metadata") or {}
+    name = str(meta.get("name") or "?")
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    if not isinstance(spec, Mapping) or not isinstance(status, Mapping):
+        raise InvalidInput(f"GPUDevice {name}: spec and status must be objects")
+    node, uuid, model = spec.get("node"), spec.get("uuid"), spec.get("model") or "unknown"
+    index, memory = spec.get("index"), spec.get("memoryMiB")
+    if not isinstance(node, str) or not node or not isinstance(uuid, str) or not uuid:
+        raise InvalidInput(f"GPUDevice {name}: spec.node and spec.uuid are required")
+    if not isinstance(index, int) or not isinstance(memory, int):
+        raise InvalidInput(f"GPUDevice {name}: spec.index and spec.memoryMiB must be integers")
+    labels = spec.get("labels") or {}
+    if not isinstance(labels, Mapping):
+        raise InvalidInput(f"GPUDevice {name}: spec.labels must be a map")
+    numa_raw = spec.get("numaNode")
+    numa = numa_raw if isinstance(numa_raw, int) else 0
+    arch = spec.get("architecture")
+    if isinstance(arch, str) and arch:
+        labels = {"gpupool.io/architecture": arch, **labels}
+    gpu = Gpu(uuid, index, str(model), memory, max(int(numa), 0), True, freeze_labels(labels))
+    return DeviceFacts(name, node, gpu, status.get("health", "Healthy") == "Healthy",
+                       parse_time(status.get("heartbeatTime")),
+                       parse_time(meta.get("creationTimestamp")))
+
+
+def is_fresh(dev: DeviceFacts, now_s: float, stale_after_s: float) -> bool:
+    """Reported healthy and heard from within ``stale_after_s``."""
+    if not dev.reported_healthy:
+        return False
+    seen = dev.heartbeat_s if dev.heartbeat_s is not None else dev.created_s
+    return seen is None or now_s - seen <= stale_after_s
+
+
+def build_node(facts: NodeFacts, devices: Iterable[DeviceFacts], now_s: float,
+               stale_after_s: float) -> Node:
+    """The core ``Node``: GPUs by index, each healthy only if fresh."""
+    gpus = sorted(devices, key=lambda d: (d.gpu.index, d.gpu.uuid))
+    numa = max([d.gpu.numa_node for d in gpus] + [0]) + 1
+    return Node(facts.name, facts.cpu_milli, facts.memory_mib,
+                tuple(_with_health(d.gpu, is_fresh(d, now_s, stale_after_s)) for d in gpus),
+                facts.labels, numa)
+
+
+def _with_health(gpu: Gpu, healthy: bool) -> Gpu:
+    if gpu.healthy == healthy:
+        return gpu
+    return Gpu(gpu.uuid, gpu.index, gpu.model, gpu.memory_mib, gpu.numa_node, healthy,
+               gpu.labels)
+
+
+def resource_class(obj: Mapping[str, Any]) -> ResourceClass:
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    selector = spec.get("selector") or {}
+    if not isinstance(selector, Mapping):
+        raise InvalidInput(f"ResourceClass {meta.get('name')}: spec.selector must be an object")
+    return ResourceClass(str(meta.get("name") or ""), Selector.from_spec(selector))
+
+
+def resource_group(obj: Mapping[str, Any]) -> tuple[ResourceGroup, Limit | None]:
+    """The group and its quota (None: no quota)."""
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    name = str(meta.get("name") or "")
+    group = ResourceGroup(name, _names(spec, "nodes", name), _names(spec, "gpus", name),
+                          _names(spec, "tenants", name), _names(spec, "models", name))
+    quota = spec.get("quota")
+    if quota is None:
+        return group, None
+    if not isinstance(quota, Mapping):
+        raise InvalidInput(f"ResourceGroup {name}: spec.quota must be an object")
+    return group, Limit(_opt_int(quota, "gpus", name), _opt_int(quota, "memoryMiB", name),
+                        _opt_int(quota, "corePct", name))
+
+
+def _names(spec: Mapping[str, Any], key: str, group: str) -> frozenset[str]:
+    value = spec.get(key) or []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise InvalidInput(f"ResourceGroup {group}: spec.{key} must be a list of strings")
+    return frozenset(value)
+
+
+def _opt_int(quota: Mapping[str, Any], key: str, group: str) -> int | None:
+    value = quota.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidInput(f"ResourceGroup {group}: spec.quota.{key} must be a whole number")
+    return value

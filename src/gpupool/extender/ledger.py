@@ -1,0 +1,155 @@
+"""The per-node GPU ledger: the compare-and-swap record that keeps replicas honest.
+
+One cluster-scoped ``GPULedger`` object per node (name = node name) lists every
+GPU slice committed on that node, keyed by pod UID::
+
+    spec:
+      node: n7
+      entries:
+        <pod uid>: {pod: ns/name, allocation: <the gpupool.io/allocation JSON>,
+                    bindTime: <RFC 3339>, tenant: ns, class: <class or "">, group: <group or "">}
+
+An extender adds its pod's entry with a merge patch that carries the
+resourceVersion it checked (``Conflict`` when another replica wrote first), and
+only after ``check_fits`` showed that the entries at that version plus the new
+allocation do not over-commit any GPU of the node. See docs/design/extender.md.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from gpupool.contract import annotations as records
+from gpupool.contract import names
+from gpupool.core.allocation import Allocation
+from gpupool.core.errors import InvalidInput, UnknownName
+from gpupool.core.model import Node
+from gpupool.core.state import ClusterState
+from gpupool.extender.inventory import parse_time
+from gpupool.kube.api import KubeApi
+from gpupool.kube.errors import NotFound
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One committed pod on the node."""
+
+    allocation: Allocation
+    pod: str
+    bind_time: str
+    tenant: str | None = None
+    gpu_class: str | None = None
+    group: str | None = None
+
+    @property
+    def bind_s(self) -> float | None:
+        return parse_time(self.bind_time)
+
+    def to_json(self) -> dict[str, str]:
+        encoded = records.encode(self.allocation, self.bind_time)
+        return {"pod": self.pod, "allocation": encoded[names.ANNOTATION_ALLOCATION],
+                "bindTime": self.bind_time, "tenant": self.tenant or "",
+                "class": self.gpu_class or "", "group": self.group or ""}
+
+
+@dataclass(frozen=True, slots=True)
+class View:
+    """A ledger as read at one resourceVersion (``None``: the object does not exist)."""
+
+    node: str
+    resource_version: str | None = None
+    entries: Mapping[str, Entry] = field(default_factory=dict)
+
+
+def decode_entry(uid: str, raw: Any) -> Entry:
+    if not isinstance(raw, Mapping):
+        raise InvalidInput(f"ledger entry {uid} is not an object")
+    decision = records.decode(uid, {names.ANNOTATION_ALLOCATION: str(raw.get("allocation"))})
+    return Entry(decision.allocation, str(raw.get("pod") or ""), str(raw.get("bindTime") or ""),
+                 raw.get("tenant") or None, raw.get("class") or None, raw.get("group") or None)
+
+
+def view_of(obj: Mapping[str, Any]) -> View:
+    """Decode a GPULedger object; undecodable entries are logged and left out."""
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    raw = spec.get("entries") or {}
+    entries: dict[str, Entry] = {}
+    for uid, value in (raw.items() if isinstance(raw, Mapping) else ()):
+        try:
+            entries[str(uid)] = decode_entry(str(uid), value)
+        except InvalidInput as exc:
+            log.warning("GPULedger %s: %s", meta.get("name"), exc)
+    node = str(spec.get("node") or meta.get("name") or "")
+    return View(node, str(meta.get("resourceVersion") or "") or None, entries)
+
+
+def gpu_only(alloc: Allocation, node: Node) -> Allocation:
+    """``alloc`` without CPU and memory, GPU positions looked up by uuid on ``node``."""
+    pos = {g.uuid: p for p, g in enumerate(node.gpus)}
+    slices = []
+    for s in alloc.slices:
+        if s.gpu_uuid not in pos:
+            raise UnknownName(f"{alloc.key}: GPU {s.gpu_uuid} is not on node {node.name}")
+        slices.append(replace(s, gpu_position=pos[s.gpu_uuid]) if pos[s.gpu_uuid] !=
+                      s.gpu_position else s)
+    return Allocation(alloc.key, alloc.node, 0, 0, tuple(slices), alloc.exclusive)
+
+
+def check_fits(node: Node, held: Iterable[Allocation], new: Allocation, memory_unit_mib: int
+               ) -> None:
+    """Raise ``OverCommit`` unless ``held`` plus ``new`` fit the GPUs of ``node``.
+
+    Health is ignored here (a GPU that turned unhealthy keeps its holders);
+    entries naming a GPU the node no longer has are skipped.
+    """
+    healthy = replace(node, gpus=tuple(replace(g, healthy=True) for g in node.gpus))
+    scratch = ClusterState([healthy], memory_unit_mib)
+    for alloc in held:
+        if alloc.key == new.key:
+            continue
+        try:
+            scratch.reserve(gpu_only(alloc, healthy))
+        except UnknownName:
+            continue
+    scratch.reserve(gpu_only(new, healthy))
+
+
+class Ledgers:
+    """Reads and compare-and-swap writes of GPULedger objects."""
+
+    def __init__(self, api: KubeApi):
+        self.api = api
+
+    def fetch(self, node: str) -> View:
+        try:
+            return view_of(self.api.get_ledger(node))
+        except NotFound:
+            return View(node)
+
+    def commit(self, view: View, uid: str, entry: Entry, prune: Iterable[str] = ()) -> View:
+        """Add ``entry`` (and drop ``prune``) if the ledger is still at ``view``'s version.
+
+        Raises ``Conflict`` (or ``AlreadyExists``) when it moved on.
+        """
+        changes: dict[str, Any] = {u: None for u in prune if u in view.entries}
+        changes[uid] = entry.to_json()
+        if view.resource_version is None:
+            obj = {"apiVersion": names.API_VERSION, "kind": "GPULedger",
+                   "metadata": {"name": view.node},
+                   "spec": {"node": view.node, "entries": {uid: changes[uid]}}}
+            return view_of(self.api.create_ledger(obj))
+        patch = {"spec": {"entries": changes}}
+        return view_of(self.api.patch_ledger(view.node, patch, view.resource_version))
+
+    def remove(self, node: str, uid: str) -> None:
+        """Drop ``uid``'s entry (no precondition: the key is the pod's own)."""
+        try:
+            self.api.patch_ledger(node, {"spec": {"entries": {uid: None}}}, None)
+        except NotFound:
+            return

@@ -1,0 +1,30 @@
+"""Prometheus metrics of one extender (its own registry, so replicas can share a process)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
+
+
+class Metrics:
+    """Request latency per verb, decisions, failures by reason, GPUs allocated."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.latency = Histogram("gpupool_extender_request_seconds",
+                                 "Time to answer one extender call", ["verb"],
+                                 buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.decisions = Counter("gpupool_extender_decisions_total",
+                                 "Extender answers by verb and outcome", ["verb", "outcome"],
+                                 registry=self.registry)
+        self.failures = Counter("gpupool_extender_node_failures_total",
+                                "Nodes refused by filter, by the reason's check", ["reason"],
+                                registry=self.registry)
+        self.conflicts = Counter("gpupool_extender_ledger_conflicts_total",
+                                 "GPU ledger writes that lost a race and were retried",
+                                 registry=self.registry)
+        self.gpus_allocated = Gauge("gpupool_gpus_allocated",
+                                    "Allocated GPU share in whole GPUs (milli-GPU / 1000)",
+                                    registry=self.registry)
+        self.gpus_total = Gauge("gpupool_gpus", "GPUs the extender knows", registry=self.registry)

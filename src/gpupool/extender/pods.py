@@ -1,0 +1,111 @@
+"""What the cluster cache keeps of each pod it watches (from lightkube ``Pod`` models).
+
+A pod holds resources on its node from the moment it is bound until it is
+deleted or reaches ``Succeeded``/``Failed``: its CPU and memory requests (so
+the core sees what is left of the node), and — when gpupool placed it — the
+GPU slices its ``gpupool.io/allocation`` annotation records. A decision whose
+phase the node agent set to ``failed`` holds nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from gpupool.contract import annotations as records
+from gpupool.contract import names
+from gpupool.core.allocation import Allocation
+from gpupool.core.errors import InvalidInput, QuantityError
+from gpupool.core.quantity import to_mib, to_milli
+from gpupool.core.quota import Charge, amount_of_allocation
+
+log = logging.getLogger(__name__)
+
+ANNOTATION_RESOURCE_GROUP = "gpupool.io/resource-group"
+"""Written at bind: the resource group the pod was charged to (chosen or named)."""
+
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+@dataclass(frozen=True, slots=True)
+class PodFacts:
+    uid: str
+    namespace: str
+    name: str
+    node: str
+    terminal: bool
+    cpu_milli: int
+    memory_mib: int
+    decision: Allocation | None
+    gpu_class: str | None
+    group: str | None
+
+    def held(self) -> Allocation:
+        """What the pod holds on its node (its decision, or just CPU and memory)."""
+        if self.decision is not None:
+            return self.decision
+        return Allocation(self.uid, self.node, self.cpu_milli, self.memory_mib)
+
+    def charge(self) -> Charge | None:
+        if self.decision is None:
+            return None
+        return Charge(amount_of_allocation(self.decision), self.namespace, self.gpu_class,
+                      self.group)
+
+
+def facts_of(pod: Any) -> PodFacts:
+    meta, spec, status = pod.metadata, pod.spec, pod.status
+    uid = meta.uid or f"{meta.namespace}/{meta.name}"
+    notes = meta.annotations or {}
+    node = (spec.nodeName if spec is not None else None) or ""
+    cpu, mem, gpu_class = _load(spec)
+    phase = status.phase if status is not None else None
+    group = notes.get(ANNOTATION_RESOURCE_GROUP) or (meta.labels or {}).get(names.LABEL_GROUP)
+    return PodFacts(uid, meta.namespace or "default", meta.name or "", node,
+                    phase in TERMINAL_PHASES, cpu, mem, _decision(uid, notes, node),
+                    gpu_class, group or None)
+
+
+def _decision(uid: str, notes: dict[str, str], node: str) -> Allocation | None:
+    if not records.has_decision(notes):
+        return None
+    try:
+        decision = records.decode(uid, notes)
+    except InvalidInput as exc:
+        log.warning("ignoring a broken decision: %s", exc)
+        return None
+    if decision.phase == names.PHASE_FAILED or (node and decision.allocation.node != node):
+        return None
+    alloc: Allocation = decision.allocation
+    return alloc
+
+
+def _load(spec: Any) -> tuple[int, int, str | None]:
+    """(CPU milli, memory MiB, class) the pod requests: containers summed, init max."""
+    if spec is None:
+        return 0, 0, None
+    cpu = mem = 0
+    gpu_class = None
+    for c in spec.containers or ():
+        c_cpu, c_mem, c_class = _container(c)
+        cpu, mem, gpu_class = cpu + c_cpu, mem + c_mem, gpu_class or c_class
+    for c in spec.initContainers or ():
+        c_cpu, c_mem, _ = _container(c)
+        cpu, mem = max(cpu, c_cpu), max(mem, c_mem)
+    return cpu, mem, gpu_class
+
+
+def _container(c: Any) -> tuple[int, int, str | None]:
+    res = c.resources
+    if res is None:
+        return 0, 0, None
+    amounts = {**(res.limits or {}), **(res.requests or {})}  # requests win, as in the scheduler
+    gpu_class = next((k[len(names.CLASS_RESOURCE_PREFIX):] for k in amounts
+                      if k.startswith(names.CLASS_RESOURCE_PREFIX)), None)
+    try:
+        cpu = to_milli(amounts["cpu"]) if "cpu" in amounts else 0
+        mem = to_mib(amounts["memory"]) if "memory" in amounts else 0
+    except QuantityError:
+        return 0, 0, gpu_class
+    return cpu, mem, gpu_class

@@ -1,0 +1,119 @@
+"""The kube-scheduler extender wire format (``k8s.io/kube-scheduler/extender/v1``).
+
+The Go types have no json tags, so the scheduler sends capitalised keys
+(``Pod``, ``Nodes``, ``NodeNames``...). Top-level keys are read
+case-insensitively, as Go's decoder does; answers use the capitalised names.
+Anything malformed raises ``InvalidInput``; the app turns that into HTTP 200
+with ``Error`` filled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gpupool.core.errors import InvalidInput
+
+MAX_NODES = 100_000
+MAX_SCORE = 10  # MaxExtenderPriority
+
+
+def _folded(body: Any, what: str) -> dict[str, Any]:
+    if not isinstance(body, Mapping):
+        raise InvalidInput(f"the {what} body must be a JSON object, got {type(body).__name__}")
+    return {str(k).lower(): v for k, v in body.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class ExtenderArgs:
+    """Filter / prioritize input: the pod, and node names or whole node objects."""
+
+    pod: Mapping[str, Any]
+    node_names: list[str]
+    nodes: list[Mapping[str, Any]] | None  # the NodeList items when nodeCacheCapable is false
+
+    @property
+    def cache_capable(self) -> bool:
+        return self.nodes is None
+
+
+def parse_args(body: Any) -> ExtenderArgs:
+    args = _folded(body, "ExtenderArgs")
+    pod = args.get("pod")
+    if not isinstance(pod, Mapping):
+        raise InvalidInput("ExtenderArgs.Pod is missing or not an object")
+    names = args.get("nodenames")
+    node_list = args.get("nodes")
+    if names is not None:
+        return ExtenderArgs(pod, _names(names), None)
+    if node_list is None:
+        raise InvalidInput("ExtenderArgs has neither NodeNames nor Nodes")
+    items = _folded(node_list, "ExtenderArgs.Nodes").get("items") or []
+    if not isinstance(items, list) or len(items) > MAX_NODES:
+        raise InvalidInput("ExtenderArgs.Nodes.items must be a list of nodes")
+    return ExtenderArgs(pod, [_node_name(n) for n in items], items)
+
+
+def _names(names: Any) -> list[str]:
+    if not isinstance(names, list) or len(names) > MAX_NODES:
+        raise InvalidInput("ExtenderArgs.NodeNames must be a list of node names")
+    if not all(isinstance(n, str) and n for n in names):
+        raise InvalidInput("ExtenderArgs.NodeNames holds something that is not a node name")
+    return names
+
+
+def _node_name(node: Any) -> str:
+    meta = node.get("metadata") if isinstance(node, Mapping) else None
+    name = meta.get("name") if isinstance(meta, Mapping) else None
+    if not isinstance(name, str) or not name:
+        raise InvalidInput("a node in ExtenderArgs.Nodes has no metadata.name")
+    return name
+
+
+@dataclass(frozen=True, slots=True)
+class BindingArgs:
+    name: str
+    namespace: str
+    uid: str
+    node: str
+
+
+def parse_binding(body: Any) -> BindingArgs:
+    args = _folded(body, "ExtenderBindingArgs")
+    values = {k: args.get(k) for k in ("podname", "podnamespace", "poduid", "node")}
+    for key in ("podname", "node"):
+        if not isinstance(values[key], str) or not values[key]:
+            raise InvalidInput(f"ExtenderBindingArgs.{key} is missing or empty")
+    ns, uid = values["podnamespace"] or "default", values["poduid"] or ""
+    if not isinstance(ns, str) or not isinstance(uid, str):
+        raise InvalidInput("ExtenderBindingArgs.PodNamespace and PodUID must be strings")
+    return BindingArgs(str(values["podname"]), ns, uid, str(values["node"]))
+
+
+def filter_result(args: ExtenderArgs, passing: Sequence[int], failed: Mapping[str, str],
+                  unresolvable: Mapping[str, str]) -> dict[str, Any]:
+    """``ExtenderFilterResult`` in the shape the scheduler reads for this configuration:
+    ``NodeNames`` (only names it sent) when node-cache capable, else ``Nodes``."""
+    result: dict[str, Any] = {"FailedNodes": dict(failed),
+                              "FailedAndUnresolvableNodes": dict(unresolvable), "Error": ""}
+    if args.nodes is None:
+        result["NodeNames"] = [args.node_names[k] for k in passing]
+        result["Nodes"] = None
+    else:
+        result["Nodes"] = {"metadata": {}, "items": [args.nodes[k] for k in passing]}
+        result["NodeNames"] = None
+    return result
+
+
+def filter_error(message: str) -> dict[str, Any]:
+    return {"Nodes": None, "NodeNames": None, "FailedNodes": {},
+            "FailedAndUnresolvableNodes": {}, "Error": message}
+
+
+def host_priorities(names: Sequence[str], scores: Sequence[int]) -> list[dict[str, Any]]:
+    return [{"Host": n, "Score": int(s)} for n, s in zip(names, scores, strict=True)]
+
+
+def binding_result(error: str = "") -> dict[str, str]:
+    return {"Error": error}

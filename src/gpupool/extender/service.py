@@ -1,0 +1,368 @@
+"""``Extender``: filter, prioritize and bind, decided by the core on the cache's state.
+
+* filter: ``constraints_for`` (classes, quota, groups) then ``Placer.candidates``
+  over every node at once; refused nodes get ``fit.explain``'s sentence, cached
+  per (request shape, node version) so a busy cluster does not re-explain
+  thousands of unchanged nodes for every pod. Permanent reasons go to
+  ``FailedAndUnresolvableNodes`` (preemption cannot help), others to
+  ``FailedNodes``.
+* prioritize: the policy's scores of the sent nodes, scaled to 0..10; only
+  hosts with a score above 0 are listed (the scheduler adds nothing for a
+  host it does not find, which is what 0 means).
+* bind: ``Placer.decide`` among the one node against the freshest state, a
+  compare-and-swap on the node's GPULedger, then one Binding that also carries
+  the decision annotations (see docs/design/extender.md). Any failure rolls the
+  ledger entry and the cache back.
+
+Every public method takes decoded JSON and returns JSON-ready values; bad input
+comes back as an ``Error``, never as an exception.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+
+from gpupool.contract import annotations as records
+from gpupool.contract import names
+from gpupool.core.allocation import Allocation
+from gpupool.core.eligibility import charge_of, constraints_for
+from gpupool.core.errors import GpupoolError, InvalidInput, OverCommit
+from gpupool.core.fit import Constraints, explain
+from gpupool.core.placement import Placer
+from gpupool.core.policies import make_policy
+from gpupool.core.policies.config import PolicyConfig
+from gpupool.core.request import PodRequest
+from gpupool.core.state import ClusterState, IntArray
+from gpupool.extender import protocol
+from gpupool.extender.cache import ClusterCache
+from gpupool.extender.ledger import Entry, Ledgers, View, check_fits
+from gpupool.extender.metrics import Metrics
+from gpupool.extender.pods import ANNOTATION_RESOURCE_GROUP
+from gpupool.extender.podspec import pod_id, pod_request
+from gpupool.extender.workload import BUILTIN_WORKLOAD, observed_workload
+from gpupool.kube.api import KubeApi
+from gpupool.kube.errors import Conflict, KubeError
+
+log = logging.getLogger(__name__)
+
+UNKNOWN_NODE = "gpupool has no GPU inventory here (no GPUDevice objects name this node)"
+REMEMBERED_REQUESTS = 4096
+REASON_TABLES = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """What the composition root decides for an extender."""
+
+    policy: str
+    weights: dict[str, float] = field(default_factory=dict)
+    bind_attempts: int = 5
+    seed: int = 0
+
+
+@dataclass(slots=True)
+class ReasonTable:
+    """Explanations of one request shape per node, valid while the node's version holds."""
+
+    version: IntArray
+    sentence: np.ndarray
+    permanent: np.ndarray
+    check: np.ndarray
+
+
+class Extender:
+    """The extender's decisions; thread-safe (the cache lock serialises state access)."""
+
+    def __init__(self, cache: ClusterCache, settings: Settings, metrics: Metrics,
+                 kube: KubeApi | None = None, clock: Callable[[], float] = time.time):
+        self.cache = cache
+        self.settings = settings
+        self.metrics = metrics
+        self.kube = kube
+        self.ledgers = Ledgers(kube) if kube is not None else None
+        self.clock = clock
+        self.rng = random.Random(settings.seed)
+        self.requests: OrderedDict[str, PodRequest] = OrderedDict()
+        self.tables: OrderedDict[tuple[object, ...], ReasonTable] = OrderedDict()
+        self._names_epoch = -1
+        self._names: np.ndarray = np.array([], dtype=object)
+        self.workload_note = "built-in"
+        self.placer = Placer(make_policy(settings.policy, PolicyConfig(BUILTIN_WORKLOAD,
+                                                                       settings.weights)))
+
+    # -- policy ------------------------------------------------------------------------------
+    def refresh_policy(self) -> str:
+        """Re-derive the target workload from what the cluster runs; returns where from."""
+        with self.cache.lock:
+            workload, note = observed_workload(self.cache.state, list(self.requests.values()))
+            self.placer = Placer(make_policy(self.settings.policy,
+                                             PolicyConfig(workload, self.settings.weights)))
+            self.workload_note = note
+            self.tables.clear()
+        return note
+
+    def ready(self) -> bool:
+        return {"nodes", "devices", "pods", "ledgers"} <= self.cache.synced
+
+    # -- filter -------------------------------------------------------------------------------
+    def filter(self, body: Any) -> dict[str, Any]:
+        try:
+            args = protocol.parse_args(body)
+            request = self._request(args.pod)
+        except GpupoolError as exc:
+            self.metrics.decisions.labels("filter", "error").inc()
+            return protocol.filter_error(str(exc))
+        with self.cache.lock:
+            self.cache.flush()
+            state = self.cache.state
+            idx = self._indices(state, args.node_names)
+            constraints = Constraints()
+            if not request.gpus:
+                ok = np.ones(len(idx), np.bool_)
+            else:
+                constraints = constraints_for(state, request, self.cache.catalogue)
+                ok = self._passing(state, request, constraints, idx)
+            failed, unresolvable = ({}, {}) if ok.all() else self._reasons(
+                state, request, constraints, args.node_names, idx, ok)
+        passing = np.flatnonzero(ok).tolist()
+        self.metrics.decisions.labels("filter", "fits" if passing else "unschedulable").inc()
+        return protocol.filter_result(args, passing, failed, unresolvable)
+
+    def _request(self, pod: Any) -> PodRequest:
+        request = pod_request(pod)
+        self.requests[request.key] = request
+        self.requests.move_to_end(request.key)
+        while len(self.requests) > REMEMBERED_REQUESTS:
+            self.requests.popitem(last=False)
+        return request
+
+    @staticmethod
+    def _indices(state: ClusterState, node_names: Sequence[str]) -> IntArray:
+        index = state.index
+        return np.fromiter((index.get(n, -1) for n in node_names), np.int64, len(node_names))
+
+    def _passing(self, state: ClusterState, request: PodRequest, constraints: Constraints,
+                 idx: IntArray) -> np.ndarray:
+        known = idx >= 0
+        cands = self.placer.candidates(state, request, constraints)
+        ok = np.zeros(len(idx), np.bool_)
+        ok[known] = cands.mask[idx[known]]
+        return ok
+
+    def _reasons(self, state: ClusterState, request: PodRequest, constraints: Constraints,
+                 node_names: Sequence[str], idx: IntArray, ok: np.ndarray
+                 ) -> tuple[dict[str, str], dict[str, str]]:
+        fail = np.flatnonzero(~ok)
+        rows = idx[fail]
+        unresolvable = {node_names[k]: f"node {node_names[k]}: {UNKNOWN_NODE}"
+                        for k in fail[rows < 0].tolist()}
+        rows = rows[rows >= 0]
+        table = self._table(state, request, constraints)
+        self._explain_stale(state, request, constraints, table, rows)
+        perm = table.permanent[rows]
+        names_of = self._state_names(state)
+        failed = dict(zip(names_of[rows[~perm]].tolist(),
+                          table.sentence[rows[~perm]].tolist(), strict=True))
+        unresolvable.update(zip(names_of[rows[perm]].tolist(),
+                                table.sentence[rows[perm]].tolist(), strict=True))
+        checks, counts = np.unique(table.check[rows].astype(str), return_counts=True)
+        for check, n in zip(checks.tolist(), counts.tolist(), strict=True):
+            self.metrics.failures.labels(check).inc(n)
+        return failed, unresolvable
+
+    def _state_names(self, state: ClusterState) -> np.ndarray:
+        if self._names_epoch != state.epoch or len(self._names) != len(state.nodes):
+            self._names = np.array([n.name for n in state.nodes], dtype=object)
+            self._names_epoch = state.epoch
+        return self._names
+
+    def _table(self, state: ClusterState, request: PodRequest, c: Constraints) -> ReasonTable:
+        blocked = c.blocked.message if c.blocked is not None else None
+        key = (request.shape, request.gpu_class, c.group, blocked, self.cache.catalogue_version,
+               state.epoch, id(state))
+        table = self.tables.get(key)
+        if table is None:
+            n = len(state.nodes)
+            table = ReasonTable(np.full(n, -1, np.int64), np.empty(n, dtype=object),
+                                np.zeros(n, np.bool_), np.full(n, "", dtype=object))
+            self.tables[key] = table
+            while len(self.tables) > REASON_TABLES:
+                self.tables.popitem(last=False)
+        self.tables.move_to_end(key)
+        return table
+
+    @staticmethod
+    def _explain_stale(state: ClusterState, request: PodRequest, c: Constraints,
+                       table: ReasonTable, rows: IntArray) -> None:
+        stale = rows[table.version[rows] != state.version[rows]]
+        for i in np.unique(stale).tolist():
+            reason = explain(state, request, i, c)
+            name = state.nodes[i].name
+            table.sentence[i] = reason.sentence() if reason is not None else \
+                f"node {name}: {request.describe()} does not fit now"
+            table.permanent[i] = bool(reason is not None and reason.permanent)
+            table.check[i] = reason.check.value if reason is not None else "other"
+            table.version[i] = state.version[i]
+
+    # -- prioritize ------------------------------------------------------------------------------
+    def prioritize(self, body: Any) -> list[dict[str, Any]]:
+        try:
+            args = protocol.parse_args(body)
+            request = self._request(args.pod)
+        except GpupoolError as exc:
+            self.metrics.decisions.labels("prioritize", "error").inc()
+            log.info("prioritize: %s", exc)
+            return []
+        if not request.gpus:
+            return []
+        with self.cache.lock:
+            self.cache.flush()
+            state = self.cache.state
+            idx = self._indices(state, args.node_names)
+            constraints = constraints_for(state, request, self.cache.catalogue)
+            known = np.flatnonzero(idx >= 0)
+            cands = self.placer.candidates(state, request, constraints, among=idx[known])
+            if cands.indices.size == 0:
+                return []
+            values = self.placer.score(state, request, cands, self.rng).value
+        scores = scaled(values)
+        by_row = dict(zip(cands.indices.tolist(), scores.tolist(), strict=True))
+        out = [(args.node_names[k], by_row.get(int(idx[k]), 0)) for k in known.tolist()]
+        self.metrics.decisions.labels("prioritize", "scored").inc()
+        return protocol.host_priorities([h for h, s in out if s > 0], [s for _, s in out if s > 0])
+
+    # -- bind -------------------------------------------------------------------------------------
+    def bind(self, body: Any) -> dict[str, str]:
+        try:
+            args = protocol.parse_binding(body)
+            request = self._bind_request(args)
+        except GpupoolError as exc:
+            self.metrics.decisions.labels("bind", "error").inc()
+            return protocol.binding_result(str(exc))
+        error = self._bind(args, request)
+        self.metrics.decisions.labels("bind", "error" if error else "bound").inc()
+        if not error:
+            usage = self.cache.state.usage()
+            self.metrics.gpus_allocated.set(usage.allocated_milli / 1000)
+            self.metrics.gpus_total.set(usage.gpus)
+        return protocol.binding_result(error)
+
+    def _bind_request(self, args: protocol.BindingArgs) -> PodRequest:
+        known = self.requests.get(args.uid) if args.uid else None
+        if known is not None:
+            return known
+        if self.kube is None:
+            raise InvalidInput(f"pod {args.namespace}/{args.name} was not filtered by this "
+                               "extender and there is no API to read it from")
+        pod = self.kube.get_pod_json(args.namespace, args.name)
+        who = pod_id(pod)
+        if args.uid and who.uid != args.uid:
+            raise InvalidInput(f"pod {args.namespace}/{args.name} has uid {who.uid}, "
+                               f"the scheduler asked to bind {args.uid}")
+        return pod_request(pod)
+
+    def _bind(self, args: protocol.BindingArgs, request: PodRequest) -> str:
+        if self.ledgers is None or self.kube is None:
+            return "this extender has no Kubernetes API to bind with"
+        key = request.key
+        placed = self._commit(args, request)
+        if isinstance(placed, str):
+            return placed
+        alloc, group = placed
+        notes = records.encode(alloc, self._now(), names.PHASE_ALLOCATING)
+        if group:
+            notes[ANNOTATION_RESOURCE_GROUP] = group
+        try:
+            self.kube.bind_pod(args.namespace, args.name, args.uid, args.node, notes)
+        except KubeError as exc:
+            self._roll_back(args.node, key)
+            return f"binding {args.namespace}/{args.name} to {args.node} failed: {exc}"
+        with self.cache.lock:
+            self.cache.unhold(key, "bind")
+        return ""
+
+    def _commit(self, args: protocol.BindingArgs, request: PodRequest
+                ) -> tuple[Allocation, str | None] | str:
+        """Decide on the node and win the ledger's compare-and-swap; or say why not."""
+        assert self.ledgers is not None
+        for _ in range(self.settings.bind_attempts):
+            step = self._decide_on(args, request)
+            if isinstance(step, str):
+                return step
+            alloc, group, view, prune, node = step
+            entry = Entry(alloc, f"{args.namespace}/{args.name}", self._now(), request.tenant,
+                          request.gpu_class, group)
+            try:
+                held = [e.allocation for u, e in view.entries.items() if u not in prune]
+                check_fits(node, held, alloc, self.cache.state.memory_unit_mib)
+                new_view = self.ledgers.commit(view, request.key, entry, prune)
+            except (OverCommit, Conflict):
+                self.metrics.conflicts.inc()
+                self._refresh_ledger(args.node)
+                continue
+            except KubeError as exc:
+                self._roll_back(None, request.key)
+                return f"recording the GPUs of {request.key} on {args.node} failed: {exc}"
+            self.cache.ledger_update(new_view)
+            return alloc, group
+        self._roll_back(None, request.key)
+        return (f"node {args.node} kept changing under {request.key} "
+                f"({self.settings.bind_attempts} attempts); the scheduler will retry")
+
+    def _decide_on(self, args: protocol.BindingArgs, request: PodRequest
+                   ) -> tuple[Allocation, str | None, View, list[str], Any] | str:
+        with self.cache.lock:
+            self.cache.flush()
+            self.cache.unhold(request.key, "bind")
+            state = self.cache.state
+            i = state.index.get(args.node)
+            if i is None:
+                return f"node {args.node}: {UNKNOWN_NODE}"
+            c = constraints_for(state, request, self.cache.catalogue)
+            placement = self.placer.decide(state, request, self.rng, c,
+                                           among=np.array([i], np.int64), explain_limit=1)
+            if placement.allocation is None:
+                return placement.reasons[0].sentence() if placement.reasons else \
+                    f"node {args.node}: {request.describe()} does not fit now"
+            alloc = placement.allocation
+            if not self.cache.hold(alloc, "bind", charge_of(request, alloc, c)):
+                return f"node {args.node}: could not reserve {alloc.describe()}"
+            view = self.cache.ledgers.get(args.node) or View(args.node)
+            return alloc, c.group, view, self.cache.prunable(view), state.nodes[i]
+
+    def _refresh_ledger(self, node: str) -> None:
+        assert self.ledgers is not None
+        try:
+            self.cache.ledger_update(self.ledgers.fetch(node))
+        except KubeError as exc:
+            log.warning("reading the GPU ledger of %s: %s", node, exc)
+
+    def _roll_back(self, node: str | None, key: str) -> None:
+        if node is not None and self.ledgers is not None:
+            try:
+                self.ledgers.remove(node, key)
+            except KubeError as exc:  # the entry expires with the pod (ledger grace)
+                log.warning("removing %s from the GPU ledger of %s: %s", key, node, exc)
+        with self.cache.lock:
+            self.cache.unhold(key, "bind")
+            self.cache.unhold(key, "ledger")
+
+    def _now(self) -> str:
+        return datetime.fromtimestamp(self.clock(), UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def scaled(values: np.ndarray) -> np.ndarray:
+    """Scores mapped linearly onto 0..10 (all equal: all 10)."""
+    lo, hi = float(values.min()), float(values.max())
+    if hi - lo <= 1e-12:
+        return np.full(values.shape, protocol.MAX_SCORE, np.int64)
+    return np.rint((values - lo) * protocol.MAX_SCORE / (hi - lo)).astype(np.int64)

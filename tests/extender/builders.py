@@ -1,0 +1,95 @@
+"""Small builders of Kubernetes objects for extender tests (plain dicts, as the API serves)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from gpupool.core.policies import DEFAULT_POLICY
+from gpupool.extender.cache import ClusterCache
+from gpupool.extender.feeds import Feeds, start_feeds
+from gpupool.extender.metrics import Metrics
+from gpupool.extender.service import Extender, Settings
+from gpupool.kube.api import KubeApi
+from gpupool.kube.fake_apiserver import FakeApiServer
+
+
+def now_rfc3339() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def node_obj(name: str, cpu: str = "64", memory: str = "512Gi",
+             labels: dict[str, str] | None = None) -> dict[str, Any]:
+    return {"metadata": {"name": name, "labels": labels or {"kubernetes.io/hostname": name}},
+            "status": {"allocatable": {"cpu": cpu, "memory": memory, "pods": "110"},
+                       "capacity": {"cpu": cpu, "memory": memory, "pods": "110"}}}
+
+
+def gpu_obj(node: str, index: int, model: str = "A100", memory_mib: int = 40960,
+            health: str = "Healthy", labels: dict[str, str] | None = None,
+            heartbeat: str | None = None) -> dict[str, Any]:
+    uuid = f"GPU-{node}-{index}"
+    return {"metadata": {"name": uuid.lower(),
+                         "labels": {"gpupool.io/node": node, "gpupool.io/model": model}},
+            "spec": {"node": node, "uuid": uuid, "index": index, "model": model,
+                     "memoryMiB": memory_mib, "architecture": "ampere",
+                     "numaNode": 0 if index < 4 else 1, "labels": labels or {}},
+            "status": {"health": health, "heartbeatTime": heartbeat or now_rfc3339()}}
+
+
+def pod_obj(name: str, limits: dict[str, Any] | None = None, ns: str = "default",
+            annotations: dict[str, str] | None = None, labels: dict[str, str] | None = None,
+            cpu: str = "1", memory: str = "1Gi", containers: int = 1) -> dict[str, Any]:
+    resources = {"requests": {"cpu": cpu, "memory": memory, **(limits or {})},
+                 "limits": dict(limits or {})}
+    return {"metadata": {"name": name, "namespace": ns, "annotations": annotations or {},
+                         "labels": labels or {}},
+            "spec": {"schedulerName": "gpupool-scheduler",
+                     "containers": [{"name": f"c{k}", "image": "busybox", "resources": resources}
+                                    for k in range(containers)]},
+            "status": {"phase": "Pending"}}
+
+
+def seed_cluster(fake: FakeApiServer, nodes: int, gpus: int = 8, model: str = "A100",
+                 memory_mib: int = 40960, prefix: str = "n") -> list[str]:
+    names = [f"{prefix}{i}" for i in range(nodes)]
+    for name in names:
+        fake.seed("nodes", node_obj(name))
+        for j in range(gpus):
+            fake.seed("gpudevices", gpu_obj(name, j, model, memory_mib))
+    return names
+
+
+class Replica:
+    """One extender wired to the fake API server (its own client, cache and informers)."""
+
+    def __init__(self, fake: FakeApiServer, policy: str = DEFAULT_POLICY, seed: int = 0,
+                 stale_after_s: float = 120.0):
+        self.api = KubeApi.connect(server=fake.url)
+        self.cache = ClusterCache(stale_after_s=stale_after_s)
+        self.feeds: Feeds = start_feeds(self.api, self.cache, watch_timeout_s=5)
+        self.extender = Extender(self.cache, Settings(policy, seed=seed), Metrics(), self.api)
+
+    def close(self) -> None:
+        self.feeds.stop()
+        self.api.close()
+
+
+def schedule(ext: Extender, pod: dict[str, Any], nodes: list[str]) -> tuple[str | None, str]:
+    """filter -> prioritize -> bind as kube-scheduler would: (node or None, error text)."""
+    result = ext.filter({"Pod": pod, "Nodes": None, "NodeNames": nodes})
+    if result["Error"]:
+        return None, result["Error"]
+    passing = result["NodeNames"]
+    if not passing:
+        return None, "; ".join(sorted({**result["FailedNodes"],
+                                       **result["FailedAndUnresolvableNodes"]}.values())[:3])
+    best = passing[0]
+    if len(passing) > 1:
+        scores = {h["Host"]: h["Score"] for h in ext.prioritize(
+            {"Pod": pod, "Nodes": None, "NodeNames": passing})}
+        best = max(passing, key=lambda n: (scores.get(n, 0), -passing.index(n)))
+    meta = pod["metadata"]
+    answer = ext.bind({"PodName": meta["name"], "PodNamespace": meta["namespace"],
+                       "PodUID": meta["uid"], "Node": best})
+    return (None, answer["Error"]) if answer["Error"] else (best, "")
