@@ -107,7 +107,7 @@ def read_cluster(path: Path) -> tuple[list[Node], list[ResourceClass]]:
     """Nodes and resource classes of a native YAML file."""
     doc, where = load(path), _Where(Path(path))
     nodes: list[Node] = []
-    for k, spec in enumerate(where.items(doc.get("nodes"))):
+    for k, spec in enumerate((where / "nodes").items(doc.get("nodes"))):
         nodes.extend(_nodes(where / "nodes" / k, spec))
     if not nodes:
         raise (where / "nodes").error("no nodes")
@@ -115,7 +115,7 @@ def read_cluster(path: Path) -> tuple[list[Node], list[ResourceClass]]:
     if dup is not None:
         raise (where / "nodes").error(f"node {dup} appears twice")
     classes = [_resource_class(where / "classes" / k, c)
-               for k, c in enumerate(where.items(doc.get("classes")))]
+               for k, c in enumerate((where / "classes").items(doc.get("classes")))]
     return nodes, classes
 
 
@@ -180,7 +180,7 @@ def read_workload(path: Path) -> list[TracePod]:
     """Pods of a native YAML file, in file order."""
     doc, where = load(path), _Where(Path(path))
     pods: list[TracePod] = []
-    for k, spec in enumerate(where.items(doc.get("pods"))):
+    for k, spec in enumerate((where / "pods").items(doc.get("pods"))):
         pods.extend(_pods(where / "pods" / k, spec))
     if not pods:
         raise (where / "pods").error("no pods")
@@ -202,7 +202,7 @@ def _first_duplicate(names: list[str]) -> str | None:
 def _pods(where: _Where, raw: object) -> list[TracePod]:
     spec = where.mapping(raw)
     containers = tuple(_container(where / "containers" / k, c)
-                       for k, c in enumerate(where.items(spec.get("containers"))))
+                       for k, c in enumerate((where / "containers").items(spec.get("containers"))))
     models = _field(where, spec, "models", _models, None)
     selector = _field(where, spec, "selector", lambda v: Selector.from_spec(where.mapping(v)),
                       None)
