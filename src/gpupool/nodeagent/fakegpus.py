@@ -135,6 +135,9 @@ def gpus_of(entries: list[dict[str, Any]], where: str = "fake GPU file") -> tupl
     indexes = [g.index for g in gpus]
     if len(set(uuids)) != len(uuids) or len(set(indexes)) != len(indexes):
         raise InvalidInput(f"{where}: GPU uuids and indexes must be unique")
+    if sorted(indexes) != list(range(len(indexes))):
+        raise InvalidInput(f"{where}: GPU indexes must be 0..n-1 (NVML numbers GPUs so), "
+                           f"got {sorted(indexes)}")
     present = [g for g, e in zip(gpus, entries, strict=True) if e.get("present", True)]
     return tuple(sorted(present, key=lambda g: g.index))
 

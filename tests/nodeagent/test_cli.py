@@ -1,0 +1,46 @@
+"""``gpupool device-plugin`` as a process: flags, errors, and a real run."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from gpupool.cli.main import main
+from gpupool.kube.fake_apiserver import FakeApiServer
+
+from .builders import write_gpus
+from .kubelet_standin import FakeKubelet
+
+
+def test_missing_node_name_is_a_clear_error(capsys: object, monkeypatch: object) -> None:
+    os.environ.pop("NODE_NAME", None)
+    assert main(["device-plugin", "--fake-gpus", "x.yaml"]) == 2
+    assert "--node-name" in capsys.readouterr().err  # type: ignore[attr-defined]
+
+
+def test_a_bad_fake_gpu_file_is_a_clear_error(tmp_path: Path, capsys: object) -> None:
+    (tmp_path / "g.yaml").write_text("gpus: 1")
+    assert main(["device-plugin", "--node-name", "n", "--fake-gpus",
+                 str(tmp_path / "g.yaml")]) == 2
+    assert "top-level 'gpus' list" in capsys.readouterr().err  # type: ignore[attr-defined]
+
+
+def test_the_command_registers_with_kubelet_and_stops_on_sigterm(
+        short_dir: Path, kubelet: FakeKubelet, apiserver: FakeApiServer) -> None:
+    gpus = write_gpus(short_dir / "gpus.yaml", 2)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpupool.cli.main", "device-plugin", "--node-name", "node-a",
+         "--api-server", apiserver.url, "--kubelet-dir", str(kubelet.root),
+         "--fake-gpus", str(gpus), "--split", "3", "--heartbeat-seconds", "60"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        kubelet.wait_registrations(1, timeout=30)
+        kubelet.wait_update(lambda d: len(d) == 6)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=20)
+    assert proc.returncode == 0, out
+    assert "registered gpupool.io/gpu with kubelet" in out
