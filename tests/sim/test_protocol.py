@@ -67,6 +67,7 @@ def test_a_gpu_pod_that_finds_gpus_only_beside_too_little_cpu_fails_for_cpu() ->
         alloc = decider.decide(request)
         assert alloc is not None
         state.reserve(alloc)
+        tally.changed()
     assert tally.reason(big) == "gpu"  # now no GPU is free anywhere
 
 

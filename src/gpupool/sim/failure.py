@@ -5,7 +5,9 @@ GPU, several GPUs) and by a coarse *reason* the core answers with one extra
 feasibility mask: ``gpu`` when no node has the GPU room even ignoring CPU and
 memory, ``cpu-memory`` when some node has the GPU room but not the CPU or
 memory beside it. (Per-node sentences come from ``gpupool.core.fit.explain``;
-the simulator does not ask for them, they cost a pass per node.)
+the simulator does not ask for them, they cost a pass per node.) The reason is
+cached per GPU demand until the state changes (``changed``): past 100 % of
+capacity most pods fail, many in a row.
 """
 
 from __future__ import annotations
@@ -40,6 +42,12 @@ class FailureTally:
         self.at: list[int] = []
         self.kinds: Counter[str] = Counter()
         self.reasons: Counter[str] = Counter()
+        self._known: dict[tuple[object, ...], str] = {}
+
+    def changed(self) -> None:
+        """The cluster state moved on (a reservation or a release): forget cached reasons."""
+        if self._known:
+            self._known = {}
 
     def record(self, index: int, request: PodRequest) -> None:
         self.at.append(index)
@@ -49,9 +57,14 @@ class FailureTally:
     def reason(self, request: PodRequest) -> str:
         if not request.gpus:
             return "cpu-memory"
-        gpu_only = dataclasses.replace(request, cpu_milli=0, memory_mib=0)
-        mask, _ = feasible(self.state, gpu_only)
-        return "cpu-memory" if mask.any() else "gpu"
+        key = (request.gpus, request.models, request.selector, request.gpu_class,
+               request.affinity)
+        known = self._known.get(key)
+        if known is None:
+            gpu_only = dataclasses.replace(request, cpu_milli=0, memory_mib=0)
+            mask, _ = feasible(self.state, gpu_only)
+            known = self._known[key] = "cpu-memory" if mask.any() else "gpu"
+        return known
 
     @property
     def total(self) -> int:

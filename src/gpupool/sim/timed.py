@@ -114,6 +114,7 @@ class _Replay:
                     progress(PROGRESS_EVERY)
             elif request.key in self.live:
                 self.state.release(request.key)
+                self.tally.changed()
                 now -= self.live.pop(request.key)
             if not self.additive:
                 now = self.state.usage().allocated_milli
@@ -131,6 +132,7 @@ class _Replay:
             self.tally.record(k, request)
             return 0
         self.state.reserve(allocation)
+        self.tally.changed()
         self.live[request.key] = demand_milli(request)
         self.peak_live = max(self.peak_live, len(self.live))
         return self.live[request.key]
