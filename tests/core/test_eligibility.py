@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpupool.core.classes import ClassCatalog, ResourceClass
 from gpupool.core.eligibility import Catalogue, charge_of, constraints_for, request_amount
@@ -180,3 +182,50 @@ def test_masks_are_reused_between_requests_at_the_same_epoch() -> None:
     a = constraints_for(s, pod("p", whole(1), gpu_class="big"), cat)
     b = constraints_for(s, pod("q", whole(2), gpu_class="big"), cat)
     assert a.gpu_mask is b.gpu_mask
+
+
+# -- property: a placement under the constraints never leaves the group or the class ------
+
+
+@st.composite
+def grouped_worlds(draw: st.DrawFn) -> tuple[ClusterState, Catalogue, PodRequest]:
+    nodes = [node(f"n{i}", draw(st.integers(1, 4)), draw(st.sampled_from(["A100", "V100"])),
+                  draw(st.sampled_from([16, 40, 80]))) for i in range(draw(st.integers(1, 4)))]
+    s = cluster(*nodes)
+    uuids = [g.uuid for n in nodes for g in n.gpus]
+    groups = [ResourceGroup(f"g{k}", nodes=frozenset(draw(st.sets(st.sampled_from(
+                  [n.name for n in nodes]), max_size=2))),
+                  gpus=frozenset(draw(st.sets(st.sampled_from(uuids), max_size=4))),
+                  tenants=frozenset(draw(st.sets(st.sampled_from(["a", "b"]), max_size=1))))
+              for k in range(draw(st.integers(0, 3)))]
+    cat = Catalogue(GroupCatalog(groups), ClassCatalog([ResourceClass("big", BIG)]))
+    for n in nodes:
+        for j in range(len(n.gpus)):
+            if draw(st.booleans()):
+                hold_whole(s, f"x-{n.name}-{j}", n.name, j)
+    demand = draw(st.sampled_from([whole(1), whole(2), shared(1, 4096, 20), shared(2, 0, 50)]))
+    r = pod("p", demand, tenant=draw(st.sampled_from(["a", "b", None])),
+            gpu_class=draw(st.sampled_from([None, "big"])))
+    return s, cat, r
+
+
+@settings(max_examples=200, deadline=None)
+@given(grouped_worlds())
+def test_a_placement_under_the_constraints_stays_in_its_group_and_class(
+        world: tuple[ClusterState, Catalogue, PodRequest]) -> None:
+    s, cat, r = world
+    c = constraints_for(s, r, cat)
+    if len(cat.groups) and c.blocked is None:
+        assert c.group is not None and cat.groups.get(c.group).allows(r.tenant)
+    p = Placer(make_policy("best-fit", PolicyConfig())).decide(s, r, random.Random(0), c)
+    if p.allocation is None:
+        return
+    i = s.node_index(p.allocation.node)
+    for x in p.allocation.slices:
+        if c.gpu_mask is not None:
+            assert c.gpu_mask[i, x.gpu_position]
+        if r.gpu_class == "big":
+            assert s.nodes[i].gpus[x.gpu_position].memory_mib > 40 * 1024
+        if c.group is not None:
+            assert cat.groups.get(c.group).holds(p.allocation.node, s.nodes[i].gpus[x.gpu_position])
+    s.reserve(p.allocation)

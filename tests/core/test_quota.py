@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpupool.core.allocation import Allocation, Slice
 from gpupool.core.errors import InvalidInput
@@ -156,3 +158,26 @@ def test_lifting_a_limit_lets_the_charge_through() -> None:
     assert book.check(Charge(Amount(5), "t")) is None
     assert book.remaining_for_group("g") == Limit(core_pct=50)
     assert book.remaining_for_group("nolimit") == Limit()
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.sampled_from(["k1", "k2", "k3", "k4"]),
+                          st.integers(0, 4), st.sampled_from(["t", "u"]),
+                          st.sampled_from([None, "c"]), st.sampled_from([None, "g"])),
+                max_size=40))
+def test_used_is_always_the_sum_of_the_charges_held(
+        ops: list[tuple[bool, str, int, str, str | None, str | None]]) -> None:
+    book = QuotaBook()
+    for charge_it, key, gpus, tenant, cls, group in ops:
+        if charge_it and book.charged(key) is None:
+            book.charge(key, Charge(Amount(gpus, gpus * 1024, gpus * 100), tenant, cls, group))
+        elif not charge_it:
+            book.refund(key)
+    held = [c for k in ("k1", "k2", "k3", "k4") if (c := book.charged(k)) is not None]
+    for tenant in ("t", "u"):
+        expected = sum((c.amount for c in held if c.tenant == tenant), Amount())
+        assert book.used_by_tenant(tenant) == expected
+        expected = sum((c.amount for c in held if c.tenant == tenant and c.gpu_class == "c"),
+                       Amount())
+        assert book.used_by_class(tenant, "c") == expected
+    assert book.used_by_group("g") == sum((c.amount for c in held if c.group == "g"), Amount())

@@ -168,9 +168,9 @@ class QuotaBook:
         if charge is None:
             return None
         for scope in _scopes(charge):
-            left = self._used[scope].minus(charge.amount)
+            left = self._used.get(scope, Amount()).minus(charge.amount)  # absent = zero
             if left == Amount():
-                del self._used[scope]
+                self._used.pop(scope, None)
             else:
                 self._used[scope] = left
         return charge
