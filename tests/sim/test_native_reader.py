@@ -15,7 +15,8 @@ from gpupool.sim.decision import Decider
 from gpupool.sim.native import read_cluster, read_workload
 from gpupool.sim.scenario import Scenario
 from gpupool.sim.sources import scenario_from_files
-from tests.sim.paths import DATA
+from gpupool.sim.timed import run_timed
+from tests.sim.paths import DATA, REPO
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -120,3 +121,17 @@ def test_a_class_pod_goes_to_the_gpus_of_its_class() -> None:
         assert alloc is not None and alloc.node == "a100-0"
         pinned_alloc = decider.decide(pinned)
         assert pinned_alloc is not None and pinned_alloc.node.startswith("t4-")
+
+
+def test_the_example_in_the_docs_reads_and_runs(tmp_path: Path) -> None:
+    text = (REPO / "docs" / "simulator.md").read_text()
+    example = text.split("```yaml\n", 1)[1].split("```", 1)[0]
+    path = tmp_path / "example.yaml"
+    path.write_text(example)
+    scenario = scenario_from_files(path, path)
+    assert len(scenario.nodes) == 5 and len(scenario.pods) == 4
+    assert not scenario.nodes[-1].gpus[1].healthy
+    timed = [p for p in scenario.pods if p.creation_s is not None]
+    run = run_timed(Scenario("x", scenario.nodes, tuple(timed), scenario.classes), "best-fit",
+                    1, PolicyConfig())
+    assert run.failed_pods == 0 and run.peak_live_pods == 3  # train + both pairs
