@@ -20,8 +20,10 @@ docs/simulator.md; no trace row is copied.
 * **Times** (for ``--mode timed``): lifetimes are exponential with the trace's
   median lifetime of 540 s; arrivals form a Poisson process spread over
   ``ARRIVAL_WINDOW_LIFETIMES`` mean lifetimes. The pods' total demand is about
-  97 % of capacity, so by Little's law about half of the GPUs are in use at
-  steady state (the literal trace times load its cluster far less).
+  97 % of capacity, so by the last arrival live pods ask about 86 % of it
+  (97 % × (1 − e^−0.25) / 0.25) — enough for fragmentation to turn pods away —
+  and then the cluster drains. (The literal trace times load its cluster far
+  less.)
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ TRACE_PODS = 8152
 DEFAULT_NODES = 200
 WORKLOAD_SEED = 2023
 """The synthetic workload is one fixed draw; run seeds shuffle and resample it."""
-ARRIVAL_WINDOW_LIFETIMES = 2.0
+ARRIVAL_WINDOW_LIFETIMES = 0.25
 MEDIAN_LIFETIME_S = 540.0
 
 
