@@ -229,3 +229,16 @@ def test_a_placement_under_the_constraints_stays_in_its_group_and_class(
         if c.group is not None:
             assert cat.groups.get(c.group).holds(p.allocation.node, s.nodes[i].gpus[x.gpu_position])
     s.reserve(p.allocation)
+
+
+@settings(max_examples=200, deadline=None)
+@given(grouped_worlds())
+def test_a_group_holds_the_pod_exactly_when_fit_finds_a_member_node(
+        world: tuple[ClusterState, Catalogue, PodRequest]) -> None:
+    s, cat, r = world
+    class_mask = None if r.gpu_class is None else cat.classes.gpu_mask(s, r.gpu_class)
+    for group in cat.groups:
+        room = cat.groups.room(s, r, group, class_mask)
+        c = cat.groups.constraints(s, group.name, class_mask)
+        assert room.fits == bool(feasible(s, r, c)[0].any())
+        assert room.free_milli <= room.capacity_milli

@@ -18,6 +18,7 @@ import re
 import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import numpy as np
 
@@ -25,6 +26,8 @@ from gpupool.core.errors import InvalidInput, UnknownName
 from gpupool.core.model import Gpu
 from gpupool.core.selector import Selector
 from gpupool.core.state import BoolArray, ClusterState
+
+V = TypeVar("V")
 
 CLASS_RESOURCE_PREFIX = "class.gpupool.io/"
 """Pod resource prefix of classes (the same string as ``gpupool.contract.names``)."""
@@ -86,8 +89,8 @@ class ResourceClass:
         return f"class {self.name} ({self.selector.describe()})"
 
 
-class MaskCache:
-    """Masks computed for one ``ClusterState`` at one epoch; anything else starts afresh.
+class MaskCache(Generic[V]):
+    """Values computed for one ``ClusterState`` at one epoch; anything else starts afresh.
 
     Holds the state weakly, so a cache never keeps an old state alive nor mistakes
     a new state that happens to reuse an old one's ``id``.
@@ -96,18 +99,18 @@ class MaskCache:
     def __init__(self) -> None:
         self._state: weakref.ref[ClusterState] | None = None
         self._epoch = -1
-        self._masks: dict[object, BoolArray] = {}
+        self._values: dict[object, V] = {}
 
-    def masks_for(self, state: ClusterState) -> dict[object, BoolArray]:
-        """The mask table valid for ``state`` now (emptied when state or epoch changed)."""
+    def masks_for(self, state: ClusterState) -> dict[object, V]:
+        """The table valid for ``state`` now (emptied when state or epoch changed)."""
         if self._state is None or self._state() is not state or self._epoch != state.epoch:
             self._state = weakref.ref(state)
             self._epoch = state.epoch
-            self._masks = {}
-        return self._masks
+            self._values = {}
+        return self._values
 
     def clear(self) -> None:
-        self._masks = {}
+        self._values = {}
 
 
 def selector_mask(state: ClusterState, selector: Selector) -> BoolArray:
@@ -132,7 +135,7 @@ class ClassCatalog:
 
     def __init__(self, classes: Iterable[ResourceClass] = ()):
         self._classes: dict[str, ResourceClass] = {}
-        self._cache = MaskCache()
+        self._cache: MaskCache[BoolArray] = MaskCache()
         for c in classes:
             self.put(c)
 

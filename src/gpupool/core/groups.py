@@ -23,11 +23,11 @@ import numpy as np
 
 from gpupool.core.classes import MaskCache
 from gpupool.core.errors import InvalidInput, UnknownName
-from gpupool.core.fit import Constraints, demand_of, feasible, need_milli
+from gpupool.core.fit import Constraints, demand_of, gpu_fit_mask, need_milli
 from gpupool.core.model import Gpu, Node
 from gpupool.core.quota import Charge, QuotaBook
 from gpupool.core.request import PodRequest
-from gpupool.core.state import BoolArray, ClusterState
+from gpupool.core.state import BoolArray, ClusterState, IntArray
 
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?$")
 MILLI = 1000
@@ -100,12 +100,42 @@ class ResourceGroup:
                 f"for {who}, {models}")
 
 
-def group_gpu_mask(state: ClusterState, group: ResourceGroup) -> BoolArray:
-    """[node, gpu] -> the GPU is a member of ``group`` (present GPUs only)."""
+@dataclass(frozen=True, slots=True)
+class GpuLayout:
+    """Where each GPU sits in a state's arrays, and its model, for one epoch."""
+
+    position: dict[str, tuple[int, int]]  # uuid -> (node index, GPU position)
+    model_id: IntArray  # [node, gpu] -> index into ``models`` (-1: no GPU there)
+    models: dict[str, int]
+
+    @staticmethod
+    def of(state: ClusterState) -> GpuLayout:
+        position: dict[str, tuple[int, int]] = {}
+        models: dict[str, int] = {}
+        model_id = np.full(state.present.shape, -1, np.int64)
+        for i, node in enumerate(state.nodes):
+            for j, gpu in enumerate(node.gpus):
+                position[gpu.uuid] = (i, j)
+                model_id[i, j] = models.setdefault(gpu.model, len(models))
+        return GpuLayout(position, model_id, models)
+
+
+def group_gpu_mask(state: ClusterState, group: ResourceGroup,
+                   layout: GpuLayout | None = None) -> BoolArray:
+    """[node, gpu] -> the GPU is a member of ``group`` (present GPUs only).
+
+    Costs O(members) given the epoch's ``layout`` (built here when not given).
+    """
+    layout = layout or GpuLayout.of(state)
     mask = np.zeros(state.present.shape, np.bool_)
-    for i, node in enumerate(state.nodes):
-        for j, gpu in enumerate(node.gpus):
-            mask[i, j] = group.holds(node.name, gpu)
+    rows = [state.index[n] for n in group.nodes if n in state.index]
+    mask[rows] = state.present[rows]
+    cells = [layout.position[u] for u in group.gpus if u in layout.position]
+    if cells:
+        mask[tuple(np.array(cells).T)] = True
+    if group.models:
+        ids = [layout.models[m] for m in group.models if m in layout.models]
+        mask &= np.isin(layout.model_id, ids)
     return mask
 
 
@@ -127,6 +157,30 @@ class GroupRoom:
 
 
 @dataclass(frozen=True, slots=True)
+class _Probe:
+    """What one request needs, over the whole cluster, computed once per choice."""
+
+    node_ok: BoolArray  # [node] CPU, memory and GPU model fit (GPUs aside)
+    allowed: BoolArray  # [node, gpu] GPUs the pod may use: its models, its class
+    gpu_fit: BoolArray | None  # [node, gpu] can take one slice now (class mask applied)
+    free: IntArray  # [node, gpu] free share of healthy GPUs, 0 elsewhere
+    need: IntArray  # [node, gpu] share one slice takes there
+
+    @staticmethod
+    def of(state: ClusterState, request: PodRequest, gpu_mask: BoolArray | None) -> _Probe:
+        models = state.model_mask(request.models)
+        node_ok = models & (state.cpu_free >= request.cpu_milli) & (
+            state.mem_free >= request.memory_mib)
+        allowed = models[:, None] & (state.present if gpu_mask is None else gpu_mask)
+        demand = demand_of(request)
+        fit = None if demand is None else gpu_fit_mask(state, demand, gpu_mask)
+        free = np.where(state.present & state.healthy, np.maximum(state.free_milli, 0), 0)
+        need = (np.zeros(state.present.shape, np.int64) if demand is None
+                else need_milli(state, demand))
+        return _Probe(node_ok, allowed, fit, free, need)
+
+
+@dataclass(frozen=True, slots=True)
 class GroupChoice:
     """The chosen group (None if none fits) and how every candidate stood."""
 
@@ -142,7 +196,8 @@ class GroupCatalog:
 
     def __init__(self, groups: Iterable[ResourceGroup] = ()):
         self._groups: dict[str, ResourceGroup] = {}
-        self._cache = MaskCache()
+        self._cache: MaskCache[BoolArray] = MaskCache()
+        self._layouts: MaskCache[GpuLayout] = MaskCache()
         for g in groups:
             self.put(g)
 
@@ -180,9 +235,17 @@ class GroupCatalog:
         masks = self._cache.masks_for(state)
         mask = masks.get(("gpu", name))
         if mask is None:
-            mask = masks["gpu", name] = group_gpu_mask(state, self.get(name))
+            mask = masks["gpu", name] = group_gpu_mask(state, self.get(name), self.layout(state))
             mask.flags.writeable = False
         return mask
+
+    def layout(self, state: ClusterState) -> GpuLayout:
+        """The GPU positions of ``state`` at its current epoch (cached)."""
+        table = self._layouts.masks_for(state)
+        found = table.get("layout")
+        if found is None:
+            found = table["layout"] = GpuLayout.of(state)
+        return found
 
     def node_mask(self, state: ClusterState, name: str) -> BoolArray:
         """Member nodes: named nodes and nodes holding a member GPU; cached, read-only."""
@@ -190,7 +253,8 @@ class GroupCatalog:
         mask = masks.get(("node", name))
         if mask is None:
             group = self.get(name)
-            named = np.array([n.name in group.nodes for n in state.nodes], np.bool_)
+            named = np.zeros(len(state.nodes), np.bool_)
+            named[[state.index[n] for n in group.nodes if n in state.index]] = True
             mask = masks["node", name] = named | self.gpu_mask(state, name).any(axis=1)
             mask.flags.writeable = False
         return mask
@@ -206,17 +270,21 @@ class GroupCatalog:
     def room(self, state: ClusterState, request: PodRequest, group: ResourceGroup,
              gpu_mask: BoolArray | None = None) -> GroupRoom:
         """Where ``request`` stands in ``group`` now (GPU models and ``gpu_mask`` honoured)."""
-        c = self.constraints(state, group.name, gpu_mask)
-        assert c.gpu_mask is not None
-        usable = c.gpu_mask & state.model_mask(request.models)[:, None]
+        return self._room(state, request, group, _Probe.of(state, request, gpu_mask))
+
+    def _room(self, state: ClusterState, request: PodRequest, group: ResourceGroup,
+              probe: _Probe) -> GroupRoom:
+        members = self.gpu_mask(state, group.name)
+        usable = members & probe.allowed
         capacity = int(usable.sum()) * MILLI
-        free = int(np.where(usable & state.healthy, np.maximum(state.free_milli, 0), 0).sum())
+        free = int(probe.free[usable].sum())
         demand = demand_of(request)
-        need = 0
-        if demand is not None:
-            per_gpu = need_milli(state, demand)[usable]
+        need, fits = 0, bool((probe.node_ok & self.node_mask(state, group.name)).any())
+        if demand is not None and probe.gpu_fit is not None:
+            per_gpu = probe.need[usable]
             need = demand.count * (int(per_gpu.min()) if per_gpu.size else MILLI)
-        fits = bool(feasible(state, request, c)[0].any())
+            room_on = (probe.gpu_fit & members).sum(axis=1) >= demand.count
+            fits = bool((probe.node_ok & self.node_mask(state, group.name) & room_on).any())
         refusal = "" if fits else (
             f"group {group.name}: {_gpus(free)} of {_gpus(capacity)} GPUs free, no member node "
             f"can take {request.describe()}")
@@ -229,7 +297,8 @@ class GroupCatalog:
         of those where it fits now (and, given ``quotas`` and ``charge``, whose group
         quota allows it), the one with the least free capacity left above the demand.
         Ties go to the smaller group, then the name."""
-        rooms = [self._room_or_refusal(state, request, g, gpu_mask, quotas, charge)
+        probe = _Probe.of(state, request, gpu_mask)
+        rooms = [self._room_or_refusal(state, request, g, probe, quotas, charge)
                  for g in self.usable_by(request.tenant)]
         fitting = [r for r in rooms if not r.refusal]
         if not fitting:
@@ -239,7 +308,7 @@ class GroupCatalog:
         return GroupChoice(best.group, tuple(rooms))
 
     def _room_or_refusal(self, state: ClusterState, request: PodRequest, group: ResourceGroup,
-                         gpu_mask: BoolArray | None, quotas: QuotaBook | None,
+                         probe: _Probe, quotas: QuotaBook | None,
                          charge: Charge | None) -> GroupRoom:
         if not group.suits(request.models):
             models = ", ".join(sorted(group.models))
@@ -251,7 +320,7 @@ class GroupCatalog:
             reason = quotas.check(Charge(charge.amount, group=group.name))
             if reason is not None:
                 return GroupRoom(group, 0, 0, 0, False, reason.message, reason.permanent)
-        return self.room(state, request, group, gpu_mask)
+        return self._room(state, request, group, probe)
 
 
 def _gpus(milli: int) -> str:
