@@ -10,6 +10,7 @@ exactly.
 from __future__ import annotations
 
 import contextlib
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -118,6 +119,14 @@ class ClusterMachine(RuleBasedStateMachine):
         assert lost_keys <= held
         assert {a.key for a in self.state.allocations_on(node)} == held - lost_keys
         assert not lost_keys & set(self.state.allocations)
+
+    @rule(node=st.sampled_from(NODES), healthy=st.lists(st.booleans(), min_size=4, max_size=4))
+    def replace_node_with_only_its_health_changed(self, node: str, healthy: list[bool]) -> None:
+        current = self.state.nodes[self.state.index[node]]
+        gpus = tuple(replace(g, healthy=healthy[j]) for j, g in enumerate(current.gpus))
+        before = {a.key for a in self.state.allocations_on(node)}
+        assert self.state.replace_node(replace(current, gpus=gpus)) == []
+        assert {a.key for a in self.state.allocations_on(node)} == before
 
     @rule(node=st.sampled_from(NODES), pos=st.integers(0, 3), healthy=st.booleans())
     def set_health(self, node: str, pos: int, healthy: bool) -> None:

@@ -101,6 +101,8 @@ class ClusterState:
         """Update a node's capacity, labels or GPU health, keeping what still fits.
 
         Allocations whose GPUs are gone (or no longer fit) are released and returned.
+        A GPU turning unhealthy keeps its allocations, as ``set_health`` does: the
+        pods still run there, and its room must not look free when it recovers.
         """
         i = self.node_index(node.name)
         kept = list(self._by_node.get(node.name, {}).values())
@@ -109,12 +111,16 @@ class ClusterState:
         nodes = list(self.nodes)
         nodes[i] = node
         self._rebuild(nodes)
+        sick = self.present[i] & ~self.healthy[i]
+        self.healthy[i] |= sick  # re-seat existing allocations whatever the health
         lost = []
         for alloc in kept:
             try:
                 self.reserve(self._remap(alloc, node))
             except (OverCommit, UnknownName, InvalidInput):
                 lost.append(alloc)
+        self.healthy[i] &= ~sick
+        self._refresh_row(i)
         return lost
 
     def set_health(self, node: str, gpu_uuid: str, healthy: bool) -> None:
