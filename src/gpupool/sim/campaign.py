@@ -94,8 +94,9 @@ def run_campaign(campaign: Campaign, workers: int = 1,
 
 
 def default_workers(jobs: int) -> int:
-    """One worker per core, at most one per run."""
-    return max(1, min(os.cpu_count() or 1, jobs))
+    """One worker per core this process may use, at most one per run."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(cores or 1, jobs))
 
 
 _ADOPTED: list[tuple[Campaign, PolicyConfig]] = []
