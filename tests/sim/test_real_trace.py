@@ -46,7 +46,7 @@ def default_trace() -> Scenario:
 
 @pytest.fixture(scope="module")
 def gate_runs(default_trace: Scenario) -> dict[str, float]:
-    campaign = Campaign(default_trace, ("fgd", "best-fit", "random"), GATE_SEEDS)
+    campaign = Campaign(default_trace, ("fgd", "fgd-balance", "best-fit", "random"), GATE_SEEDS)
     stats = aggregate(run_campaign(campaign, workers=2))
     return {s.policy: float(s.mean_unallocated_gpu_pct or 0.0) for s in stats}
 
@@ -79,6 +79,10 @@ def test_random_leaves_between_ten_and_sixteen_percent(gate_runs: dict[str, floa
 def test_fgd_packs_better_than_best_fit_and_best_fit_than_random(
         gate_runs: dict[str, float]) -> None:
     assert gate_runs["fgd"] < gate_runs["best-fit"] < gate_runs["random"]
+
+
+def test_our_own_policy_packs_better_than_fgd(gate_runs: dict[str, float]) -> None:
+    assert gate_runs["fgd-balance"] < gate_runs["fgd"]
 
 
 def test_literal_timestamps_barely_load_the_cluster(default_trace: Scenario) -> None:

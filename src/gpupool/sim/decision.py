@@ -39,8 +39,8 @@ class Decider:
 
     def decide(self, request: PodRequest) -> Allocation | None:
         """The allocation the policy picks, or None when no node fits (never explained)."""
-        return self.placer.decide(self.state, request, self.rng,
-                                  self.constraints(request)).allocation
+        return self.placer.decide(self.state, request, self.rng, self.constraints(request),
+                                  explain_limit=0).allocation
 
     def constraints(self, request: PodRequest) -> Constraints:
         if request.gpu_class is None and request.selector is None:
