@@ -15,6 +15,8 @@ YAML = (".yaml", ".yml")
 
 
 def _kind(path: Path) -> str:
+    if path.is_dir():
+        raise InvalidInput(f"{path}: is a folder; expected a .csv or .yaml file")
     if not path.is_file():
         raise InvalidInput(f"{path}: no such file")
     suffix = path.suffix.lower()
