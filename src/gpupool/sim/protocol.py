@@ -6,10 +6,14 @@ For one seed:
 2. append pods drawn with replacement from the (unshuffled) trace with the same
    ``rng`` until the total GPU demand Σ num_gpu × gpu_milli reaches
    ``inflate`` × the cluster's GPU capacity (the paper's "workload inflation");
-3. place the pods one at a time in that order, never releasing any, with
+3. list the nodes in a random order drawn with ``random.Random(seed * 1_000_003 + 1)``
+   (the authors' harness prefixes node names with a seeded permutation, and
+   ``Placer`` gives ties to the first node in node order, so this is what makes
+   seeds independent samples of tie-breaking too);
+4. place the pods one at a time in that order, never releasing any, with
    ``Placer.decide`` and a separate policy generator
    ``random.Random(seed * 1_000_003 + 7)``; reserve every allocation;
-4. after every pod record the arrived GPU demand (every pod that arrived,
+5. after every pod record the arrived GPU demand (every pod that arrived,
    placed or not) and the allocated GPU (``ClusterState.usage``), both as % of
    capacity.
 
@@ -29,6 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from gpupool.core.errors import InvalidInput
+from gpupool.core.model import Node
 from gpupool.core.policies.config import PolicyConfig
 from gpupool.core.request import PodRequest
 from gpupool.core.state import ClusterState
@@ -93,11 +98,18 @@ def arrival_order(pods: Sequence[PodRequest], capacity_milli: int, inflate: floa
     return order
 
 
+def node_order(scenario: Scenario, seed: int) -> list[Node]:
+    """The cluster's nodes in the seed's random order (step 3 of the protocol)."""
+    nodes = list(scenario.nodes)
+    random.Random(seed * 1_000_003 + 1).shuffle(nodes)
+    return nodes
+
+
 def run_protocol(scenario: Scenario, policy: str, seed: int, inflate: float,
                  config: PolicyConfig, progress: Progress | None = None) -> ProtocolRun:
     """One run of the protocol; ``progress`` is told how many pods were placed since last call."""
     rng = random.Random(seed)
-    state = ClusterState(scenario.nodes)
+    state = ClusterState(node_order(scenario, seed))
     capacity = state.usage().capacity_milli
     order = arrival_order(scenario.requests, capacity, inflate, rng)
     decider = Decider(state, policy, config, seed, scenario.classes)
