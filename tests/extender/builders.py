@@ -67,11 +67,11 @@ class Replica:
                  stale_after_s: float = 120.0):
         self.api = KubeApi.connect(server=fake.url)
         self.cache = ClusterCache(stale_after_s=stale_after_s)
-        self.feeds: Feeds = start_feeds(self.api, self.cache, watch_timeout_s=5)
+        self.feeds: Feeds = start_feeds(self.api, self.cache, watch_timeout_s=2)
         self.extender = Extender(self.cache, Settings(policy, seed=seed), Metrics(), self.api)
 
     def close(self) -> None:
-        self.feeds.stop()
+        self.feeds.stop(timeout_s=0.0)  # the watch threads end with their streams
         self.api.close()
 
 

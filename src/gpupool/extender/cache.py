@@ -65,7 +65,9 @@ class ClusterCache:
         self.charges: dict[str, Charge] = {}
         self.finished: OrderedDict[str, None] = OrderedDict()
         self.dirty: set[str] = set()
-        self.conflicts = 0  # holdings that could not be reserved (inconsistent inputs)
+        self.conflicts = 0  # holdings that could not be reserved when they arrived
+        self.waiting: dict[str, dict[str, tuple[Allocation, set[str], Charge | None]]] = {}
+        self.waiting_on: dict[str, str] = {}  # key -> node of its waiting holding
         self.synced: set[str] = set()
 
     # -- holdings ------------------------------------------------------------------------------
@@ -86,14 +88,48 @@ class ClusterCache:
             return False
         try:
             self.state.reserve(self._positioned(alloc))
-        except (OverCommit, UnknownName, InvalidInput) as exc:
+        except OverCommit as exc:
             self.conflicts += 1
+            if source != "bind":  # a record of the cluster: hold it once room frees up
+                self._wait(alloc, source, charge)
+            log.debug("%s waits: %s", key, exc)
+            return False
+        except (UnknownName, InvalidInput) as exc:
             log.info("cannot hold %s: %s", key, exc)
             return False
+        self._unwait(key)
         self.sources[key] = {source}
         if charge is not None:
             self._charge(key, charge)
         return True
+
+    def _wait(self, alloc: Allocation, source: str, charge: Charge | None) -> None:
+        """Park a holding that does not fit this replica's view yet (e.g. its own binds in
+        flight took the room); it is retried whenever something on the node is released."""
+        queue = self.waiting.setdefault(alloc.node, {})
+        _, sources, _ = queue.get(alloc.key, (alloc, set(), charge))
+        queue[alloc.key] = (alloc, sources | {source}, charge)
+        self.waiting_on[alloc.key] = alloc.node
+
+    def _unwait(self, key: str, source: str | None = None) -> None:
+        node = self.waiting_on.get(key)
+        if node is None:
+            return
+        queue = self.waiting.get(node, {})
+        entry = queue.get(key)
+        if entry is not None and source is not None:
+            entry[1].discard(source)
+            if entry[1]:
+                return
+        queue.pop(key, None)
+        del self.waiting_on[key]
+
+    def _retry(self, node: str) -> None:
+        queue = self.waiting.pop(node, {})
+        for key, (alloc, sources, charge) in queue.items():
+            self.waiting_on.pop(key, None)
+            for source in sorted(sources):
+                self.hold(alloc, source, charge)
 
     def _positioned(self, alloc: Allocation) -> Allocation:
         """``alloc`` with GPU positions looked up by uuid (indices may have gaps)."""
@@ -114,6 +150,7 @@ class ClusterCache:
 
     def unhold(self, key: str, source: str) -> None:
         """Withdraw ``source``; the key is released when no source is left."""
+        self._unwait(key, source)
         sources = self.sources.get(key)
         if sources is None:
             return
@@ -122,12 +159,15 @@ class ClusterCache:
             self._release(key)
 
     def _release(self, key: str) -> None:
-        self.state.release(key)
+        alloc = self.state.release(key)
         self.sources.pop(key, None)
         if self.charges.pop(key, None) is not None:
             self.catalogue.quotas.refund(key)
+        if alloc is not None and alloc.node in self.waiting:
+            self._retry(alloc.node)
 
     def _finish(self, key: str) -> None:
+        self._unwait(key)
         self._release(key)
         self.finished[key] = None
         while len(self.finished) > FINISHED_MEMORY:
@@ -289,6 +329,8 @@ class ClusterCache:
             for source in sorted(sources):
                 self.hold(alloc, source, charge)
         self._hold_all(self.pods.values(), self.ledgers.values())
+        for node in list(self.waiting):
+            self._retry(node)
 
     def _hold_all(self, pods: Iterable[PodFacts], views: Iterable[ledger.View]) -> None:
         for f in pods:

@@ -8,6 +8,7 @@ started once the previous one has listed, so the state is laid out once.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,9 +21,12 @@ from gpupool.kube.informer import Feed, Informer
 class Feeds:
     informers: tuple[Informer[Any], ...]
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float = 10.0) -> None:
         for informer in self.informers:
-            informer.stop()
+            informer.signal_stop()
+        deadline = time.monotonic() + timeout_s
+        for informer in self.informers:
+            informer.join(max(0.0, deadline - time.monotonic()))
 
 
 def start_feeds(api: KubeApi, cache: ClusterCache, watch_timeout_s: int = 300,

@@ -64,10 +64,19 @@ class Informer(Generic[T]):
         self._thread.start()
         return self
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop and wait up to ``timeout_s`` for the thread (a watch blocked on a quiet
+        stream ends when the server closes it, at the latest after ``watch_timeout_s``)."""
+        self.signal_stop()
+        self._thread.join(timeout=timeout_s)
+
+    def signal_stop(self) -> None:
+        """Ask the informer to stop without waiting (stop many at once, then ``join``)."""
         self._stopping.set()
         self._api.close()
-        self._thread.join(timeout=10)
+
+    def join(self, timeout_s: float) -> None:
+        self._thread.join(timeout=timeout_s)
 
     def _run(self) -> None:
         while not self._stopping.is_set():
