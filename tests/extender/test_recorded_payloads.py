@@ -95,7 +95,7 @@ def check_filter(body: dict[str, Any], answer: dict[str, Any], cache_capable: bo
 @pytest.mark.parametrize("variant", ["nodecache", "nonodecache"])
 def test_recorded_scheduler_calls_get_well_formed_answers(
         variant: str, fake: FakeApiServer, cluster: tuple[Replica, TestClient]) -> None:
-    replica, client = cluster
+    _, client = cluster
     calls = recorded(variant)
     for _, body in calls:  # the pods the scheduler asked about exist in the API
         if "Pod" in body and fake.get("pods", body["Pod"]["metadata"]["name"], "default") is None:
