@@ -1,11 +1,11 @@
 """Threshold gates on the real Alibaba trace (read from ../shared, skipped when absent).
 
 Bands: the issue's published figures for the default trace at 130 % inflation are
-FGD 4.77 %, best-fit 7.14 %, random 13.70 % unallocated (mean of seeds 42-51). One or
-two seeds scatter by about ±0.5 (FGD, best-fit) and ±1 (random) around the mean, so the
-gates are the published figure plus the acceptance tolerance plus that scatter:
-FGD <= 6.0, best-fit <= 8.5, 10 <= random <= 16. The full 10-seed table is
-``bench/bench_simulator.py --acceptance``.
+FGD 4.77 %, best-fit 7.14 %, random 13.70 % unallocated (mean of seeds 42-51), with
+acceptance tolerances ±0.5, ±0.7 and ±1.5. Our 10-seed standard deviations are 0.11,
+0.17 and 0.30, so the mean of the two gate seeds stays well inside the tolerance bands
+themselves, which are the gates: FGD 4.27-5.27, best-fit 6.44-7.84, random 12.2-15.2.
+The full 10-seed table is ``bench/bench_simulator.py --acceptance``.
 """
 
 from __future__ import annotations
@@ -64,16 +64,19 @@ def test_reader_reproduces_the_published_cluster_and_demand_totals() -> None:
         assert s.gpu_demand_milli == round(gpus * 1000)
 
 
-def test_fgd_leaves_at_most_six_percent_unallocated(gate_runs: dict[str, float]) -> None:
-    assert gate_runs["fgd"] <= 6.0
+def test_fgd_reproduces_the_published_figure_within_half_a_point(
+        gate_runs: dict[str, float]) -> None:
+    assert 4.77 - 0.5 <= gate_runs["fgd"] <= 4.77 + 0.5
 
 
-def test_best_fit_leaves_at_most_eight_and_a_half_percent(gate_runs: dict[str, float]) -> None:
-    assert gate_runs["best-fit"] <= 8.5
+def test_best_fit_reproduces_the_published_figure_within_0_7_points(
+        gate_runs: dict[str, float]) -> None:
+    assert 7.14 - 0.7 <= gate_runs["best-fit"] <= 7.14 + 0.7
 
 
-def test_random_leaves_between_ten_and_sixteen_percent(gate_runs: dict[str, float]) -> None:
-    assert 10.0 <= gate_runs["random"] <= 16.0
+def test_random_reproduces_the_published_figure_within_1_5_points(
+        gate_runs: dict[str, float]) -> None:
+    assert 13.70 - 1.5 <= gate_runs["random"] <= 13.70 + 1.5
 
 
 def test_fgd_packs_better_than_best_fit_and_best_fit_than_random(
