@@ -1,0 +1,215 @@
+"""A v1.Pod (decoded JSON or YAML) -> ``PodRequest``: the pod resources users type.
+
+Per container, ``resources.limits`` over ``resources.requests`` may carry
+
+* ``gpupool.io/gpu``: N GPUs on N different physical GPUs (alone: exclusive);
+* ``gpupool.io/gpu-memory``: MiB of GPU memory per GPU (a whole number);
+* ``gpupool.io/gpu-core``: percent of one GPU's compute per GPU (1..100);
+* ``class.gpupool.io/<class>``: N GPUs of resource class ``<class>``.
+
+Memory or core without a count means one GPU. The annotation
+``gpupool.io/mode`` (``exclusive``|``shared``) overrides the default mode
+(shared when memory or core is asked, else exclusive); ``gpupool.io/affinity``
+is ``pod`` or ``least-loaded``; the label ``gpupool.io/group`` names the
+resource group. The tenant is the namespace. CPU and memory are the larger of
+the containers' sum and the largest init container.
+
+These are the rules the scheduler extender applies to the same pods
+(``tests/cli/test_podspec_request.py`` holds the two translations to the same
+answers). Bad input raises ``InvalidInput`` naming the pod, the container and
+the value. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gpupool.contract import names
+from gpupool.core.classes import class_of_resource
+from gpupool.core.errors import InvalidInput, QuantityError
+from gpupool.core.model import CORE_UNITS_PER_GPU
+from gpupool.core.quantity import to_int, to_mib, to_milli
+from gpupool.core.request import MAX_GPUS_PER_POD, Affinity, GpuDemand, Mode, PodRequest
+
+MAX_GPU_MEMORY_MIB = 16 * 1024 * 1024
+"""More than 16 TiB of memory per GPU is taken for a unit mistake (bytes for MiB)."""
+
+
+def _obj(value: Any, what: str) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise InvalidInput(f"{what} must be a map, got {type(value).__name__}")
+    return value
+
+
+def _seq(value: Any, what: str) -> list[Any]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise InvalidInput(f"{what} must be a list, got {type(value).__name__}")
+    return value
+
+
+def pod_where(pod: Mapping[str, Any]) -> tuple[str, str, str]:
+    """(namespace, name, uid) of ``pod``; a pod needs a name."""
+    meta = _obj(pod.get("metadata"), "the pod's metadata")
+    name, ns, uid = meta.get("name"), meta.get("namespace") or "default", meta.get("uid") or ""
+    if not isinstance(name, str) or not name:
+        raise InvalidInput("the pod has no metadata.name")
+    if not isinstance(ns, str) or not isinstance(uid, str):
+        raise InvalidInput(f"pod {name}: metadata.namespace and metadata.uid must be strings")
+    return ns, name, uid
+
+
+def container_amounts(container: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """The container's resources: requests, overridden by limits."""
+    res = _obj(container.get("resources"), f"{where}: resources")
+    amounts = dict(_obj(res.get("requests"), f"{where}: resources.requests"))
+    amounts.update(_obj(res.get("limits"), f"{where}: resources.limits"))
+    return amounts
+
+
+def gpu_class_of(pod: Mapping[str, Any]) -> str | None:
+    """The resource class the pod's containers ask for (None: no class, or unreadable)."""
+    spec = pod.get("spec")
+    containers = spec.get("containers") if isinstance(spec, Mapping) else None
+    for c in containers if isinstance(containers, list) else ():
+        try:
+            amounts = container_amounts(c if isinstance(c, Mapping) else {}, "container")
+        except InvalidInput:
+            continue
+        for key in amounts:
+            if isinstance(key, str) and key.startswith(names.CLASS_RESOURCE_PREFIX):
+                return key[len(names.CLASS_RESOURCE_PREFIX):]
+    return None
+
+
+def pod_request(pod: Mapping[str, Any]) -> PodRequest:
+    """The ``PodRequest`` of a v1.Pod; the key is its uid, else ``namespace/name``."""
+    ns, name, uid = pod_where(pod)
+    where = f"pod {ns}/{name}"
+    meta = _obj(pod.get("metadata"), f"{where}: metadata")
+    spec = _obj(pod.get("spec"), f"{where}: spec")
+    notes = _obj(meta.get("annotations"), f"{where}: annotations")
+    mode = _mode(notes.get(names.ANNOTATION_MODE), where)
+    cpu = mem = 0
+    demands: list[GpuDemand] = []
+    classes: set[str] = set()
+    for raw in _seq(spec.get("containers"), f"{where}: spec.containers"):
+        c = _obj(raw, f"{where}: a container")
+        here = f"{where} container {c.get('name', '?')}"
+        amounts = container_amounts(c, here)
+        cpu, mem = cpu + _cpu(amounts, here), mem + _memory(amounts, here)
+        demand, gpu_class = _demand(amounts, mode, here, str(c.get("name") or ""))
+        demands += [demand] if demand is not None else []
+        classes |= {gpu_class} if gpu_class else set()
+    for raw in _seq(spec.get("initContainers"), f"{where}: spec.initContainers"):
+        c = _obj(raw, f"{where}: an init container")
+        here = f"{where} init container {c.get('name', '?')}"
+        amounts = container_amounts(c, here)
+        cpu, mem = max(cpu, _cpu(amounts, here)), max(mem, _memory(amounts, here))
+    if len(classes) > 1:
+        raise InvalidInput(f"{where} asks for GPUs of several classes "
+                           f"({', '.join(sorted(classes))}); one pod may use one class")
+    return PodRequest(uid or f"{ns}/{name}", cpu, mem, tuple(demands),
+                      group=_group(meta, where), tenant=ns,
+                      affinity=_affinity(notes.get(names.ANNOTATION_AFFINITY), where),
+                      gpu_class=next(iter(classes), None))
+
+
+def _group(meta: Mapping[str, Any], where: str) -> str | None:
+    group = _obj(meta.get("labels"), f"{where}: labels").get(names.LABEL_GROUP)
+    if group is not None and (not isinstance(group, str) or not group):
+        raise InvalidInput(f"{where}: label {names.LABEL_GROUP} must be a group name")
+    return group or None
+
+
+def _cpu(amounts: Mapping[str, Any], where: str) -> int:
+    try:
+        return to_milli(amounts["cpu"]) if "cpu" in amounts else 0
+    except QuantityError as exc:
+        raise InvalidInput(f"{where}: cpu: {exc}") from None
+
+
+def _memory(amounts: Mapping[str, Any], where: str) -> int:
+    try:
+        return to_mib(amounts["memory"]) if "memory" in amounts else 0
+    except QuantityError as exc:
+        raise InvalidInput(f"{where}: memory: {exc}") from None
+
+
+def _count(amounts: Mapping[str, Any], key: str, where: str) -> int | None:
+    if key not in amounts:
+        return None
+    try:
+        return to_int(amounts[key], key)
+    except QuantityError as exc:
+        raise InvalidInput(f"{where}: {exc}") from None
+
+
+def _demand(amounts: Mapping[str, Any], mode: Mode | None, where: str, container: str
+            ) -> tuple[GpuDemand | None, str | None]:
+    count = _count(amounts, names.RESOURCE_GPU, where)
+    memory = _count(amounts, names.RESOURCE_MEMORY, where) or 0
+    core = _count(amounts, names.RESOURCE_CORE, where) or 0
+    gpu_class, by_class = _class_count(amounts, where)
+    if by_class is not None:
+        if count is not None and count != by_class:
+            raise InvalidInput(f"{where}: {names.RESOURCE_GPU}={count} disagrees with "
+                               f"{names.CLASS_RESOURCE_PREFIX}{gpu_class}={by_class}")
+        count = by_class
+    if count == 0 and (memory or core):
+        raise InvalidInput(f"{where}: {names.RESOURCE_GPU} is 0 but GPU memory or core is asked")
+    if count == 0 or (count is None and not memory and not core):
+        return None, None
+    count = count or 1
+    _check_sizes(count, memory, core, where)
+    chosen = mode or (Mode.SHARED if memory or core else Mode.EXCLUSIVE)
+    return GpuDemand(count, memory, core, chosen, container), gpu_class
+
+
+def _check_sizes(count: int, memory: int, core: int, where: str) -> None:
+    if count > MAX_GPUS_PER_POD:
+        raise InvalidInput(f"{where}: {count} GPUs asked, at most {MAX_GPUS_PER_POD} per container")
+    if memory > MAX_GPU_MEMORY_MIB:
+        raise InvalidInput(f"{where}: {names.RESOURCE_MEMORY}={memory} MiB per GPU is absurd "
+                           "(the unit is MiB, e.g. 8192 for 8 GiB)")
+    if core > CORE_UNITS_PER_GPU:
+        raise InvalidInput(f"{where}: {names.RESOURCE_CORE}={core} must be 1..100 "
+                           "(percent of one GPU)")
+
+
+def _class_count(amounts: Mapping[str, Any], where: str) -> tuple[str | None, int | None]:
+    keys = sorted(k for k in amounts if isinstance(k, str)
+                  and k.startswith(names.CLASS_RESOURCE_PREFIX))
+    if not keys:
+        return None, None
+    if len(keys) > 1:
+        raise InvalidInput(f"{where} asks for several classes ({', '.join(keys)})")
+    try:
+        gpu_class = class_of_resource(keys[0])
+    except InvalidInput as exc:
+        raise InvalidInput(f"{where}: {exc}") from None
+    return gpu_class, _count(amounts, keys[0], where)
+
+
+def _mode(value: Any, where: str) -> Mode | None:
+    if value is None or value == "":
+        return None
+    try:
+        return Mode(str(value).strip().lower())
+    except ValueError:
+        raise InvalidInput(f"{where}: annotation {names.ANNOTATION_MODE}={value!r} must be "
+                           "exclusive or shared") from None
+
+
+def _affinity(value: Any, where: str) -> Affinity:
+    if value is None or value == "":
+        return Affinity.LEAST_LOADED
+    try:
+        return Affinity(str(value).strip().lower())
+    except ValueError:
+        raise InvalidInput(f"{where}: annotation {names.ANNOTATION_AFFINITY}={value!r} must be "
+                           "pod or least-loaded") from None

@@ -1,0 +1,213 @@
+"""The thin loop: observe (list + watch), ``reconcile``, apply the plan; never crash.
+
+``Controller.reconcile_once`` lists everything and applies one plan (``gpupool
+controller --once``). ``Controller.run`` keeps a ``WorldCache`` fed by one
+``Informer`` per kind (GPUDevices, ResourceClasses, ResourceGroups, pods);
+any event marks the world dirty, and the loop reconciles from the cache after
+a short quiet period, and at the latest every ``resync_s``. A failed write
+(a conflict, the API being away) is logged and retried on the next round —
+the plan is recomputed from what is observed then, so retries are safe.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from gpupool.controller.observed import Obj, Observed, observe
+from gpupool.controller.reconcile import (
+    CLASS,
+    Action,
+    CreateClass,
+    DeleteClass,
+    PatchClass,
+    PatchStatus,
+    Plan,
+    reconcile,
+)
+from gpupool.kube.api import KubeApi, Listing
+from gpupool.kube.controller_ops import ControllerApi, pod_json
+from gpupool.kube.errors import KubeError
+from gpupool.kube.informer import Feed, Informer
+
+log = logging.getLogger(__name__)
+
+KINDS = ("gpudevices", "resourceclasses", "resourcegroups", "pods")
+QUIET_S = 0.2
+"""After an event, wait this long for more before reconciling (a burst is one round)."""
+
+
+def utc_now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What one round did: writes by kind, failed writes, and notes for a person."""
+
+    created: list[str] = field(default_factory=list)
+    updated: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+    statuses: list[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    notes: tuple[str, ...] = ()
+
+    @property
+    def writes(self) -> int:
+        return len(self.created) + len(self.updated) + len(self.deleted) + len(self.statuses)
+
+    def summary(self) -> str:
+        return (f"{len(self.created)} classes created, {len(self.updated)} updated, "
+                f"{len(self.deleted)} deleted, {len(self.statuses)} statuses written, "
+                f"{len(self.failures)} writes failed, {len(self.notes)} notes")
+
+
+def _key(obj: Obj) -> str:
+    meta = obj.get("metadata") or {}
+    return str(meta.get("uid") or f"{meta.get('namespace', '')}/{meta.get('name', '')}")
+
+
+class WorldCache:
+    """The objects of each kind as the informers last saw them (one lock)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._objects: dict[str, dict[str, Obj]] = {k: {} for k in KINDS}
+        self.dirty = threading.Event()
+
+    def sync(self, kind: str, items: Iterable[Any]) -> None:
+        objs = [pod_json(o) if kind == "pods" else dict(o) for o in items]
+        with self._lock:
+            self._objects[kind] = {_key(o): o for o in objs}
+        self.dirty.set()
+
+    def event(self, kind: str, event: str, obj: Any) -> None:
+        o = pod_json(obj) if kind == "pods" else dict(obj)
+        with self._lock:
+            if event == "DELETED":
+                self._objects[kind].pop(_key(o), None)
+            else:
+                self._objects[kind][_key(o)] = o
+        self.dirty.set()
+
+    def observed(self) -> Observed:
+        with self._lock:
+            lists = [list(self._objects[k].values()) for k in KINDS]
+        return observe(*lists)
+
+
+def _feeds() -> dict[str, Feed[Any]]:
+    def watch_pods(api: KubeApi, rv: str, t: int) -> Iterator[tuple[str, Any]]:
+        return api.watch_pods(rv, timeout_s=t)
+
+    return {
+        "gpudevices": Feed("gpudevices", lambda a: a.list_gpu_devices(),
+                           lambda a, rv, t: a.watch_gpu_devices(rv, timeout_s=t)),
+        "resourceclasses": Feed("resourceclasses", lambda a: a.list_resource_classes(),
+                                lambda a, rv, t: a.watch_resource_classes(rv, t)),
+        "resourcegroups": Feed("resourcegroups", lambda a: a.list_resource_groups(),
+                               lambda a, rv, t: a.watch_resource_groups(rv, t)),
+        "pods": Feed("pods", lambda a: a.list_pods(), watch_pods),
+    }
+
+
+class Controller:
+    """Applies ``reconcile``'s plans through a ``ControllerApi``."""
+
+    def __init__(self, api: ControllerApi, clock: Callable[[], str] = utc_now):
+        self.api = api
+        self.clock = clock
+        self._last_notes: tuple[str, ...] = ()
+
+    def list_world(self) -> Observed:
+        def items(listing: Listing[Any]) -> list[Obj]:
+            return [dict(o) for o in listing.items]
+        return observe(items(self.api.list_gpu_devices()), items(self.api.list_resource_classes()),
+                       items(self.api.list_resource_groups()),
+                       self.api.list_pods_json().items)
+
+    def reconcile_once(self) -> Outcome:
+        """List everything, reconcile, apply."""
+        return self.apply(reconcile(self.list_world(), self.clock()))
+
+    def apply(self, plan: Plan) -> Outcome:
+        out = Outcome(notes=plan.notes)
+        for action in plan.actions:
+            try:
+                self._apply(action, out)
+            except KubeError as exc:
+                out.failures.append(str(exc))
+                log.warning("%s (retried next round)", exc)
+        self._log_notes(plan.notes)
+        return out
+
+    def _apply(self, action: Action, out: Outcome) -> None:
+        if isinstance(action, CreateClass):
+            self.api.create_resource_class(action.obj)
+            out.created.append(str(action.obj["metadata"]["name"]))
+        elif isinstance(action, PatchClass):
+            self.api.patch_resource_class(action.name, action.patch, action.resource_version)
+            out.updated.append(action.name)
+        elif isinstance(action, DeleteClass):
+            self.api.delete_resource_class(action.name)
+            out.deleted.append(action.name)
+        elif isinstance(action, PatchStatus):
+            if action.kind == CLASS:
+                self.api.patch_resource_class_status(action.name, action.patch)
+            else:
+                self.api.patch_resource_group_status(action.name, action.patch)
+            out.statuses.append(f"{action.kind}/{action.name}")
+
+    def _log_notes(self, notes: tuple[str, ...]) -> None:
+        for note in notes:
+            if note not in self._last_notes:
+                log.warning("%s", note)
+        self._last_notes = notes
+
+    def run(self, stop: threading.Event, resync_s: float = 300.0,
+            on_round: Callable[[Outcome], None] | None = None) -> None:
+        """Watch and reconcile until ``stop`` is set."""
+        world = WorldCache()
+        informers = [_informer(self.api, world, kind, feed) for kind, feed in _feeds().items()]
+        try:
+            for inf in informers:
+                while not inf.synced.wait(0.1):
+                    if stop.is_set():
+                        return
+            while not stop.is_set():
+                world.dirty.clear()
+                outcome = self.apply(reconcile(world.observed(), self.clock()))
+                if outcome.writes or outcome.failures:
+                    log.info("reconciled: %s", outcome.summary())
+                if on_round is not None:
+                    on_round(outcome)
+                _wait_for_work(world, stop, resync_s)
+        finally:
+            for inf in informers:
+                inf.signal_stop()
+            for inf in informers:
+                inf.join(5.0)
+
+
+def _informer(api: KubeApi, world: WorldCache, kind: str, feed: Feed[Any]) -> Informer[Any]:
+    def on_sync(items: list[Any]) -> None:
+        world.sync(kind, items)
+
+    def on_event(event: str, obj: Any) -> None:
+        world.event(kind, event, obj)
+
+    return Informer(api, feed, on_sync, on_event).start()
+
+
+def _wait_for_work(world: WorldCache, stop: threading.Event, resync_s: float) -> None:
+    """Until an event (then a quiet period), ``resync_s`` passed, or ``stop``."""
+    waited = 0.0
+    while not stop.is_set() and waited < resync_s:
+        if world.dirty.wait(min(0.5, resync_s - waited)):
+            stop.wait(QUIET_S)
+            return
+        waited += 0.5
