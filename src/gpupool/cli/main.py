@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from gpupool import __version__
 from gpupool.core.errors import GpupoolError
 
-SUBCOMMANDS: tuple[str, ...] = ("simulate", "device_plugin", "extender")
+SUBCOMMANDS: tuple[str, ...] = ("simulate", "device_plugin", "extender", "controller", "inspect")
 
 
 def build_parser() -> argparse.ArgumentParser:

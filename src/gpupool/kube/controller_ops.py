@@ -30,6 +30,14 @@ def pod_json(pod: Any) -> KubeObject:
 class ControllerApi(KubeApi):
     """``KubeApi`` plus ResourceClass writes and status patches of classes and groups."""
 
+    @classmethod
+    def open(cls, kubeconfig: str | None = None, server: str | None = None,
+             timeout_s: float = 10.0) -> ControllerApi:
+        """``KubeApi.connect`` (kubeconfig, bare server URL, or in-cluster), typed."""
+        api = cls.connect(kubeconfig, server, timeout_s)
+        assert isinstance(api, ControllerApi)  # connect builds ``cls``
+        return api
+
     def list_pods_json(self) -> Listing[KubeObject]:
         """Pods of every namespace as decoded JSON."""
         listing = self.list_pods()

@@ -1,0 +1,79 @@
+"""``gpupool controller``: keep gpupool's custom resources in line with the cluster.
+
+Creates a default ResourceClass per GPU model, writes the status of every
+ResourceClass and ResourceGroup (validity, selected GPUs, quota allocated /
+limit / remaining per tenant, class and group). Watches the API and reconciles
+on every change and every ``--resync-seconds``; ``--once`` reconciles once,
+prints what it did and exits (0, or 1 if a write failed). See docs/controller.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from typing import Any
+
+from rich.console import Console
+
+from gpupool.controller.loop import Controller, Outcome
+from gpupool.kube.controller_ops import ControllerApi
+
+log = logging.getLogger("gpupool.controller")
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 1 <= value <= 86_400:
+        raise argparse.ArgumentTypeError(f"{text!r} must be between 1 and 86400 seconds")
+    return value
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("controller", help="reconcile gpupool's custom resources",
+                              description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster service account)")
+    p.add_argument("--server", help=argparse.SUPPRESS)  # a bare API URL (tests, fakes)
+    p.add_argument("--resync-seconds", type=_seconds, default=300.0, metavar="SECONDS",
+                   help="reconcile at least this often even without events (default 300)")
+    p.add_argument("--once", action="store_true", help="reconcile once, print, exit")
+    p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    api = ControllerApi.open(kubeconfig=args.kubeconfig, server=args.server)
+    controller = Controller(api)
+    try:
+        if args.once:
+            outcome = controller.reconcile_once()
+            _print(outcome)
+            return 1 if outcome.failures else 0
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        log.info("watching; resync every %.0f s", args.resync_seconds)
+        controller.run(stop, args.resync_seconds)
+        return 0
+    finally:
+        api.close()
+
+
+def _print(outcome: Outcome) -> None:
+    console = Console()
+    for title, items in (("created", outcome.created), ("updated", outcome.updated),
+                         ("deleted", outcome.deleted), ("status written", outcome.statuses)):
+        for item in items:
+            console.print(f"{title}: {item}", markup=False, highlight=False)
+    err = Console(stderr=True)
+    for line in (*outcome.notes, *outcome.failures):
+        err.print(f"note: {line}", markup=False, highlight=False, soft_wrap=True)
+    console.print(outcome.summary(), markup=False, highlight=False)
+    sys.stdout.flush()

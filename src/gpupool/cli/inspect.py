@@ -1,0 +1,201 @@
+"""``gpupool inspect``: explain, node by node, where a pod would go and why not elsewhere.
+
+Offline: give it a cluster (``--nodes``: gpupool YAML or an Alibaba node-list
+CSV, as ``gpupool simulate`` reads them, classes included) and a Kubernetes Pod
+manifest (``--pod``), translated with the same resource names the scheduler
+extender reads. Optionally ``--running`` places a workload first (gpupool YAML
+or Alibaba pod CSV, in file order, with the same policy) so the cluster is not
+idle. For every node it prints whether the pod fits — with the policy's score
+and the GPUs it would take — or the reason it does not, a sentence from the
+core's fit checks. ``--json`` prints the same as JSON.
+
+Exit code: 0 when some node fits, 1 when none does, 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn
+
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from gpupool.contract.podspec_request import pod_request
+from gpupool.core.allocation import Allocation
+from gpupool.core.classes import ClassCatalog
+from gpupool.core.eligibility import Catalogue, constraints_for
+from gpupool.core.errors import InvalidInput
+from gpupool.core.fit import explain
+from gpupool.core.placement import Placer, choose
+from gpupool.core.policies import DEFAULT_POLICY, POLICIES, make_policy
+from gpupool.core.policies.config import PolicyConfig
+from gpupool.core.reasons import Reason
+from gpupool.core.request import PodRequest
+from gpupool.core.state import ClusterState
+from gpupool.core.workload import TargetWorkload
+from gpupool.sim.sources import read_cluster, read_pods
+
+MAX_POD_BYTES = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class NodeVerdict:
+    """One node's answer: an allocation with its score, or the reason it does not fit."""
+
+    node: str
+    allocation: Allocation | None = None
+    score: float | None = None
+    reason: Reason | None = None
+    chosen: bool = False
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("inspect", help="explain where a pod fits and why not elsewhere",
+                              description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--nodes", type=Path, required=True, metavar="FILE",
+                   help="cluster: gpupool YAML or Alibaba node-list CSV")
+    p.add_argument("--pod", type=Path, required=True, metavar="FILE",
+                   help="a Kubernetes Pod manifest (YAML or JSON)")
+    p.add_argument("--running", type=Path, metavar="FILE",
+                   help="pods to place first (gpupool YAML or Alibaba pod CSV)")
+    p.add_argument("--policy", default=DEFAULT_POLICY, metavar="NAME",
+                   help=f"placement policy (default {DEFAULT_POLICY}; "
+                        f"known: {', '.join(sorted(POLICIES))})")
+    p.add_argument("--seed", type=int, default=0, help="seed for policies that draw (default 0)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=inspect)
+    _one_line_errors(p)
+
+
+def _one_line_errors(parser: argparse.ArgumentParser) -> None:
+    """A bad flag prints one line and exits 2 (not argparse's usage block)."""
+    def error(message: str) -> NoReturn:
+        parser.exit(2, f"{parser.prog}: {message} (see --help)\n")
+
+    parser.error = error  # type: ignore[method-assign,assignment]
+
+
+def read_pod(path: Path) -> Mapping[str, Any]:
+    """The one Pod in a YAML or JSON file."""
+    if not path.is_file():
+        raise InvalidInput(f"{path}: no such file")
+    try:
+        text = path.read_text(encoding="utf-8")[:MAX_POD_BYTES + 1]
+        doc = yaml.safe_load(text)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        one_line = " ".join(str(exc).split())
+        raise InvalidInput(f"{path}: not a readable YAML or JSON Pod ({one_line})") from None
+    if len(text) > MAX_POD_BYTES:
+        raise InvalidInput(f"{path}: larger than {MAX_POD_BYTES} bytes; not a Pod manifest")
+    if not isinstance(doc, Mapping):
+        raise InvalidInput(f"{path}: expected one Pod object, got {type(doc).__name__}")
+    if doc.get("kind", "Pod") != "Pod":
+        raise InvalidInput(f"{path}: kind is {doc.get('kind')!r}; inspect takes a Pod "
+                           "(take the pod template out of a Deployment or Job)")
+    return doc
+
+
+def build_state(nodes_path: Path, running: Path | None, placer: Placer, seed: int
+                ) -> tuple[ClusterState, Catalogue]:
+    nodes, classes = read_cluster(nodes_path)
+    state = ClusterState(nodes)
+    catalogue = Catalogue(classes=ClassCatalog(classes))
+    rng = random.Random(seed)
+    for pod in read_pods(running) if running is not None else []:
+        constraints = constraints_for(state, pod.request, catalogue)
+        placed = placer.decide(state, pod.request, rng, constraints)
+        if placed.allocation is not None:
+            state.reserve(placed.allocation)
+    return state, catalogue
+
+
+def verdicts(state: ClusterState, request: PodRequest, catalogue: Catalogue, placer: Placer,
+             rng: random.Random) -> tuple[list[NodeVerdict], Reason | None]:
+    """Every node's verdict (fits: score and GPUs; else the reason), and a pod-level block."""
+    constraints = constraints_for(state, request, catalogue)
+    cands = placer.candidates(state, request, constraints)
+    fits: dict[int, NodeVerdict] = {}
+    if cands.indices.size:
+        scores = placer.score(state, request, cands, rng)
+        best = choose(scores.value, rng)
+        for k, i in enumerate(cands.indices.tolist()):
+            fits[i] = NodeVerdict(state.nodes[i].name,
+                                  placer.allocate_on(state, request, cands, scores, k),
+                                  float(scores.value[k]), chosen=k == best)
+    out = [fits.get(i) or NodeVerdict(n.name, reason=explain(state, request, i, constraints))
+           for i, n in enumerate(state.nodes)]
+    return out, constraints.blocked
+
+
+def inspect(args: argparse.Namespace) -> int:
+    if args.policy not in POLICIES:
+        raise InvalidInput(f"unknown policy {args.policy!r}; known policies: "
+                           f"{', '.join(sorted(POLICIES))}")
+    pod = read_pod(args.pod)
+    request = pod_request(pod)
+    workload = TargetWorkload.from_requests([request])
+    placer = Placer(make_policy(args.policy, PolicyConfig(workload)))
+    state, catalogue = build_state(args.nodes, args.running, placer, args.seed)
+    found, blocked = verdicts(state, request, catalogue, placer, random.Random(args.seed))
+    if args.json:
+        print(json.dumps(as_json(request, args.policy, found, blocked), indent=2))
+    else:
+        Console().print(table(request, args.policy, found, blocked))
+    return 0 if any(v.allocation is not None for v in found) else 1
+
+
+def _gpus(alloc: Allocation) -> list[dict[str, Any]]:
+    return [{"index": s.gpu_position, "uuid": s.gpu_uuid, "memoryMiB": s.memory_mib,
+             "corePct": s.core_pct, "container": s.container} for s in alloc.slices]
+
+
+def as_json(request: PodRequest, policy: str, found: Sequence[NodeVerdict],
+            blocked: Reason | None) -> dict[str, Any]:
+    chosen = next((v.node for v in found if v.chosen), None)
+    return {
+        "pod": request.key, "request": request.describe(), "policy": policy, "chosen": chosen,
+        "blocked": blocked.message if blocked is not None else None,
+        "nodes": [{"node": v.node, "fits": v.allocation is not None,
+                   "score": None if v.score is None else round(v.score, 6),
+                   "chosen": v.chosen,
+                   "gpus": _gpus(v.allocation) if v.allocation is not None else [],
+                   "reason": v.reason.sentence() if v.reason is not None else None,
+                   "check": v.reason.check.value if v.reason is not None else None,
+                   "permanent": v.reason.permanent if v.reason is not None else None}
+                  for v in _ordered(found)],
+    }
+
+
+def _ordered(found: Sequence[NodeVerdict]) -> list[NodeVerdict]:
+    """Fitting nodes first, best score first; then the rest in cluster order."""
+    fit = sorted((v for v in found if v.allocation is not None),
+                 key=lambda v: (not v.chosen, -(v.score or 0.0)))
+    return fit + [v for v in found if v.allocation is None]
+
+
+def table(request: PodRequest, policy: str, found: Sequence[NodeVerdict],
+          blocked: Reason | None) -> Table:
+    fitting = sum(v.allocation is not None for v in found)
+    caption = (f"refused before any node: {blocked.message}" if blocked is not None
+               else f"{fitting} of {len(found)} nodes fit; ★ = the node {policy} picks")
+    t = Table(title=f"{request.key}: {request.describe()} — policy {policy}", caption=caption)
+    for name, justify in (("node", "left"), ("fits", "center"), ("score", "right"),
+                          ("GPUs it would take / why not", "left")):
+        t.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for v in _ordered(found):
+        if v.allocation is not None:
+            gpus = ", ".join(f"#{s.gpu_position} {s.memory_mib} MiB {s.core_pct} %"
+                             + (f" ({s.container})" if s.container else "")
+                             for s in v.allocation.slices) or "no GPU"
+            t.add_row(v.node, "★ yes" if v.chosen else "yes", f"{v.score:.4g}", gpus)
+        else:
+            why = v.reason.message if v.reason is not None else "does not fit"
+            t.add_row(v.node, "no", "", why)
+    return t
