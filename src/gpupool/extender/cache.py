@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 
 FINISHED_MEMORY = 200_000  # pod UIDs remembered as gone (so late ledger entries are ignored)
 RELAYOUT_ALL_AT = 16  # this many dirty nodes: rebuild the whole state at once
+MEMO_LIMIT = 500_000  # decoded ledger entries kept for reuse
 
 
 class ClusterCache:
@@ -69,6 +70,7 @@ class ClusterCache:
         self.waiting: dict[str, dict[str, tuple[Allocation, set[str], Charge | None]]] = {}
         self.waiting_on: dict[str, str] = {}  # key -> node of its waiting holding
         self.synced: set[str] = set()
+        self.entry_memo: dict[tuple[str, str], ledger.Entry] = {}
 
     # -- holdings ------------------------------------------------------------------------------
     def hold(self, alloc: Allocation, source: str, charge: Charge | None = None) -> bool:
@@ -363,7 +365,7 @@ class ClusterCache:
     # -- ledgers --------------------------------------------------------------------------------
     def sync_ledgers(self, objs: Iterable[dict[str, Any]]) -> None:
         with self.lock:
-            views = [ledger.view_of(o) for o in objs]
+            views = [ledger.view_of(o, self.entry_memo) for o in objs]
             gone = set(self.ledgers) - {v.node for v in views}
             for node in gone:
                 self.ledger_update(ledger.View(node))
@@ -372,7 +374,9 @@ class ClusterCache:
             self.synced.add("ledgers")
 
     def ledger_event(self, kind: str, obj: dict[str, Any]) -> None:
-        view = ledger.view_of(obj)
+        if len(self.entry_memo) > MEMO_LIMIT:
+            self.entry_memo = {}
+        view = ledger.view_of(obj, self.entry_memo)
         with self.lock:
             self.ledger_update(ledger.View(view.node) if kind == "DELETED" else view)
 

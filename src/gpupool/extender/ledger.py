@@ -74,17 +74,30 @@ def decode_entry(uid: str, raw: Any) -> Entry:
                  raw.get("tenant") or None, raw.get("class") or None, raw.get("group") or None)
 
 
-def view_of(obj: Mapping[str, Any]) -> View:
-    """Decode a GPULedger object; undecodable entries are logged and left out."""
+def view_of(obj: Mapping[str, Any], memo: dict[tuple[str, str], Entry] | None = None) -> View:
+    """Decode a GPULedger object; undecodable entries are logged and left out.
+
+    ``memo`` (uid, raw entry JSON) -> Entry spares re-decoding the unchanged entries
+    of a ledger that a watch delivers again and again.
+    """
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
     raw = spec.get("entries") or {}
     entries: dict[str, Entry] = {}
     for uid, value in (raw.items() if isinstance(raw, Mapping) else ()):
+        key = (str(uid), str(value.get("allocation")) + str(value.get("bindTime"))
+               if isinstance(value, Mapping) else "")
+        known = memo.get(key) if memo is not None else None
+        if known is not None:
+            entries[key[0]] = known
+            continue
         try:
-            entries[str(uid)] = decode_entry(str(uid), value)
+            entries[key[0]] = decode_entry(key[0], value)
         except InvalidInput as exc:
             log.warning("GPULedger %s: %s", meta.get("name"), exc)
+            continue
+        if memo is not None:
+            memo[key] = entries[key[0]]
     node = str(spec.get("node") or meta.get("name") or "")
     return View(node, str(meta.get("resourceVersion") or "") or None, entries)
 

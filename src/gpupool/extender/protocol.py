@@ -11,10 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from operator import itemgetter
+from typing import Any, TypeVar
 
 from gpupool.core.errors import InvalidInput
 
+T = TypeVar("T")
 MAX_NODES = 100_000
 MAX_SCORE = 10  # MaxExtenderPriority
 
@@ -58,7 +60,7 @@ def parse_args(body: Any) -> ExtenderArgs:
 def _names(names: Any) -> list[str]:
     if not isinstance(names, list) or len(names) > MAX_NODES:
         raise InvalidInput("ExtenderArgs.NodeNames must be a list of node names")
-    if not all(isinstance(n, str) and n for n in names):
+    if set(map(type, names)) - {str} or "" in names:  # C-speed checks: thousands of names
         raise InvalidInput("ExtenderArgs.NodeNames holds something that is not a node name")
     return names
 
@@ -98,12 +100,20 @@ def filter_result(args: ExtenderArgs, passing: Sequence[int], failed: Mapping[st
     result: dict[str, Any] = {"FailedNodes": dict(failed),
                               "FailedAndUnresolvableNodes": dict(unresolvable), "Error": ""}
     if args.nodes is None:
-        result["NodeNames"] = [args.node_names[k] for k in passing]
+        result["NodeNames"] = _pick(args.node_names, passing)
         result["Nodes"] = None
     else:
-        result["Nodes"] = {"metadata": {}, "items": [args.nodes[k] for k in passing]}
+        result["Nodes"] = {"metadata": {}, "items": _pick(args.nodes, passing)}
         result["NodeNames"] = None
     return result
+
+
+def _pick(items: Sequence[T], positions: Sequence[int]) -> list[T]:
+    if len(positions) == len(items):
+        return list(items)
+    if len(positions) == 1:
+        return [items[positions[0]]]
+    return list(itemgetter(*positions)(items)) if positions else []
 
 
 def filter_error(message: str) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -98,6 +99,8 @@ class Extender:
         self.workload_note = "built-in"
         self.placer = Placer(make_policy(settings.policy, PolicyConfig(BUILTIN_WORKLOAD,
                                                                        settings.weights)))
+        metrics.gpus_allocated.set_function(lambda: self.usage_gpus()[0])
+        metrics.gpus_total.set_function(lambda: float(self.usage_gpus()[1]))
 
     # -- policy ------------------------------------------------------------------------------
     def refresh_policy(self) -> str:
@@ -147,8 +150,9 @@ class Extender:
 
     @staticmethod
     def _indices(state: ClusterState, node_names: Sequence[str]) -> IntArray:
-        index = state.index
-        return np.fromiter((index.get(n, -1) for n in node_names), np.int64, len(node_names))
+        get = state.index.get
+        return np.fromiter(map(get, node_names, repeat(-1, len(node_names))), np.int64,
+                           len(node_names))
 
     def _passing(self, state: ClusterState, request: PodRequest, constraints: Constraints,
                  idx: IntArray) -> np.ndarray:
@@ -234,11 +238,14 @@ class Extender:
             if cands.indices.size == 0:
                 return []
             values = self.placer.score(state, request, cands, self.rng).value
-        scores = scaled(values)
-        by_row = dict(zip(cands.indices.tolist(), scores.tolist(), strict=True))
-        out = [(args.node_names[k], by_row.get(int(idx[k]), 0)) for k in known.tolist()]
+            full = np.zeros(len(state.nodes), np.int64)
+            full[cands.indices] = scaled(values)
+            rows = idx[known]
+            sent = full[rows]
+            positive = sent > 0
+            hosts = self._state_names(state)[rows[positive]].tolist()
         self.metrics.decisions.labels("prioritize", "scored").inc()
-        return protocol.host_priorities([h for h, s in out if s > 0], [s for _, s in out if s > 0])
+        return protocol.host_priorities(hosts, sent[positive].tolist())
 
     # -- bind -------------------------------------------------------------------------------------
     def bind(self, body: Any) -> dict[str, str]:
@@ -250,11 +257,13 @@ class Extender:
             return protocol.binding_result(str(exc))
         error = self._bind(args, request)
         self.metrics.decisions.labels("bind", "error" if error else "bound").inc()
-        if not error:
-            usage = self.cache.state.usage()
-            self.metrics.gpus_allocated.set(usage.allocated_milli / 1000)
-            self.metrics.gpus_total.set(usage.gpus)
         return protocol.binding_result(error)
+
+    def usage_gpus(self) -> tuple[float, int]:
+        """(allocated GPU share in whole GPUs, GPUs known) for the metrics scrape."""
+        with self.cache.lock:
+            usage = self.cache.state.usage()
+        return usage.allocated_milli / 1000, usage.gpus
 
     def _bind_request(self, args: protocol.BindingArgs) -> PodRequest:
         known = self.requests.get(args.uid) if args.uid else None

@@ -558,3 +558,42 @@ async def _body(request: Request) -> Obj:
     if not isinstance(body, dict):
         raise ApiFailure(400, "BadRequest", "body must be a JSON object")
     return body
+
+
+def load_seed(server: FakeApiServer, path: str) -> int:
+    """Create the objects of a JSON-lines file of ``{"kind": plural, "object": {...}}``."""
+    n = 0
+    store = server.store
+    with open(path, encoding="utf-8") as f, store.lock:
+        for line in f:
+            if line.strip():
+                item = json.loads(line)
+                kind, obj = KINDS[item["kind"]], item["object"]
+                meta = obj.setdefault("metadata", {})
+                store.rv += 1
+                meta.setdefault("uid", str(uuid.uuid4()))
+                meta["resourceVersion"] = str(store.rv)
+                obj["apiVersion"], obj["kind"] = kind.api_version, kind.kind
+                ns = meta.setdefault("namespace", "default") if kind.namespaced else None
+                store.objects[kind.plural][store._key(kind, ns, meta["name"])] = obj
+                n += 1
+        store.first_rv = store.rv + 1  # a loaded store starts without watch history
+    return n
+
+
+def main() -> None:
+    """``python -m gpupool.kube.fake_apiserver [SEED.jsonl]``: serve on 127.0.0.1 (for
+    benchmarks that keep the fake out of the measured process); prints the URL."""
+    import sys
+
+    server = FakeApiServer()
+    count = load_seed(server, sys.argv[1]) if len(sys.argv) > 1 else 0
+    print(server.start(), count, flush=True)
+    try:
+        sys.stdin.read()  # until the parent closes our stdin
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()

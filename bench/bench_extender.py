@@ -1,0 +1,323 @@
+"""Benchmark of the scheduler extender: per-pod latency, throughput, memory, rebuild time.
+
+    .venv/bin/python bench/bench_extender.py [--nodes 1000 5000] [--pods 300] [--quick]
+
+The fake API server runs in a child process (so neither its CPU nor its memory is
+counted against the extender). For each cluster size (N nodes × 8 GPUs of 80 GiB,
+30 % of GPUs already in use by annotated pods) it schedules ``--pods`` pods the way
+kube-scheduler does — filter (node-cache capable: all node names), prioritize (the
+passing nodes), bind (the best) — and prints:
+
+* p50 / p99 of filter + prioritize + bind per pod, in-process (the app's handlers,
+  JSON in and out) and over HTTP on loopback (uvicorn + httpx), for the default
+  policy and the best-fit baseline measured in the same run, with ratios;
+* sustained pods/s (one pod after another, as one scheduler does);
+* the rebuild: a fresh process lists 5,000 nodes / 40,000 GPUDevices / 50,000 pods
+  (``--rebuild-pods``) from the fake API and re-creates every allocation from
+  annotations; its time and the process's resident memory.
+
+Targets (issue 3): p99 ≤ 5 ms in-process and ≤ 15 ms over HTTP, ≥ 300 pods/s,
+RSS ≤ 300 MiB and rebuild ≤ 5 s at 5,000 nodes / 50,000 pods.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from gpupool.contract.annotations import encode
+from gpupool.core.allocation import Allocation, Slice
+from gpupool.core.policies import DEFAULT_POLICY
+from gpupool.extender.app import build_app
+from gpupool.extender.cache import ClusterCache
+from gpupool.extender.feeds import start_feeds
+from gpupool.extender.metrics import Metrics
+from gpupool.extender.server import ThreadedServer
+from gpupool.extender.service import Extender, Settings
+from gpupool.kube.api import KubeApi
+
+GPUS = 8
+GPU_MIB = 81920
+BASELINE = "best-fit"
+SHAPES = [  # (gpu-memory MiB, gpu-core %, gpu count) of the pods scheduled
+    ({"gpupool.io/gpu-memory": "10240", "gpupool.io/gpu-core": "20"}),
+    ({"gpupool.io/gpu-memory": "20480", "gpupool.io/gpu-core": "40"}),
+    ({"gpupool.io/gpu-memory": "40960", "gpupool.io/gpu-core": "50"}),
+    ({"gpupool.io/gpu": "1"}),
+    ({"gpupool.io/gpu": "2"}),
+]
+
+
+# -- the cluster ---------------------------------------------------------------------------
+def node_obj(name: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+            "status": {"allocatable": {"cpu": "128", "memory": "1Ti", "pods": "250"}}}
+
+
+def gpu_obj(node: str, j: int, stamp: str) -> dict[str, Any]:
+    uuid = f"GPU-{node}-{j}"
+    return {"metadata": {"name": uuid.lower(), "labels": {"gpupool.io/node": node}},
+            "spec": {"node": node, "uuid": uuid, "index": j, "model": "H100-80GB",
+                     "memoryMiB": GPU_MIB, "numaNode": j * 2 // GPUS},
+            "status": {"health": "Healthy", "heartbeatTime": stamp}}
+
+
+def pod_obj(name: str, limits: dict[str, str], uid: str | None = None, node: str = "",
+            notes: dict[str, str] | None = None) -> dict[str, Any]:
+    res = {"requests": {"cpu": "2", "memory": "8Gi", **limits}, "limits": dict(limits)}
+    meta: dict[str, Any] = {"name": name, "namespace": "bench", "annotations": notes or {}}
+    if uid:
+        meta["uid"] = uid
+    spec: dict[str, Any] = {"containers": [{"name": "main", "resources": res}]}
+    if node:
+        spec["nodeName"] = node
+    return {"metadata": meta, "spec": spec,
+            "status": {"phase": "Running" if node else "Pending"}}
+
+
+def cluster_lines(nodes: int, busy_pods: int, cpu_pods: int, seed: int) -> Iterator[str]:
+    """JSON lines for the fake API: nodes, GPUDevices, bound pods with decisions."""
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    rng = random.Random(seed)
+    for i in range(nodes):
+        yield json.dumps({"kind": "nodes", "object": node_obj(f"n{i:05d}")})
+        for j in range(GPUS):
+            yield json.dumps({"kind": "gpudevices", "object": gpu_obj(f"n{i:05d}", j, stamp)})
+    free = {(i, j): 100 for i in range(nodes) for j in range(GPUS)}
+    slots = list(free)
+    for k in range(busy_pods):  # shared slices of 10-40 % on random GPUs with room
+        i, j = rng.choice(slots)
+        core = rng.choice((10, 20, 30, 40))
+        if free[i, j] < core:
+            continue
+        free[i, j] -= core
+        node, uid = f"n{i:05d}", f"busy-{k}"
+        alloc = Allocation(uid, node, 2000, 8192, (Slice(f"GPU-{node}-{j}", j,
+                                                         core * GPU_MIB // 100, core, "main"),))
+        limits = {"gpupool.io/gpu-memory": str(core * GPU_MIB // 100),
+                  "gpupool.io/gpu-core": str(core)}
+        yield json.dumps({"kind": "pods", "object": pod_obj(
+            f"busy-{k}", limits, uid, node, encode(alloc, "2026-01-01T00:00:00Z"))})
+    for k in range(cpu_pods):
+        yield json.dumps({"kind": "pods", "object": pod_obj(
+            f"cpu-{k}", {}, f"cpu-{k}", f"n{rng.randrange(nodes):05d}")})
+
+
+class FakeApi:
+    """The fake API server in a child process, loaded from a seed file."""
+
+    def __init__(self, lines: Iterator[str]):
+        self.dir = tempfile.TemporaryDirectory()
+        seed = Path(self.dir.name) / "seed.jsonl"
+        seed.write_text("\n".join(lines))
+        self.proc = subprocess.Popen([sys.executable, "-m", "gpupool.kube.fake_apiserver",
+                                      str(seed)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True)
+        assert self.proc.stdout is not None
+        self.url, count = self.proc.stdout.readline().split()
+        self.objects = int(count)
+
+    def create_pod(self, pod: dict[str, Any]) -> dict[str, Any]:
+        r = httpx.post(f"{self.url}/api/v1/namespaces/bench/pods", json=pod, trust_env=False)
+        r.raise_for_status()
+        result: dict[str, Any] = r.json()
+        return result
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+        self.dir.cleanup()
+
+
+# -- measuring -------------------------------------------------------------------------------
+def pct(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+Call = Callable[[str, bytes], Any]
+
+
+def in_process(ext: Extender) -> Call:
+    """The app's work without the socket: decode the body, decide, encode the answer."""
+    handlers = {"filter": ext.filter, "prioritize": ext.prioritize, "bind": ext.bind}
+
+    def call(verb: str, body: bytes) -> Any:
+        answer = handlers[verb](json.loads(body))
+        json.dumps(answer, separators=(",", ":")).encode()
+        return answer
+    return call
+
+
+class ApiClock:
+    """Time spent waiting on the API server (the ledger write and the Binding), per pod."""
+
+    CALLS = ("bind_pod", "create_ledger", "patch_ledger", "get_ledger", "get_pod_json")
+
+    def __init__(self, kube: KubeApi):
+        self.spent = 0.0
+        for name in self.CALLS:
+            setattr(kube, name, self._timed(getattr(kube, name)))
+
+    def _timed(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.spent += time.perf_counter() - t0
+        return wrapper
+
+
+def over_http(client: httpx.Client) -> Call:
+    headers = {"Content-Type": "application/json"}
+
+    def call(verb: str, body: bytes) -> Any:
+        return client.post("/" + verb, content=body, headers=headers).json()
+    return call
+
+
+def schedule_one(call: Call, pod: dict[str, Any], names: list[str]) -> bool:
+    body = json.dumps({"Pod": pod, "Nodes": None, "NodeNames": names}).encode()
+    passing = call("filter", body)["NodeNames"]
+    if not passing:
+        return False
+    best = passing[0]
+    if len(passing) > 1:
+        body = json.dumps({"Pod": pod, "Nodes": None, "NodeNames": passing}).encode()
+        scores = call("prioritize", body)
+        if scores:
+            best = max(scores, key=lambda h: h["Score"])["Host"]
+    meta = pod["metadata"]
+    bind = json.dumps({"PodName": meta["name"], "PodNamespace": "bench",
+                       "PodUID": meta["uid"], "Node": best}).encode()
+    return call("bind", bind)["Error"] == ""
+
+
+def run_pods(call: Call, api: FakeApi, names: list[str], count: int, tag: str,
+             rng: random.Random, clock: ApiClock) -> dict[str, float]:
+    pods = [api.create_pod(pod_obj(f"{tag}-{k}", rng.choice(SHAPES))) for k in range(count)]
+    times, own, bound = [], [], 0
+    start = time.perf_counter()
+    for pod in pods:
+        t0, api0 = time.perf_counter(), clock.spent
+        bound += schedule_one(call, pod, names)
+        times.append(time.perf_counter() - t0)
+        own.append(times[-1] - (clock.spent - api0))
+    wall = time.perf_counter() - start
+    return {"p50_ms": pct(times, 0.5) * 1e3, "p99_ms": pct(times, 0.99) * 1e3,
+            "own_p50_ms": pct(own, 0.5) * 1e3, "own_p99_ms": pct(own, 0.99) * 1e3,
+            "pods_per_s": count / wall, "bound": bound}
+
+
+def measure(nodes: int, pods: int, seed: int) -> list[tuple[str, dict[str, float]]]:
+    busy = int(nodes * GPUS * 0.3 / 0.25)  # about 30 % of the GPU share in use
+    api = FakeApi(cluster_lines(nodes, busy, 0, seed))
+    rows = []
+    try:
+        for policy in (DEFAULT_POLICY, BASELINE):
+            kube = KubeApi.connect(server=api.url)
+            cache = ClusterCache()
+            feeds = start_feeds(kube, cache, watch_timeout_s=30)
+            ext = Extender(cache, Settings(policy, seed=seed), Metrics(), kube)
+            clock = ApiClock(kube)
+            ext.refresh_policy()
+            names = sorted(cache.state.index)
+            rng = random.Random(seed)
+            run_pods(in_process(ext), api, names, 20, f"warm-{policy}", rng, clock)
+            rows.append((f"{policy} in-process", run_pods(
+                in_process(ext), api, names, pods, f"ip-{policy}", rng, clock)))
+            with ThreadedServer(build_app(ext)) as server, \
+                    httpx.Client(base_url=server.url, trust_env=False) as http:
+                rows.append((f"{policy} HTTP loopback", run_pods(
+                    over_http(http), api, names, pods, f"http-{policy}", rng, clock)))
+            feeds.stop(timeout_s=0.0)
+            kube.close()
+    finally:
+        api.close()
+    return rows
+
+
+def rebuild_child(url: str) -> None:
+    """In a fresh process: list everything, rebuild, report time and memory as JSON."""
+    start = time.perf_counter()
+    kube = KubeApi.connect(server=url, timeout_s=120)
+    cache = ClusterCache()
+    feeds = start_feeds(kube, cache, watch_timeout_s=60, sync_timeout_s=300)
+    took = time.perf_counter() - start
+    rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"seconds": took, "rss_mib": rss_mib, "nodes": len(cache.state.nodes),
+                      "pods": len(cache.pods), "allocations": len(cache.state.allocations),
+                      "gpu_allocations": sum(1 for a in cache.state.allocations.values()
+                                             if a.slices)}))
+    feeds.stop(timeout_s=0.0)
+
+
+def measure_rebuild(nodes: int, pods: int, seed: int) -> dict[str, float]:
+    gpu_pods = pods * 3 // 5
+    api = FakeApi(cluster_lines(nodes, gpu_pods, pods - gpu_pods, seed))
+    try:
+        out = subprocess.run([sys.executable, __file__, "--rebuild-child", api.url],
+                             capture_output=True, text=True, timeout=600, check=True)
+        result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
+        return result
+    finally:
+        api.close()
+
+
+# -- report -----------------------------------------------------------------------------------
+def report(nodes: int, rows: list[tuple[str, dict[str, float]]]) -> None:
+    print(f"\n{nodes} nodes × {GPUS} GPUs — per pod: filter + prioritize + bind "
+          "(own = without the waits on the API server)")
+    print(f"{'run':28} {'p50 ms':>7} {'p99 ms':>7} {'own p50':>8} {'own p99':>8} "
+          f"{'pods/s':>7} {'bound':>6}")
+    for name, r in rows:
+        print(f"{name:28} {r['p50_ms']:7.2f} {r['p99_ms']:7.2f} {r['own_p50_ms']:8.2f} "
+              f"{r['own_p99_ms']:8.2f} {r['pods_per_s']:7.0f} {r['bound']:6.0f}")
+    by = dict(rows)
+    d_ip, d_http = by[f"{DEFAULT_POLICY} in-process"], by[f"{DEFAULT_POLICY} HTTP loopback"]
+    b_ip = by[f"{BASELINE} in-process"]
+    print(f"ratio p99 {DEFAULT_POLICY} / {BASELINE} (in-process): "
+          f"{d_ip['p99_ms'] / b_ip['p99_ms']:.2f}")
+    print(f"ratio p99 HTTP / in-process ({DEFAULT_POLICY}): "
+          f"{d_http['p99_ms'] / d_ip['p99_ms']:.2f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", type=int, nargs="+", default=[1000, 5000])
+    parser.add_argument("--pods", type=int, default=300)
+    parser.add_argument("--rebuild-nodes", type=int, default=5000)
+    parser.add_argument("--rebuild-pods", type=int, default=50_000)
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
+    parser.add_argument("--rebuild-child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.rebuild_child:
+        rebuild_child(args.rebuild_child)
+        return
+    if args.quick:
+        args.nodes, args.pods, args.rebuild_nodes, args.rebuild_pods = [200], 50, 500, 5000
+    for n in args.nodes:
+        report(n, measure(n, args.pods, args.seed))
+    r = measure_rebuild(args.rebuild_nodes, args.rebuild_pods, args.seed)
+    print(f"\nrebuild from the API: {r['nodes']:.0f} nodes, {r['pods']:.0f} pods "
+          f"({r['gpu_allocations']:.0f} with GPU decisions) in {r['seconds']:.2f} s; "
+          f"peak RSS {r['rss_mib']:.0f} MiB")
+
+
+if __name__ == "__main__":
+    main()
