@@ -66,6 +66,11 @@ def memory_only_slice(s: ClusterState) -> Constraints:
     return Constraints()
 
 
+def class_gpu_busy(s: ClusterState) -> Constraints:
+    hold_whole(s, "other", "n", 2)
+    return one_gpu_of_class(s)
+
+
 CASES: list[tuple[str, PodRequest, Setup, Check, str, bool]] = [
     ("a quota refusal applies to every node", pod("p", whole(2)), quota_blocked, Check.QUOTA,
      "quota of tenant t exceeded: 2 GPUs asked, 3 of 4 in use, 1 left", False),
@@ -96,6 +101,8 @@ CASES: list[tuple[str, PodRequest, Setup, Check, str, bool]] = [
      "40960 MiB, 30 % core free)", False),
     ("a GPU with memory held is not idle", pod("p", whole(1)), memory_only_slice,
      Check.GPU_FREE, "1 idle GPUs needed, 0 idle", False),
+    ("idle GPUs outside the class do not count", pod("p", whole(1), gpu_class="big"),
+     class_gpu_busy, Check.GPU_FREE, "1 idle GPUs needed, 0 idle", False),
 ]
 
 

@@ -148,6 +148,8 @@ def _explain_gpu_free(state: ClusterState, demand: GpuDemand, i: int, c: Constra
     if have >= demand.count:
         return None
     ok = state.present[i] & state.healthy[i]
+    if c.gpu_mask is not None:  # count only GPUs the class or group lets the pod use
+        ok = ok & c.gpu_mask[i]
     if demand.exclusive:
         idle = int((ok & (state.core_free[i] == state.core_cap[i])
                     & (state.unit_free[i] == state.unit_cap[i])).sum())
