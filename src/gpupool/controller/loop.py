@@ -136,10 +136,16 @@ class Controller:
 
     def apply(self, plan: Plan) -> Outcome:
         out = Outcome(notes=plan.notes)
+        not_created: set[str] = set()  # a class whose create failed has no status to write
         for action in plan.actions:
+            if isinstance(action, PatchStatus) and action.kind == CLASS and \
+                    action.name in not_created:
+                continue
             try:
                 self._apply(action, out)
             except KubeError as exc:
+                if isinstance(action, CreateClass):
+                    not_created.add(str(action.obj["metadata"]["name"]))
                 out.failures.append(str(exc))
                 log.warning("%s (retried next round)", exc)
         self._log_notes(plan.notes)
@@ -169,10 +175,13 @@ class Controller:
         self._last_notes = notes
 
     def run(self, stop: threading.Event, resync_s: float = 300.0,
-            on_round: Callable[[Outcome], None] | None = None) -> None:
-        """Watch and reconcile until ``stop`` is set."""
+            on_round: Callable[[Outcome], None] | None = None, watch_timeout_s: int = 300
+            ) -> None:
+        """Watch and reconcile until ``stop`` is set. The watch threads are told to stop
+        and given a moment; one blocked on a quiet stream ends with it (``watch_timeout_s``)."""
         world = WorldCache()
-        informers = [_informer(self.api, world, kind, feed) for kind, feed in _feeds().items()]
+        informers = [_informer(self.api, world, kind, feed, watch_timeout_s)
+                     for kind, feed in _feeds().items()]
         try:
             for inf in informers:
                 while not inf.synced.wait(0.1):
@@ -190,17 +199,18 @@ class Controller:
             for inf in informers:
                 inf.signal_stop()
             for inf in informers:
-                inf.join(5.0)
+                inf.join(0.5)
 
 
-def _informer(api: KubeApi, world: WorldCache, kind: str, feed: Feed[Any]) -> Informer[Any]:
+def _informer(api: KubeApi, world: WorldCache, kind: str, feed: Feed[Any], watch_timeout_s: int
+              ) -> Informer[Any]:
     def on_sync(items: list[Any]) -> None:
         world.sync(kind, items)
 
     def on_event(event: str, obj: Any) -> None:
         world.event(kind, event, obj)
 
-    return Informer(api, feed, on_sync, on_event).start()
+    return Informer(api, feed, on_sync, on_event, watch_timeout_s).start()
 
 
 def _wait_for_work(world: WorldCache, stop: threading.Event, resync_s: float) -> None:
