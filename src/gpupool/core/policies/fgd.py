@@ -14,8 +14,7 @@ weight ``fgd.exact`` = 1 the score is the unquantised −ΔF_n instead.
 
 For a sharing task every GPU with room on the node is tried and the best one
 kept (ties: tightest GPU, then lowest position); whole-GPU tasks take idle GPUs;
-multi-GPU shared tasks take the tightest GPUs that fit. Exact ties between
-nodes are broken by the seeded random generator, as kube-scheduler does.
+multi-GPU shared tasks take the tightest GPUs that fit.
 
 Scores are cached per (task shape, node) and recomputed only for nodes whose
 ``state.version`` moved, so a decision costs a few vectorised passes over the
