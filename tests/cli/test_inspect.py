@@ -56,6 +56,7 @@ def test_a_busy_gpu_is_the_reason_now_and_nothing_fits(capsys: pytest.CaptureFix
                                 "--running", str(DATA / "one_a100_busy.yaml"))
     assert code == 1
     assert report["chosen"] is None
+    assert report["running"] == {"placed": 1, "unplaced": []}
     big = by_node(report)["big"]
     assert big["reason"] == "node big: 2 idle GPUs needed, 1 idle"
     assert big["check"] == "gpu-free" and big["permanent"] is False

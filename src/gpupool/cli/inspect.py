@@ -102,18 +102,31 @@ def read_pod(path: Path) -> Mapping[str, Any]:
     return doc
 
 
-def build_state(nodes_path: Path, running: Path | None, placer: Placer, seed: int
-                ) -> tuple[ClusterState, Catalogue]:
+@dataclass(frozen=True, slots=True)
+class Cluster:
+    """The cluster to explain against: its state, classes, and how ``--running`` went."""
+
+    state: ClusterState
+    catalogue: Catalogue
+    placed: int = 0
+    unplaced: tuple[str, ...] = ()
+
+
+def build_cluster(nodes_path: Path, running: Path | None, placer: Placer, seed: int) -> Cluster:
+    """The cluster of ``nodes_path`` with the pods of ``running`` placed, in order."""
     nodes, classes = read_cluster(nodes_path)
     state = ClusterState(nodes)
     catalogue = Catalogue(classes=ClassCatalog(classes))
     rng = random.Random(seed)
+    unplaced: list[str] = []
     for pod in read_pods(running) if running is not None else []:
         constraints = constraints_for(state, pod.request, catalogue)
         placed = placer.decide(state, pod.request, rng, constraints)
-        if placed.allocation is not None:
+        if placed.allocation is None:
+            unplaced.append(pod.request.key)
+        else:
             state.reserve(placed.allocation)
-    return state, catalogue
+    return Cluster(state, catalogue, len(state.allocations), tuple(unplaced))
 
 
 def verdicts(state: ClusterState, request: PodRequest, catalogue: Catalogue, placer: Placer,
@@ -142,13 +155,26 @@ def inspect(args: argparse.Namespace) -> int:
     request = pod_request(pod)
     workload = TargetWorkload.from_requests([request])
     placer = Placer(make_policy(args.policy, PolicyConfig(workload)))
-    state, catalogue = build_state(args.nodes, args.running, placer, args.seed)
-    found, blocked = verdicts(state, request, catalogue, placer, random.Random(args.seed))
+    cluster = build_cluster(args.nodes, args.running, placer, args.seed)
+    found, blocked = verdicts(cluster.state, request, cluster.catalogue, placer,
+                              random.Random(args.seed))
     if args.json:
-        print(json.dumps(as_json(request, args.policy, found, blocked), indent=2))
+        report = as_json(request, args.policy, found, blocked)
+        report["running"] = {"placed": cluster.placed, "unplaced": list(cluster.unplaced)}
+        print(json.dumps(report, indent=2))
     else:
         Console().print(table(request, args.policy, found, blocked))
+        if args.running is not None:
+            Console(stderr=True).print(
+                f"--running: {cluster.placed} pods placed first, {len(cluster.unplaced)} did "
+                "not fit" + _first_few(cluster.unplaced), markup=False, highlight=False)
     return 0 if any(v.allocation is not None for v in found) else 1
+
+
+def _first_few(keys: Sequence[str], n: int = 5) -> str:
+    if not keys:
+        return ""
+    return f" ({', '.join(keys[:n])}{', …' if len(keys) > n else ''})"
 
 
 def _gpus(alloc: Allocation) -> list[dict[str, Any]]:

@@ -63,7 +63,6 @@ class PatchClass:
 @dataclass(frozen=True, slots=True)
 class DeleteClass:
     name: str
-    resource_version: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +119,7 @@ def _default_classes(observed: Observed) -> tuple[list[Action], list[Obj], list[
                              f"it is, so GPU model(s) {models} get no default class")
             after.append(have)
         elif want is None and name not in held:
-            actions.append(DeleteClass(name, _rv(have)))
+            actions.append(DeleteClass(name))
         elif want is None:
             after.append(have)
         else:
@@ -236,7 +235,10 @@ def group_status(obj: Obj, observed: Observed, book: QuotaBook, now: str) -> Obj
         verdicts = [Verdict("Valid", True, "SpecValid", _members(group, members)),
                     _quota_verdict(name, limit, used)]
         status["quota"] = _quota(limit, used)
-    status.update(_usage([h for h in observed.holdings if h.group == name]))
+    usage = _usage([h for h in observed.holdings if h.group == name])
+    if "quota" in status:  # the same numbers are in quota.allocated
+        del usage["allocated"]
+    status.update(usage)
     status.update(_unaccounted(observed, lambda pod: _group_named(pod) == name))
     status["conditions"] = conditions(verdicts, obj.get("status"), now, _generation(obj))
     return status
