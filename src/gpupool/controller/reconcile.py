@@ -17,6 +17,7 @@ reconciling the resulting world again yields an empty plan. The steps:
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,6 +43,7 @@ from gpupool.controller.status import (
 )
 from gpupool.core.classes import ResourceClass
 from gpupool.core.groups import ResourceGroup
+from gpupool.core.model import Gpu
 from gpupool.core.quota import Amount, Charge, Limit, QuotaBook, amount_of_allocation
 
 CLASS = "ResourceClass"
@@ -88,8 +90,9 @@ def reconcile(observed: Observed, now: str) -> Plan:
     class_actions, classes, notes = _default_classes(observed)
     book = _charged_book(observed)
     statuses: list[Action] = []
+    kinds = gpu_kinds(observed)
     for obj in classes:
-        statuses += _status_action(CLASS, obj, class_status(obj, observed, now))
+        statuses += _status_action(CLASS, obj, class_status(obj, observed, now, kinds))
     for obj in sorted(observed.groups, key=name_of):
         statuses += _status_action(GROUP, obj, group_status(obj, observed, book, now))
     notes += [f"{p.kind} {p.name}: {p.message}" for p in observed.problems]
@@ -153,15 +156,28 @@ def _rv(obj: Obj) -> str | None:
 
 
 # -- 2. class status ---------------------------------------------------------------------------
-def class_status(obj: Obj, observed: Observed, now: str) -> Obj:
-    """The desired ``status`` of one ResourceClass."""
+def gpu_kinds(observed: Observed) -> list[tuple[Gpu, int]]:
+    """One GPU per set of equal facts (what selectors read), with how many there are."""
+    counts: Counter[tuple[object, ...]] = Counter()
+    first: dict[tuple[object, ...], Gpu] = {}
+    for placed in observed.gpus:
+        g = placed.gpu
+        facts = (g.model, g.memory_mib, g.index, g.labels)
+        counts[facts] += 1
+        first.setdefault(facts, g)
+    return [(first[f], n) for f, n in counts.items()]
+
+
+def class_status(obj: Obj, observed: Observed, now: str,
+                 kinds: list[tuple[Gpu, int]] | None = None) -> Obj:
+    """The desired ``status`` of one ResourceClass (``kinds``: ``gpu_kinds(observed)``)."""
     name = name_of(obj)
     parsed = class_of(obj, name)
     status: Obj = {}
     if isinstance(parsed, Broken):
         verdict = Verdict("Valid", False, parsed.reason, parsed.message)
     else:
-        selected = sum(1 for g in observed.gpus if parsed.matches(g.gpu))
+        selected = sum(n for gpu, n in kinds or gpu_kinds(observed) if parsed.matches(gpu))
         status["gpus"] = selected
         verdict = Verdict("Valid", True, "SelectorValid", _selects(parsed, selected, observed))
     mine = [h for h in observed.holdings if h.gpu_class == name]
