@@ -162,6 +162,14 @@ def test_the_watching_loop_follows_changes_and_settles(fake: FakeApiServer,
         fake.seed("resourcegroups", group("g", quota={"gpus": "x"}))
         assert wait_for(lambda: "status" in (fake.get("resourcegroups", "g") or {}))
         assert cond(fake.get("resourcegroups", "g"), "Valid")["status"] == "False"
+        fake.seed("resourcegroups", group("team", nodes=["n1"], quota={"gpus": 4}))
+        fake.seed("pods", placed_pod("a", "lab", "n1", slices("n1", (0, GIB, 10)),
+                                     group_name="team"))
+        assert wait_for(lambda: (fake.get("resourcegroups", "team") or {}).get("status", {})
+                        .get("quota", {}).get("remaining") == {"gpus": 3})
+        fake.delete("pods", "a", "lab")
+        assert wait_for(lambda: (fake.get("resourcegroups", "team") or {}).get("status", {})
+                        .get("quota", {}).get("remaining") == {"gpus": 4})
         # it settles: rounds without writes follow, and no write happens once settled
         assert wait_for(lambda: len(rounds) > 1 and rounds[-1].writes == 0)
         settled = len([r for r in fake.requests if r[0] in WRITES])

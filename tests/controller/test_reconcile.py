@@ -157,6 +157,16 @@ def test_a_valid_class_counts_the_gpus_it_selects() -> None:
     assert valid["status"] == "True" and "selects 2 of 3 GPUs" in valid["message"]
 
 
+def test_identical_gpus_on_many_nodes_are_each_counted() -> None:
+    devices = [device(f"n{i}", j) for i in range(5) for j in range(2)]
+    devices += [device("t", 0, "T4", 16 * GIB, labels={"zone": "b"})]
+    classes = [resource_class("a100", model_selector(A100)),
+               resource_class("zone-b", {"matchLabels": {"zone": "b"}}),
+               resource_class("first", {"matchLabels": {"gpupool.io/index": "0"}})]
+    plan = plan_of(devices, classes)
+    assert [status_of(plan, CLASS, n)["gpus"] for n in ("a100", "zone-b", "first")] == [10, 1, 6]
+
+
 def test_a_class_selecting_nothing_says_which_labels_exist() -> None:
     status = status_of(plan_of([device("n1", 0)], [resource_class("h", model_selector("H100"))]),
                        CLASS, "h")
