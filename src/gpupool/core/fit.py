@@ -30,16 +30,18 @@ def demand_of(request: PodRequest) -> GpuDemand | None:
     return merged_demand(request) if request.gpus else None
 
 
-def gpu_fit_mask(state: ClusterState, demand: GpuDemand, gpu_mask: BoolArray | None) -> BoolArray:
-    """[node, gpu] -> this GPU can take one slice of ``demand`` now."""
-    ok = state.present & state.healthy
+def gpu_fit_mask(state: ClusterState, demand: GpuDemand, gpu_mask: BoolArray | None,
+                 rows: slice = slice(None)) -> BoolArray:
+    """[node, gpu] -> this GPU can take one slice of ``demand`` now (only ``rows``)."""
+    ok = state.present[rows] & state.healthy[rows]
     if demand.exclusive:
-        ok = ok & (state.core_free == state.core_cap) & (state.unit_free == state.unit_cap)
+        ok = ok & (state.core_free[rows] == state.core_cap[rows]) & (
+            state.unit_free[rows] == state.unit_cap[rows])
     else:
         units = state.units_for(demand.memory_mib)
-        ok = ok & (state.core_free >= demand.core_pct) & (state.unit_free >= units)
+        ok = ok & (state.core_free[rows] >= demand.core_pct) & (state.unit_free[rows] >= units)
     if gpu_mask is not None:
-        ok = ok & gpu_mask
+        ok = ok & gpu_mask[rows]
     return ok
 
 
@@ -143,7 +145,7 @@ def _mask_words(request: PodRequest, c: Constraints) -> str:
 def _explain_gpu_free(state: ClusterState, demand: GpuDemand, i: int, c: Constraints
                       ) -> Reason | None:
     name = state.nodes[i].name
-    row = gpu_fit_mask(state, demand, c.gpu_mask)[i]
+    row = gpu_fit_mask(state, demand, c.gpu_mask, slice(i, i + 1))[0]  # one row, not all
     have = int(row.sum())
     if have >= demand.count:
         return None
