@@ -46,22 +46,26 @@ AgentFactory = Callable[..., NodeAgent]
 
 @pytest.fixture
 def make_agent(short_dir: Path, apiserver: FakeApiServer) -> Iterator[AgentFactory]:
-    started: list[tuple[NodeAgent, KubeApi]] = []
+    started: list[tuple[NodeAgent, KubePods, KubeApi]] = []
 
     def make(gpus: int = 2, split: int = 4, memory_mib: int = 16384, heartbeat_s: float = 30.0,
-             inventory: bool = False, start: bool = True) -> NodeAgent:
+             inventory: bool = False, start: bool = True, cache: bool = True) -> NodeAgent:
         path = write_gpus(short_dir / "gpus.yaml", gpus, memory_mib)
         api = KubeApi.connect(server=apiserver.url)
         config = AgentConfig(NODE, short_dir / "kubelet", Split(split), heartbeat_s=heartbeat_s,
                              watch_s=0.02)
-        agent = NodeAgent(config, FakeGpuBackend(path, poll_s=0.02), KubePods(api),
+        pods = KubePods(api)
+        agent = NodeAgent(config, FakeGpuBackend(path, poll_s=0.02), pods,
                           KubeInventory(api.fork()) if inventory else None)
-        started.append((agent, api))
+        started.append((agent, pods, api))
         if start:
+            if cache:
+                pods.start(NODE)
             agent.start()
         return agent
 
     yield make
-    for agent, api in started:
+    for agent, pods, api in started:
         agent.stop()
+        pods.stop()
         api.close()

@@ -90,6 +90,7 @@ class FakeKubelet:
         self.updates: list[Update] = []
         self.options: Any = None
         self.pod_manager: dict[str, dict[str, list[str]]] = {}
+        self.allocate_seconds: list[float] = []  # wall time of each Allocate call
         self._servers: list[grpc.Server] = []
         self._channel: grpc.Channel | None = None
         self._stream: Any = None
@@ -204,8 +205,10 @@ class FakeKubelet:
         out = Admission()
         for name, count in gpu:
             ids = self._pick(stub, count, rng or random.Random(0), prefer)
+            start = time.perf_counter()
             resp = stub.Allocate(dp.AllocateRequest(container_requests=[
                 dp.ContainerAllocateRequest(devices_ids=ids)]), timeout=5)
+            self.allocate_seconds.append(time.perf_counter() - start)
             with self.lock:
                 self.pod_manager[ref][name] = ids
             c = resp.container_responses[0]

@@ -62,13 +62,16 @@ def run(args: argparse.Namespace) -> int:
     backend: GpuBackend = (FakeGpuBackend(args.fake_gpus) if args.fake_gpus
                            else NvmlGpuBackend())
     api = KubeApi.connect(kubeconfig=args.kubeconfig, server=args.api_server)
-    agent = NodeAgent(config, backend, KubePods(api), KubeInventory(api.fork()))
+    pods = KubePods(api)
+    agent = NodeAgent(config, backend, pods, KubeInventory(api.fork()))
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    pods.start(config.node)
     agent.start()
     try:
         stop.wait()
     finally:
         agent.stop()
+        pods.stop()
         api.close()
     return 0

@@ -84,27 +84,37 @@ class Allocator:
 
     # -- Allocate -----------------------------------------------------------------
     def allocate(self, ids: Sequence[str]) -> ContainerAnswer:
-        """Serve one container's ``ids``; ``Refused`` says why not."""
+        """Serve one container's ``ids``; ``Refused`` says why not.
+
+        The first attempt reads pods from the cache; a conflict, or anything a
+        lagging cache could explain, is retried on a fresh list before refusing.
+        """
         if not ids:
             raise Refused("kubelet asked to allocate no device")
         with self._lock:
+            fresh = False
             for _ in range(CAS_ATTEMPTS):
                 try:
-                    return self._attempt(list(ids))
+                    return self._attempt(list(ids), fresh)
                 except (Conflict, _Reread):
-                    continue
+                    fresh = True
             raise Refused(f"gave up after {CAS_ATTEMPTS} conflicting writes to the pod")
 
-    def _attempt(self, ids: list[str]) -> ContainerAnswer:
-        pods = self.pods.node_pods(self.config.node)
+    def _attempt(self, ids: list[str], fresh: bool) -> ContainerAnswer:
         holders = self._holders()
+        fresh = fresh or holders is None
+        pods = self.pods.node_pods(self.config.node, fresh)
         try:
             target = identify(pods, holders, len(ids))
         except GpupoolError as exc:
+            if not fresh:
+                raise _Reread() from None
             raise Refused(str(exc)) from None
         try:
             return self._serve(target, ids, pods, holders)
         except (InvalidInput, OverCommit, UnknownName, Refused) as exc:
+            if not fresh:
+                raise _Reread() from None
             self._fail(target.pod, str(exc))
             raise Refused(f"pod {target.pod.ref}: {exc}") from None
 
@@ -190,7 +200,11 @@ class Allocator:
         if owner is None:
             raise Refused(f"kubelet lists no container holding devices {sorted(wanted)}")
         ref, container = owner
-        pods = {p.ref: p for p in self.pods.node_pods(self.config.node)}
+        cached = {p.ref: p for p in self.pods.node_pods(self.config.node, fresh=False)}
+        pod = cached.get(ref)
+        if pod is not None and set(pod.served().get(container, {})) == wanted:
+            return
+        pods = {p.ref: p for p in self.pods.node_pods(self.config.node, fresh=True)}
         self._check_claim(pods, ref, container, wanted)
 
     def _check_claim(self, pods: dict[str, Pod], ref: str, container: str,

@@ -15,8 +15,9 @@ from gpupool.nodeagent.pods import Pod
 class PodApi(Protocol):
     """Pods bound to this node, and compare-and-swap writes of their annotations."""
 
-    def node_pods(self, node: str) -> list[Pod]:
-        """Every pod bound to ``node``, read fresh from the API server."""
+    def node_pods(self, node: str, fresh: bool = True) -> list[Pod]:
+        """Every pod bound to ``node``: read from the API server, or (``fresh=False``) from
+        a watch-fed cache when there is one. The cache may lag, never run ahead."""
         ...
 
     def patch_annotations(self, pod: Pod, annotations: Mapping[str, str]) -> Pod:

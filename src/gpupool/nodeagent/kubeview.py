@@ -1,27 +1,101 @@
-"""The node agent's ``PodApi`` and ``InventoryApi`` on gpupool's one Kubernetes client."""
+"""The node agent's ``PodApi`` and ``InventoryApi`` on gpupool's one Kubernetes client.
+
+``KubePods`` keeps a watch-fed cache of the node's pods (``start``) so an
+Allocate usually reads no list; the allocator asks for a fresh list whenever
+the cache could be the reason it cannot serve (see ``allocator``). Writes go
+straight to the API server with the pod's resourceVersion as precondition,
+and their answers update the cache at once.
+"""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from typing import Any
 
 from gpupool.kube.api import KubeApi
+from gpupool.kube.informer import Feed, Informer
 from gpupool.nodeagent.pods import Pod, pod_from_json
+
+MEMO_LIMIT = 10_000
 
 
 class KubePods:
-    """Pods bound to a node, read fresh; annotations written with a resourceVersion precondition."""
+    """Pods bound to one node: cached (watch) or fresh (list); CAS writes of annotations."""
 
     def __init__(self, api: KubeApi):
         self.api = api
+        self._lock = threading.Lock()
+        self._cache: dict[str, Pod] = {}
+        self._memo: dict[tuple[str, str], Pod] = {}
+        self._informer: Informer[Any] | None = None
 
-    def node_pods(self, node: str) -> list[Pod]:
-        return [pod_from_json(p.to_dict()) for p in self.api.list_pods(node).items]
+    def start(self, node: str) -> None:
+        """Keep a cache of ``node``'s pods from a watch (until ``stop``).
+
+        The first list runs here, on the caller's thread, before any other thread
+        decodes pods: msgspec (under lightkube) crashes the process when two
+        threads decode a type for the first time at once.
+        """
+        self._on_sync(self.api.list_pods(node).items)
+        feed: Feed[Any] = Feed(f"pods-on-{node}", lambda api: api.list_pods(node),
+                               lambda api, rv, t: api.watch_pods(rv, node, t))
+        self._informer = Informer(self.api, feed, self._on_sync, self._on_event).start()
+
+    def stop(self) -> None:
+        if self._informer is not None:
+            self._informer.stop()
+            self._informer = None
+
+    def node_pods(self, node: str, fresh: bool = True) -> list[Pod]:
+        if not fresh and self._informer is not None and self._informer.synced.is_set():
+            with self._lock:
+                return list(self._cache.values())
+        return [self._parse(p) for p in self.api.list_pods(node).items]
 
     def patch_annotations(self, pod: Pod, annotations: Mapping[str, str]) -> Pod:
-        new = self.api.patch_pod_annotations(pod.namespace, pod.name, dict(annotations),
-                                             pod.resource_version)
-        return pod_from_json(new.to_dict())
+        new = self._parse(self.api.patch_pod_annotations(
+            pod.namespace, pod.name, dict(annotations), pod.resource_version))
+        self._remember(new)
+        return new
+
+    # -- the cache ------------------------------------------------------------------------
+    def _parse(self, obj: Any) -> Pod:
+        meta = obj.metadata
+        key = (str(meta.uid), str(meta.resourceVersion))
+        pod = self._memo.get(key)
+        if pod is None:
+            pod = pod_from_json(obj.to_dict())
+            if len(self._memo) > MEMO_LIMIT:
+                self._memo.clear()
+            self._memo[key] = pod
+        return pod
+
+    def _remember(self, pod: Pod) -> None:
+        with self._lock:
+            held = self._cache.get(pod.uid)
+            if held is None or _rv(held) <= _rv(pod):
+                self._cache[pod.uid] = pod
+
+    def _on_sync(self, items: list[Any]) -> None:
+        pods = [self._parse(o) for o in items]
+        with self._lock:
+            self._cache = {p.uid: p for p in pods}
+
+    def _on_event(self, kind: str, obj: Any) -> None:
+        pod = self._parse(obj)
+        if kind == "DELETED":
+            with self._lock:
+                self._cache.pop(pod.uid, None)
+            return
+        self._remember(pod)
+
+
+def _rv(pod: Pod) -> int:
+    try:
+        return int(pod.resource_version)
+    except ValueError:
+        return 0
 
 
 class KubeInventory:

@@ -1,0 +1,193 @@
+"""Node agent benchmark (not a test: it prints figures).
+
+Runs the real agent (gRPC over unix sockets, the FAKE GPU backend, the FAKE
+API server over HTTP on loopback, the FAKE kubelet from tests/nodeagent) on a
+node of 8 GPUs × 10 logical devices and measures:
+
+* Allocate latency (kubelet's view: the Allocate RPC) over ``--pods`` pods
+  admitted one after another with extender decisions, ~40 pods on the node at
+  any time; baseline measured in the same run: one empty gRPC round trip
+  (GetDevicePluginOptions), one pod list from the API server, one PodResources
+  List — the I/O one Allocate must do;
+* fault → ListAndWatch latency: a GPU injected unhealthy until kubelet's
+  stream shows its logical devices Unhealthy, and recovery → Healthy again;
+  both for in-process injection and for an edit of the fake GPU file (polled).
+
+Targets (issue 4): Allocate p99 ≤ 10 ms; fault and recovery ≤ 1 s.
+
+    .venv/bin/python bench/bench_nodeagent.py [--pods 400] [--faults 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+
+from nodeagent.builders import NODE, decision, pod, uuid_of, write_gpus  # noqa: E402
+from nodeagent.kubelet_standin import FakeKubelet  # noqa: E402
+
+from gpupool.kube.api import KubeApi  # noqa: E402
+from gpupool.kube.fake_apiserver import FakeApiServer  # noqa: E402
+from gpupool.nodeagent.agent import AgentConfig, NodeAgent  # noqa: E402
+from gpupool.nodeagent.fakegpus import FakeGpuBackend  # noqa: E402
+from gpupool.nodeagent.kubeview import KubePods  # noqa: E402
+from gpupool.nodeagent.logical import Split  # noqa: E402
+from gpupool.nodeagent.podresources import PodResourcesClient  # noqa: E402
+from gpupool.nodeagent.proto import deviceplugin_pb2 as dp  # noqa: E402
+
+GPUS, SPLIT = 8, 10
+ON_NODE = 40  # pods kept on the node while measuring
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1000:.2f} ms"
+
+
+def p99(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+
+
+def timed(fn: Callable[[], Any], n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        start = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - start)
+    return out
+
+
+def bench_allocate(kubelet: FakeKubelet, api: FakeApiServer, pods: int) -> list[float]:
+    rng = random.Random(42)
+    live: list[str] = []
+    for n in range(pods):
+        g = n % GPUS  # 5 live pods per GPU: room stays in every GPU
+        name = f"p{n}"
+        p = pod(name, [("main", 1, 1024, 2)], ann=decision(name, [(uuid_of(g), g, 1024, 2,
+                                                                    "main")]))
+        api.seed("pods", p)
+        kubelet.admit(p, rng)
+        live.append(name)
+        if len(live) > ON_NODE:
+            old = live.pop(0)
+            kubelet.forget(f"default/{old}")
+            api.delete("pods", old, "default")
+    return kubelet.allocate_seconds
+
+
+def fault_latency(kubelet: FakeKubelet, agent: NodeAgent, healthy: bool, inject: Callable[[], None]
+                  ) -> float:
+    uuid = uuid_of(3)
+    ids = [d.id for d in agent.pool.devices() if d.gpu_uuid == uuid]
+    want = "Healthy" if healthy else "Unhealthy"
+    start = time.monotonic()
+    inject()
+    update = kubelet.wait_update(lambda d: all(d[i][0] == want for i in ids)
+                                 and kubelet.updates[-1].devices is d, timeout=5)
+    return update.at - start
+
+
+def edit_file(path: Path, healthy: bool) -> None:
+    """What a person does: edit the GPU's entry in the fake GPU file."""
+    body = yaml.safe_load(path.read_text())
+    for entry in body["gpus"]:
+        if entry["uuid"] == uuid_of(3):
+            entry["health"] = "Healthy" if healthy else "Unhealthy"
+    path.write_text(yaml.safe_dump(body, sort_keys=False))
+
+
+def bench_faults(kubelet: FakeKubelet, agent: NodeAgent, n: int) -> dict[str, list[float]]:
+    backend = agent.backend
+    assert isinstance(backend, FakeGpuBackend)
+    out: dict[str, list[float]] = {k: [] for k in ("inject fault", "inject recovery",
+                                                   "file fault", "file recovery")}
+    for _ in range(n):
+        out["inject fault"].append(fault_latency(
+            kubelet, agent, False, lambda: backend.set_health(uuid_of(3), False, "XID 79")))
+        out["inject recovery"].append(fault_latency(
+            kubelet, agent, True, lambda: backend.set_health(uuid_of(3), True)))
+        time.sleep(0.01)
+        out["file fault"].append(fault_latency(
+            kubelet, agent, False, lambda: edit_file(backend.path, False)))
+        time.sleep(0.01)
+        out["file recovery"].append(fault_latency(
+            kubelet, agent, True, lambda: edit_file(backend.path, True)))
+    return out
+
+
+def baseline(kubelet: FakeKubelet, api_url: str, root: Path) -> dict[str, float]:
+    stub = kubelet.stub()
+    client = KubeApi.connect(server=api_url)
+    pods = KubePods(client)
+    res = PodResourcesClient(root / "pod-resources" / "kubelet.sock", "gpupool.io/gpu")
+    try:
+        return {
+            "empty gRPC call": statistics.median(timed(
+                lambda: stub.GetDevicePluginOptions(dp.Empty()), 200)),
+            "pod list (API)": statistics.median(timed(lambda: pods.node_pods(NODE), 200)),
+            "PodResources List": statistics.median(timed(res.holders, 200)),
+        }
+    finally:
+        client.close()
+        res.close()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pods", type=int, default=400)
+    parser.add_argument("--faults", type=int, default=20)
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="gpb-", dir="/tmp"))
+    with FakeApiServer() as api:
+        kubelet = FakeKubelet(root / "kubelet").start()
+        client = KubeApi.connect(server=api.url)
+        config = AgentConfig(NODE, root / "kubelet", Split(SPLIT), watch_s=0.05)
+        pods = KubePods(client)
+        agent = NodeAgent(config, FakeGpuBackend(write_gpus(root / "gpus.yaml", GPUS, 81920)),
+                          pods)
+        pods.start(NODE)
+        agent.start()
+        try:
+            kubelet.wait_registrations(1)
+            kubelet.wait_update(lambda d: len(d) == GPUS * SPLIT)
+            allocate = bench_allocate(kubelet, api, args.pods)
+            base = baseline(kubelet, api.url, root / "kubelet")
+            faults = bench_faults(kubelet, agent, args.faults)
+        finally:
+            agent.stop()
+            pods.stop()
+            kubelet.stop()
+            client.close()
+    report(allocate, base, faults)
+    return 0
+
+
+def report(allocate: list[float], base: dict[str, float], faults: dict[str, list[float]]) -> None:
+    print(f"node: {GPUS} GPUs x {SPLIT} logical devices, ~{ON_NODE} pods on the node")
+    med, tail = statistics.median(allocate), p99(allocate)
+    print(f"Allocate over {len(allocate)} pods: p50 {ms(med)}, p99 {ms(tail)}, "
+          f"max {ms(max(allocate))}  (target p99 <= 10 ms: {'met' if tail <= 0.010 else 'MISSED'})")
+    io = sum(base.values())
+    for name, value in base.items():
+        print(f"  baseline {name}: p50 {ms(value)}")
+    print(f"  Allocate p50 / (list + PodResources + empty call) = {med / io:.2f}")
+    for name, values in faults.items():
+        print(f"{name} -> ListAndWatch over {len(values)}: p50 {ms(statistics.median(values))}, "
+              f"max {ms(max(values))}  (target <= 1 s: "
+              f"{'met' if max(values) <= 1.0 else 'MISSED'})")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
