@@ -87,7 +87,7 @@ def schedule(ext: Extender, pod: dict[str, Any], nodes: list[str]) -> tuple[str 
     best = passing[0]
     if len(passing) > 1:
         scores = {h["Host"]: h["Score"] for h in ext.prioritize(
-            {"Pod": pod, "Nodes": None, "NodeNames": passing})}
+            {"Pod": pod, "Nodes": None, "NodeNames": passing}).items()}
         best = max(passing, key=lambda n: (scores.get(n, 0), -passing.index(n)))
     meta = pod["metadata"]
     answer = ext.bind({"PodName": meta["name"], "PodNamespace": meta["namespace"],

@@ -14,7 +14,6 @@ waits on the API server, runs in the thread pool.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -27,15 +26,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
+from gpupool.core.errors import InvalidInput
 from gpupool.extender import protocol
 from gpupool.extender.service import Extender
 
 log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 256 * 1024 * 1024
-
-
-def _dumps(value: Any) -> bytes:
-    return json.dumps(value, separators=(",", ":")).encode()
 
 
 def build_app(extender: Extender) -> Starlette:
@@ -51,16 +47,16 @@ def build_app(extender: Extender) -> Starlette:
             try:
                 body = await request.body()
                 if len(body) > MAX_BODY_BYTES:
-                    raise ValueError(f"the {name} body is larger than {MAX_BODY_BYTES} bytes")
-                args = json.loads(body)
+                    raise InvalidInput(f"the {name} body is larger than {MAX_BODY_BYTES} bytes")
+                args = protocol.decode(body, name)
                 result = await run_in_threadpool(handler, args) if threaded else handler(args)
-            except (ValueError, UnicodeDecodeError) as exc:
-                result = on_error(f"gpupool {name}: the request is not valid JSON ({exc})")
+            except InvalidInput as exc:
+                result = on_error(str(exc))
             except Exception as exc:  # never a 500: the scheduler would drop the message
                 log.exception("%s failed", name)
                 result = on_error(f"gpupool {name}: internal error: {type(exc).__name__}: {exc}")
             latency.observe(time.perf_counter() - start)
-            return Response(_dumps(result), media_type="application/json")
+            return Response(protocol.encode(result), media_type="application/json")
 
         return endpoint
 
@@ -79,7 +75,8 @@ def build_app(extender: Extender) -> Starlette:
     return Starlette(routes=[
         Route("/filter", verb("filter", extender.filter, protocol.filter_error, False),
               methods=["POST"]),
-        Route("/prioritize", verb("prioritize", extender.prioritize, lambda _m: [], False),
+        Route("/prioritize", verb("prioritize", extender.prioritize,
+                                  lambda _m: protocol.Priorities(b"[]"), False),
               methods=["POST"]),
         Route("/bind", verb("bind", extender.bind, protocol.binding_result, True),
               methods=["POST"]),

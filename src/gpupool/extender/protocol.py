@@ -14,6 +14,9 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any, TypeVar
 
+import msgspec
+import numpy as np
+
 from gpupool.core.errors import InvalidInput
 
 T = TypeVar("T")
@@ -121,8 +124,46 @@ def filter_error(message: str) -> dict[str, Any]:
             "FailedAndUnresolvableNodes": {}, "Error": message}
 
 
-def host_priorities(names: Sequence[str], scores: Sequence[int]) -> list[dict[str, Any]]:
-    return [{"Host": n, "Score": int(s)} for n, s in zip(names, scores, strict=True)]
+@dataclass(frozen=True, slots=True)
+class Priorities:
+    """A ``HostPriorityList`` already rendered to JSON (thousands of hosts per call)."""
+
+    json: bytes
+
+    def items(self) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = msgspec.json.decode(self.json)
+        return result
+
+
+SCORE_TAILS = np.array([b"%d}" % s for s in range(MAX_SCORE + 1)], dtype=object)
+
+
+def host_prefixes(names: Sequence[str]) -> np.ndarray:
+    """``{"Host":"<name>","Score":`` per node, to be completed by ``SCORE_TAILS``."""
+    return np.array([b'{"Host":' + msgspec.json.encode(n) + b',"Score":' for n in names],
+                    dtype=object)
+
+
+def host_priorities(prefixes: np.ndarray, scores: np.ndarray) -> Priorities:
+    """Render hosts (their ``host_prefixes``) with scores 0..10, in C loops."""
+    if len(prefixes) == 0:
+        return Priorities(b"[]")
+    parts = prefixes + SCORE_TAILS[np.clip(scores, 0, MAX_SCORE)]
+    return Priorities(b"[" + b",".join(parts.tolist()) + b"]")
+
+
+def decode(body: bytes, what: str) -> Any:
+    """Decoded JSON of a request body, or ``InvalidInput`` saying why not."""
+    try:
+        return msgspec.json.decode(body)
+    except msgspec.DecodeError as exc:
+        raise InvalidInput(f"gpupool {what}: the request is not valid JSON ({exc})") from None
+
+
+def encode(result: Any) -> bytes:
+    if isinstance(result, Priorities):
+        return result.json
+    return msgspec.json.encode(result)
 
 
 def binding_result(error: str = "") -> dict[str, str]:

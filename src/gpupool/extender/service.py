@@ -38,7 +38,7 @@ from gpupool.core.allocation import Allocation
 from gpupool.core.eligibility import charge_of, constraints_for
 from gpupool.core.errors import GpupoolError, InvalidInput, OverCommit
 from gpupool.core.fit import Constraints, explain
-from gpupool.core.placement import Placer
+from gpupool.core.placement import Candidates, Placer
 from gpupool.core.policies import make_policy
 from gpupool.core.policies.config import PolicyConfig
 from gpupool.core.request import PodRequest
@@ -57,6 +57,7 @@ log = logging.getLogger(__name__)
 
 UNKNOWN_NODE = "gpupool has no GPU inventory here (no GPUDevice objects name this node)"
 REMEMBERED_REQUESTS = 4096
+REMEMBERED_CYCLES = 256
 REASON_TABLES = 64
 
 
@@ -68,6 +69,19 @@ class Settings:
     weights: dict[str, float] = field(default_factory=dict)
     bind_attempts: int = 5
     seed: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Cycle:
+    """What filter worked out for one pod, reused by prioritize while ``stamp`` holds
+    (kube-scheduler's CycleState, kept apart from the long-lived cache)."""
+
+    key: str
+    stamp: tuple[int, ...]
+    constraints: Constraints
+    candidates: Candidates
+    passing_names: list[str]
+    passing_rows: IntArray
 
 
 @dataclass(slots=True)
@@ -93,9 +107,11 @@ class Extender:
         self.clock = clock
         self.rng = random.Random(settings.seed)
         self.requests: OrderedDict[str, PodRequest] = OrderedDict()
+        self.cycles: OrderedDict[str, Cycle] = OrderedDict()
         self.tables: OrderedDict[tuple[object, ...], ReasonTable] = OrderedDict()
         self._names_epoch = -1
         self._names: np.ndarray = np.array([], dtype=object)
+        self._prefixes: np.ndarray = np.array([], dtype=object)
         self.workload_note = "built-in"
         self.placer = Placer(make_policy(settings.policy, PolicyConfig(BUILTIN_WORKLOAD,
                                                                        settings.weights)))
@@ -128,17 +144,31 @@ class Extender:
             self.cache.flush()
             state = self.cache.state
             idx = self._indices(state, args.node_names)
-            constraints = Constraints()
             if not request.gpus:
-                ok = np.ones(len(idx), np.bool_)
-            else:
-                constraints = constraints_for(state, request, self.cache.catalogue)
-                ok = self._passing(state, request, constraints, idx)
+                return protocol.filter_result(args, list(range(len(idx))), {}, {})
+            constraints = constraints_for(state, request, self.cache.catalogue)
+            cands = self.placer.candidates(state, request, constraints)
+            ok = np.zeros(len(idx), np.bool_)
+            known = idx >= 0
+            ok[known] = cands.mask[idx[known]]
             failed, unresolvable = ({}, {}) if ok.all() else self._reasons(
                 state, request, constraints, args.node_names, idx, ok)
-        passing = np.flatnonzero(ok).tolist()
-        self.metrics.decisions.labels("filter", "fits" if passing else "unschedulable").inc()
-        return protocol.filter_result(args, passing, failed, unresolvable)
+            passing = np.flatnonzero(ok)
+            result = protocol.filter_result(args, passing.tolist(), failed, unresolvable)
+            self._remember(Cycle(request.key, self._stamp(state), constraints, cands,
+                                 result["NodeNames"] or [], idx[passing]))
+        self.metrics.decisions.labels("filter", "fits" if passing.size else "unschedulable").inc()
+        return result
+
+    def _stamp(self, state: ClusterState) -> tuple[int, ...]:
+        """Changes whenever anything a decision reads changes (versions only grow)."""
+        return (id(state), state.epoch, int(state.version.sum()), self.cache.catalogue_version)
+
+    def _remember(self, cycle: Cycle) -> None:
+        self.cycles[cycle.key] = cycle
+        self.cycles.move_to_end(cycle.key)
+        while len(self.cycles) > REMEMBERED_CYCLES:
+            self.cycles.popitem(last=False)
 
     def _request(self, pod: Any) -> PodRequest:
         request = pod_request(pod)
@@ -148,19 +178,32 @@ class Extender:
             self.requests.popitem(last=False)
         return request
 
+    def _cycle_for(self, state: ClusterState, request: PodRequest, names: list[str]
+                   ) -> tuple[Constraints, Candidates, IntArray]:
+        """(constraints, candidates, sent rows) — reusing the filter's work for this pod
+        when nothing changed since and the scheduler sent the nodes filter passed."""
+        cycle = self.cycles.get(request.key)
+        fresh = cycle is not None and cycle.stamp == self._stamp(state)
+        if cycle is not None and fresh:
+            c, cands = cycle.constraints, cycle.candidates
+        else:
+            c = constraints_for(state, request, self.cache.catalogue)
+            cands = self.placer.candidates(state, request, c)
+        if cycle is not None and fresh and names == cycle.passing_names:
+            rows = cycle.passing_rows
+        else:
+            idx = self._indices(state, names)
+            rows = idx[idx >= 0]
+        keep = np.zeros(len(state.nodes), np.bool_)
+        keep[rows] = True
+        mask = cands.mask & keep
+        return c, Candidates(mask, np.flatnonzero(mask), cands.gpu_fit), rows
+
     @staticmethod
     def _indices(state: ClusterState, node_names: Sequence[str]) -> IntArray:
         get = state.index.get
         return np.fromiter(map(get, node_names, repeat(-1, len(node_names))), np.int64,
                            len(node_names))
-
-    def _passing(self, state: ClusterState, request: PodRequest, constraints: Constraints,
-                 idx: IntArray) -> np.ndarray:
-        known = idx >= 0
-        cands = self.placer.candidates(state, request, constraints)
-        ok = np.zeros(len(idx), np.bool_)
-        ok[known] = cands.mask[idx[known]]
-        return ok
 
     def _reasons(self, state: ClusterState, request: PodRequest, constraints: Constraints,
                  node_names: Sequence[str], idx: IntArray, ok: np.ndarray
@@ -184,8 +227,11 @@ class Extender:
         return failed, unresolvable
 
     def _state_names(self, state: ClusterState) -> np.ndarray:
+        """Node names (and their prioritize JSON prefixes) by state row, per layout."""
         if self._names_epoch != state.epoch or len(self._names) != len(state.nodes):
-            self._names = np.array([n.name for n in state.nodes], dtype=object)
+            names = [n.name for n in state.nodes]
+            self._names = np.array(names, dtype=object)
+            self._prefixes = protocol.host_prefixes(names)
             self._names_epoch = state.epoch
         return self._names
 
@@ -218,34 +264,31 @@ class Extender:
             table.version[i] = state.version[i]
 
     # -- prioritize ------------------------------------------------------------------------------
-    def prioritize(self, body: Any) -> list[dict[str, Any]]:
+    def prioritize(self, body: Any) -> protocol.Priorities:
         try:
             args = protocol.parse_args(body)
             request = self._request(args.pod)
         except GpupoolError as exc:
             self.metrics.decisions.labels("prioritize", "error").inc()
             log.info("prioritize: %s", exc)
-            return []
+            return protocol.Priorities(b"[]")
         if not request.gpus:
-            return []
+            return protocol.Priorities(b"[]")
         with self.cache.lock:
             self.cache.flush()
             state = self.cache.state
-            idx = self._indices(state, args.node_names)
-            constraints = constraints_for(state, request, self.cache.catalogue)
-            known = np.flatnonzero(idx >= 0)
-            cands = self.placer.candidates(state, request, constraints, among=idx[known])
+            _, cands, rows = self._cycle_for(state, request, args.node_names)
             if cands.indices.size == 0:
-                return []
+                return protocol.Priorities(b"[]")
             values = self.placer.score(state, request, cands, self.rng).value
             full = np.zeros(len(state.nodes), np.int64)
             full[cands.indices] = scaled(values)
-            rows = idx[known]
             sent = full[rows]
             positive = sent > 0
-            hosts = self._state_names(state)[rows[positive]].tolist()
+            self._state_names(state)
+            answer = protocol.host_priorities(self._prefixes[rows[positive]], sent[positive])
         self.metrics.decisions.labels("prioritize", "scored").inc()
-        return protocol.host_priorities(hosts, sent[positive].tolist())
+        return answer
 
     # -- bind -------------------------------------------------------------------------------------
     def bind(self, body: Any) -> dict[str, str]:
