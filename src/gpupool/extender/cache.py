@@ -80,7 +80,8 @@ class ClusterCache:
             return False
         held = self.state.allocations.get(key)
         if held is not None:
-            if held.node == alloc.node and held.slices == self._positioned(alloc).slices:
+            if held == alloc or (held.node == alloc.node and
+                                 held.slices == self._positioned(alloc).slices):
                 self.sources.setdefault(key, set()).add(source)
                 return True
             if source != "pod":  # the pod's own record wins over a ledger or a guess
@@ -89,7 +90,7 @@ class ClusterCache:
         if alloc.node not in self.state.index:
             return False
         try:
-            self.state.reserve(self._positioned(alloc))
+            self._reserve(alloc)
         except OverCommit as exc:
             self.conflicts += 1
             if source != "bind":  # a record of the cluster: hold it once room frees up
@@ -132,6 +133,12 @@ class ClusterCache:
             self.waiting_on.pop(key, None)
             for source in sorted(sources):
                 self.hold(alloc, source, charge)
+
+    def _reserve(self, alloc: Allocation) -> None:
+        try:
+            self.state.reserve(alloc)
+        except UnknownName:  # positions differ (GPU indices with gaps): look up by uuid
+            self.state.reserve(self._positioned(alloc))
 
     def _positioned(self, alloc: Allocation) -> Allocation:
         """``alloc`` with GPU positions looked up by uuid (indices may have gaps)."""

@@ -47,7 +47,8 @@ def start_feeds(api: KubeApi, cache: ClusterCache, watch_timeout_s: int = 300,
         (Feed("gpuledgers", lambda a: a.list_ledgers(),
               lambda a, rv, t: a.watch_ledgers(rv, t)),
          cache.sync_ledgers, cache.ledger_event),
-        (Feed("pods", lambda a: a.list_pods(), lambda a, rv, t: a.watch_pods(rv, timeout_s=t)),
+        (Feed("pods", lambda a: a.list_pod_summaries(),
+              lambda a, rv, t: a.watch_pod_summaries(rv, timeout_s=t)),
          cache.sync_pods, cache.pod_event),
     ]
     started: list[Informer[Any]] = []

@@ -1,4 +1,4 @@
-"""What the cluster cache keeps of each pod it watches (from lightkube ``Pod`` models).
+"""What the cluster cache keeps of each pod it watches (``PodSummary`` or ``Pod`` models).
 
 A pod holds resources on its node from the moment it is bound until it is
 deleted or reaches ``Succeeded``/``Failed``: its CPU and memory requests (so
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from gpupool.contract import annotations as records
@@ -96,16 +97,28 @@ def _load(spec: Any) -> tuple[int, int, str | None]:
     return cpu, mem, gpu_class
 
 
+@lru_cache(maxsize=4096)
+def _milli(text: Any) -> int:
+    return to_milli(text)
+
+
+@lru_cache(maxsize=4096)
+def _mib(text: Any) -> int:
+    return to_mib(text)
+
+
 def _container(c: Any) -> tuple[int, int, str | None]:
     res = c.resources
     if res is None:
         return 0, 0, None
     amounts = {**(res.limits or {}), **(res.requests or {})}  # requests win, as in the scheduler
-    gpu_class = next((k[len(names.CLASS_RESOURCE_PREFIX):] for k in amounts
-                      if k.startswith(names.CLASS_RESOURCE_PREFIX)), None)
+    gpu_class = None
+    if len(amounts) > 2:  # beyond cpu and memory: maybe a class resource
+        gpu_class = next((k[len(names.CLASS_RESOURCE_PREFIX):] for k in amounts
+                          if k.startswith(names.CLASS_RESOURCE_PREFIX)), None)
     try:
-        cpu = to_milli(amounts["cpu"]) if "cpu" in amounts else 0
-        mem = to_mib(amounts["memory"]) if "memory" in amounts else 0
+        cpu = _milli(amounts["cpu"]) if "cpu" in amounts else 0  # few distinct strings
+        mem = _mib(amounts["memory"]) if "memory" in amounts else 0
     except QuantityError:
         return 0, 0, gpu_class
     return cpu, mem, gpu_class

@@ -34,6 +34,7 @@ from lightkube.types import PatchType
 
 from gpupool.contract import names
 from gpupool.kube.errors import KubeError, from_status
+from gpupool.kube.summaries import PodSummary
 
 T = TypeVar("T")
 KubeObject = dict[str, Any]
@@ -111,7 +112,7 @@ class KubeApi:
               ) -> Listing[Any]:
         with _translated(f"list {what}"):
             kwargs: dict[str, Any] = {"labels": labels, "fields": fields}
-            if res is Pod:
+            if res in (Pod, PodSummary):
                 kwargs["namespace"] = namespace or lightkube.ALL_NS
             it = self.client.list(res, **kwargs)
             items = list(it)
@@ -123,7 +124,7 @@ class KubeApi:
         kwargs: dict[str, Any] = {"labels": labels, "fields": fields,
                                   "resource_version": resource_version or None,
                                   "server_timeout": timeout_s}
-        if res is Pod:
+        if res in (Pod, PodSummary):
             kwargs["namespace"] = lightkube.ALL_NS
         with _translated(f"watch {what}"):
             yield from self.client.watch(res, **kwargs)
@@ -134,6 +135,16 @@ class KubeApi:
         """Pods of every namespace, optionally only those bound to ``node``."""
         fields = {"spec.nodeName": node} if node else None
         return self._list(Pod, "pods", labels=labels, fields=fields)
+
+    def list_pod_summaries(self, node: str | None = None) -> Listing[PodSummary]:
+        """Like ``list_pods``, decoded as the much lighter ``PodSummary``."""
+        fields = {"spec.nodeName": node} if node else None
+        return self._list(PodSummary, "pods", fields=fields)
+
+    def watch_pod_summaries(self, resource_version: str, node: str | None = None,
+                            timeout_s: int | None = None) -> Iterator[tuple[str, PodSummary]]:
+        fields = {"spec.nodeName": node} if node else None
+        return self._watch(PodSummary, "pods", resource_version, timeout_s, fields=fields)
 
     def watch_pods(self, resource_version: str, node: str | None = None,
                    timeout_s: int | None = None) -> Iterator[tuple[str, Pod]]:

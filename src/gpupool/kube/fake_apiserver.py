@@ -57,6 +57,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import msgspec
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -243,6 +244,17 @@ class Store:
             items = [copy.deepcopy(o) for o in self.objects[plural].values()
                      if self._selected(o, namespace, labels, fields)]
             return items, str(self.rv)
+
+    def select_json(self, plural: str, namespace: str | None, labels: str, fields: str) -> bytes:
+        """The list answer, serialised under the lock (no copies of the objects)."""
+        kind = KINDS[plural]
+        with self.lock:
+            items = [o for o in self.objects[plural].values()
+                     if self._selected(o, namespace, labels, fields)]
+            return msgspec.json.encode({"kind": f"{kind.kind}List",
+                                        "apiVersion": kind.api_version,
+                                        "metadata": {"resourceVersion": str(self.rv)},
+                                        "items": items})
 
     @staticmethod
     def _selected(obj: Obj, namespace: str | None, labels: str, fields: str) -> bool:
@@ -491,10 +503,8 @@ class FakeApiServer:
             rv = q.get("resourceVersion")
             stream = self._watch(plural, ns, labels, fields, rv, timeout)
             return StreamingResponse(stream, media_type="application/json")
-        items, rv = self.store.select(plural, ns, labels, fields)
-        kind = KINDS[plural]
-        return _json({"kind": f"{kind.kind}List", "apiVersion": kind.api_version,
-                      "metadata": {"resourceVersion": rv}, "items": items})
+        body = self.store.select_json(plural, ns, labels, fields)
+        return Response(body, media_type="application/json")
 
     async def _watch(self, plural: str, ns: str | None, labels: str, fields: str,
                      rv_text: str | None, timeout: float) -> AsyncIterator[bytes]:
