@@ -1,0 +1,114 @@
+"""Every manifest in deploy/ parses, and the CRDs and scheduler config carry what the code
+reads and writes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpupool.contract import names
+from gpupool.core.allocation import Allocation
+from gpupool.core.selector import Operator
+from gpupool.extender.app import build_app
+from gpupool.extender.cache import ClusterCache
+from gpupool.extender.ledger import Entry
+from gpupool.extender.metrics import Metrics
+from gpupool.extender.service import Extender, Settings
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+YAMLS = sorted(DEPLOY.rglob("*.yaml"))
+
+
+def docs_of(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+
+
+def crd(plural: str) -> dict[str, Any]:
+    for path in YAMLS:
+        for doc in docs_of(path):
+            if doc.get("kind") == "CustomResourceDefinition" and \
+                    doc["spec"]["names"]["plural"] == plural:
+                return doc
+    raise AssertionError(f"no CRD for {plural} in {DEPLOY}")
+
+
+def schema(plural: str) -> dict[str, Any]:
+    (version,) = crd(plural)["spec"]["versions"]
+    assert version["name"] == names.API_VERSION.split("/")[1] and version["storage"]
+    return version["schema"]["openAPIV3Schema"]["properties"]  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("path", YAMLS, ids=[str(p.relative_to(DEPLOY)) for p in YAMLS])
+def test_every_manifest_parses_into_kubernetes_objects(path: Path) -> None:
+    docs = docs_of(path)
+    assert docs
+    for doc in docs:
+        assert doc.get("apiVersion") and doc.get("kind") and doc["metadata"].get("name")
+
+
+def test_the_crds_are_cluster_scoped_in_the_gpupool_group() -> None:
+    for plural in ("gpudevices", "resourceclasses", "resourcegroups", "gpuledgers"):
+        spec = crd(plural)["spec"]
+        assert spec["group"] == names.GROUP and spec["scope"] == "Cluster"
+
+
+def test_the_gpudevice_schema_has_every_field_the_extender_reads() -> None:
+    props = schema("gpudevices")
+    spec = props["spec"]["properties"]
+    assert {"node", "uuid", "index", "model", "memoryMiB", "architecture", "numaNode",
+            "labels"} <= set(spec)
+    assert {"health", "reason", "heartbeatTime"} <= set(props["status"]["properties"])
+    assert props["status"]["properties"]["health"]["enum"] == ["Healthy", "Unhealthy"]
+
+
+def test_the_resource_class_selector_allows_every_operator() -> None:
+    selector = schema("resourceclasses")["spec"]["properties"]["selector"]["properties"]
+    ops = selector["matchExpressions"]["items"]["properties"]["operator"]["enum"]
+    assert set(ops) == {o.value for o in Operator}
+    assert "matchLabels" in selector
+
+
+def test_the_resource_group_has_members_tenants_and_quota() -> None:
+    spec = schema("resourcegroups")["spec"]["properties"]
+    assert {"nodes", "gpus", "tenants", "models", "quota"} <= set(spec)
+    assert set(spec["quota"]["properties"]) == {"gpus", "memoryMiB", "corePct"}
+
+
+def test_the_ledger_schema_keeps_every_field_an_entry_writes() -> None:
+    entry = Entry(Allocation("uid", "n1", 0, 0), "ns/p", "2026-01-01T00:00:00Z", "ns")
+    fields = schema("gpuledgers")["spec"]["properties"]["entries"]["additionalProperties"]
+    assert set(entry.to_json()) <= set(fields["properties"])
+
+
+def scheduler_config() -> dict[str, Any]:
+    (cm,) = docs_of(DEPLOY / "extender" / "scheduler-config.yaml")
+    config: dict[str, Any] = yaml.safe_load(cm["data"]["scheduler-config.yaml"])
+    return config
+
+
+def test_the_scheduler_config_calls_the_extender_for_gpupool_resources() -> None:
+    config = scheduler_config()
+    assert config["kind"] == "KubeSchedulerConfiguration"
+    assert config["profiles"][0]["schedulerName"] == "gpupool-scheduler"
+    (ext,) = config["extenders"]
+    assert ext["nodeCacheCapable"] is True and ext["ignorable"] is False
+    managed = {m["name"]: m["ignoredByScheduler"] for m in ext["managedResources"]}
+    assert managed[names.RESOURCE_MEMORY] is True and managed[names.RESOURCE_CORE] is True
+    assert managed[names.RESOURCE_GPU] is False  # the node agent advertises it
+    assert all(v for k, v in managed.items() if k.startswith(names.CLASS_RESOURCE_PREFIX))
+    routes = {r.path for r in build_app(Extender(ClusterCache(), Settings("best-fit"),
+                                                 Metrics())).routes}  # type: ignore[attr-defined]
+    assert {"/" + ext[v] for v in ("filterVerb", "prioritizeVerb", "bindVerb")} <= routes
+
+
+def test_the_extender_rbac_grants_what_it_calls_and_no_pod_writes() -> None:
+    role = next(d for d in docs_of(DEPLOY / "extender" / "rbac.yaml") if d["kind"] == "ClusterRole")
+    grants = {(g, r): set(rule["verbs"]) for rule in role["rules"]
+              for g in rule["apiGroups"] for r in rule["resources"]}
+    assert grants["", "pods/binding"] == {"create"}
+    assert grants["", "pods"] == {"get", "list", "watch"}
+    assert grants["gpupool.io", "gpuledgers"] >= {"create", "patch", "get", "list", "watch"}
+    assert "patch" not in grants["gpupool.io", "gpudevices"]
