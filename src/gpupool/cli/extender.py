@@ -10,6 +10,7 @@ seconds and re-derives FGD's target workload every ``--workload-every``.
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import threading
 from typing import Any
@@ -85,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
     feeds = start_feeds(api, cache)
     log.info("cluster view rebuilt: %d GPU nodes, %d allocations; workload: %s",
              len(cache.state.nodes), len(cache.state.allocations), extender.refresh_policy())
+    gc.freeze()  # the rebuilt cache is long-lived: keep it out of every full collection
     stop = threading.Event()
     threading.Thread(target=_housekeeping, args=(extender, args, stop), daemon=True,
                      name="housekeeping").start()

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -221,8 +221,7 @@ class Extender:
                           table.sentence[rows[~perm]].tolist(), strict=True))
         unresolvable.update(zip(names_of[rows[perm]].tolist(),
                                 table.sentence[rows[perm]].tolist(), strict=True))
-        checks, counts = np.unique(table.check[rows].astype(str), return_counts=True)
-        for check, n in zip(checks.tolist(), counts.tolist(), strict=True):
+        for check, n in Counter(table.check[rows].tolist()).items():
             self.metrics.failures.labels(check).inc(n)
         return failed, unresolvable
 
