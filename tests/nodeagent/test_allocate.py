@@ -12,6 +12,7 @@ import pytest
 
 from gpupool.contract import annotations, names
 from gpupool.kube.fake_apiserver import FakeApiServer
+from gpupool.nodeagent.kubeview import KubePods
 from gpupool.nodeagent.pods import ANNOTATION_DEVICES
 
 from .builders import decision, pod, uuid_of
@@ -252,3 +253,19 @@ def test_a_restarted_agent_restores_the_logical_mapping_from_the_pods(
     second = make_agent(gpus=2, split=2)
     assert second.pool.owner(on_gpu0[0]) == uuid_of(1)
     assert Counter(second.pool.owners().values()) == {uuid_of(0): 2, uuid_of(1): 2}
+
+
+def test_a_pod_the_cache_has_not_seen_yet_is_served_from_a_fresh_list(
+        kubelet: FakeKubelet, make_agent: AgentFactory, apiserver: FakeApiServer) -> None:
+    agent = make_agent(gpus=2, split=2)
+    ready(kubelet, 4)
+    cache = agent.pods
+    assert isinstance(cache, KubePods)
+    informer = cache._informer
+    assert informer is not None and informer.synced.is_set()
+    informer.stop()  # the watch ends but the cache stays in use: it lags, it never sees p1
+    p = pod("p1", [("main", 1, 1024, 10)], ann=decision("p1", [(uuid_of(1), 1, 1024, 10, "main")]))
+    apiserver.seed("pods", p)
+    assert cache.node_pods("node-a", fresh=False) == []
+    assert kubelet.admit(p, random.Random(1)).envs["main"]["NVIDIA_VISIBLE_DEVICES"] == uuid_of(1)
+    assert [q.name for q in cache.node_pods("node-a", fresh=False)] == ["p1"]  # our own write

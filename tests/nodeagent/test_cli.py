@@ -44,3 +44,18 @@ def test_the_command_registers_with_kubelet_and_stops_on_sigterm(
         out, _ = proc.communicate(timeout=20)
     assert proc.returncode == 0, out
     assert "registered gpupool.io/gpu with kubelet" in out
+
+
+def test_the_daemonset_passes_flags_the_command_accepts() -> None:
+    import yaml
+
+    from gpupool.cli.main import build_parser
+
+    manifest = Path(__file__).resolve().parents[2] / "deploy" / "node-agent" / "daemonset.yaml"
+    spec = yaml.safe_load(manifest.read_text())["spec"]["template"]["spec"]
+    container = spec["containers"][0]
+    assert container["command"] == ["gpupool", "device-plugin"]
+    args = build_parser().parse_args(["device-plugin", *container["args"]])
+    assert args.kubelet_dir == Path("/var/lib/kubelet")
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    assert {"/var/lib/kubelet/device-plugins", "/var/lib/kubelet/pod-resources"} <= mounts

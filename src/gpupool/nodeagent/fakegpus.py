@@ -9,7 +9,7 @@ machines without GPUs: tests, demos, benchmarks. The file::
         memoryMiB: 81920
         numaNode: 0                 # default 0
         architecture: ampere        # default unknown
-        index: 0                    # default: position in the list
+        index: 0                    # default: position; indexes must be 0..n-1
         labels: {nvlink: "true"}    # extra selector labels
         health: Healthy             # or Unhealthy (fault injection)
         reason: "XID 79"            # why unhealthy
@@ -98,8 +98,9 @@ class FakeGpuBackend:
         try:
             entries = load_entries(self.path)
         except InvalidInput as exc:
-            log.error("ignoring edit of fake GPU file: %s", exc)
             self._stamp = stamp
+            if not self._stop.wait(self.poll_s) and _stamp(self.path) == stamp:
+                log.error("ignoring edit of fake GPU file: %s", exc)  # not a write in progress
             return
         with self._lock:
             self._entries, self._stamp = entries, stamp

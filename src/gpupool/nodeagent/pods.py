@@ -6,6 +6,7 @@ module reads a pod dict.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -62,21 +63,14 @@ class Pod:
         raw = self.annotations.get(ANNOTATION_DEVICES)
         if not raw:
             return {}
-        try:
-            body = json.loads(raw)
-        except json.JSONDecodeError:
-            raise InvalidInput(f"pod {self.ref}: {ANNOTATION_DEVICES} is not JSON") from None
-        if not isinstance(body, dict) or not all(
-                isinstance(v, dict) and all(isinstance(x, str) for x in v.values())
-                for v in body.values()):
-            raise InvalidInput(f"pod {self.ref}: {ANNOTATION_DEVICES} is malformed")
-        return {str(k): {str(a): b for a, b in v.items()} for k, v in body.items()}
+        return {k: dict(v) for k, v in _served(self.ref, raw).items()}
 
     def decision(self) -> contract.Decision | None:
         """The recorded decision, None without one; ``InvalidInput`` if it is broken."""
         if not contract.has_decision(self.annotations):
             return None
-        return contract.decode(self.uid, self.annotations)
+        return _decision(self.uid, tuple((k, self.annotations[k]) for k in _DECISION_KEYS
+                                         if k in self.annotations))
 
     def container(self, name: str) -> GpuContainer:
         for c in self.containers:
@@ -95,6 +89,29 @@ class Pod:
                                f"'pod' or 'least-loaded', not {affinity!r}") from None
         return PodRequest(self.uid, gpus=tuple(_demand(self, c, mode) for c in self.containers),
                           affinity=aff)
+
+
+_DECISION_KEYS = (names.ANNOTATION_ALLOCATION, names.ANNOTATION_NODE, names.ANNOTATION_BIND_TIME,
+                  names.ANNOTATION_PHASE, names.ANNOTATION_REASON)
+
+
+@functools.lru_cache(maxsize=4096)
+def _decision(uid: str, annotations: tuple[tuple[str, str], ...]) -> contract.Decision:
+    """Decoded decisions, remembered (an Allocate reads every pod's decision)."""
+    return contract.decode(uid, dict(annotations))
+
+
+@functools.lru_cache(maxsize=4096)
+def _served(ref: str, raw: str) -> dict[str, dict[str, str]]:
+    try:
+        body = json.loads(raw)
+    except json.JSONDecodeError:
+        raise InvalidInput(f"pod {ref}: {ANNOTATION_DEVICES} is not JSON") from None
+    if not isinstance(body, dict) or not all(
+            isinstance(v, dict) and all(isinstance(x, str) for x in v.values())
+            for v in body.values()):
+        raise InvalidInput(f"pod {ref}: {ANNOTATION_DEVICES} is malformed")
+    return {str(k): {str(a): b for a, b in v.items()} for k, v in body.items()}
 
 
 def _demand(pod: Pod, c: GpuContainer, mode: str | None) -> GpuDemand:
