@@ -144,3 +144,22 @@ def test_a_group_quota_stops_a_tenant(fake: FakeApiServer, replica: Replica,
     answer = replica.extender.filter({"Pod": second, "NodeNames": nodes})
     assert answer["NodeNames"] == []
     assert "quota of group team-a exceeded" in answer["FailedNodes"][nodes[0]]
+
+
+def test_preemption_keeps_only_nodes_where_the_victims_free_enough_gpu(
+        fake: FakeApiServer, replica: Replica, nodes: list[str]) -> None:
+    holders = {}
+    for k, node in enumerate([nodes[0], nodes[0], nodes[1], nodes[1]]):
+        pod = fake.seed("pods", pod_obj(f"h{k}", {"gpupool.io/gpu": "1"}))
+        assert replica.extender.bind(bind_body(pod, node))["Error"] == ""
+        holders[k] = pod["metadata"]["uid"]
+    big = fake.seed("pods", pod_obj("big", {"gpupool.io/gpu": "2"}))
+    before = dict(replica.cache.state.allocations)
+    answer = replica.extender.preempt({"Pod": big, "NodeNameToMetaVictims": {
+        nodes[0]: {"Pods": [{"UID": holders[0]}, {"UID": holders[1]}], "NumPDBViolations": 1},
+        nodes[1]: {"Pods": [{"UID": holders[2]}], "NumPDBViolations": 0},
+        "elsewhere": {"Pods": [], "NumPDBViolations": 0}}})
+    assert answer == {"NodeNameToMetaVictims": {nodes[0]: {
+        "Pods": [{"UID": holders[0]}, {"UID": holders[1]}], "NumPDBViolations": 1}}}
+    assert replica.cache.state.allocations == before  # the check changed nothing
+    assert replica.extender.preempt({"Pod": big})["NodeNameToMetaVictims"] == {}

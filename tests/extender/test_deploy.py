@@ -101,7 +101,8 @@ def test_the_scheduler_config_calls_the_extender_for_gpupool_resources() -> None
     assert all(v for k, v in managed.items() if k.startswith(names.CLASS_RESOURCE_PREFIX))
     routes = {r.path for r in build_app(Extender(ClusterCache(), Settings("best-fit"),
                                                  Metrics())).routes}  # type: ignore[attr-defined]
-    assert {"/" + ext[v] for v in ("filterVerb", "prioritizeVerb", "bindVerb")} <= routes
+    verbs = ("filterVerb", "prioritizeVerb", "bindVerb", "preemptVerb")
+    assert {"/" + ext[v] for v in verbs} <= routes
 
 
 def test_the_extender_rbac_grants_what_it_calls_and_no_pod_writes() -> None:

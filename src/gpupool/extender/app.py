@@ -1,7 +1,7 @@
 """The extender's HTTP face: a starlette app over an ``Extender``.
 
-Routes: ``POST /filter``, ``/prioritize``, ``/bind`` (kube-scheduler extender
-protocol), ``GET /healthz`` (the process answers), ``/readyz`` (the cache has
+Routes: ``POST /filter``, ``/prioritize``, ``/bind``, ``/preempt`` (kube-scheduler
+extender protocol), ``GET /healthz`` (the process answers), ``/readyz`` (the cache has
 listed nodes, GPUs, pods and ledgers), ``/metrics`` (Prometheus text).
 
 Every extender call answers HTTP 200: a body that is not JSON, or any failure
@@ -79,6 +79,9 @@ def build_app(extender: Extender) -> Starlette:
                                   lambda _m: protocol.Priorities(b"[]"), False),
               methods=["POST"]),
         Route("/bind", verb("bind", extender.bind, protocol.binding_result, True),
+              methods=["POST"]),
+        Route("/preempt", verb("preempt", extender.preempt,
+                               lambda _m: protocol.preemption_result({}, {}), False),
               methods=["POST"]),
         Route("/healthz", healthz), Route("/readyz", readyz), Route("/metrics", prometheus),
     ])

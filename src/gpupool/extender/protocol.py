@@ -84,6 +84,54 @@ class BindingArgs:
     node: str
 
 
+@dataclass(frozen=True, slots=True)
+class PreemptionArgs:
+    """``ExtenderPreemptionArgs``: the pod and, per node, the UIDs of the victims the
+    scheduler proposes (from ``NodeNameToMetaVictims`` or ``NodeNameToVictims``)."""
+
+    pod: Mapping[str, Any]
+    victims: dict[str, list[str]]
+    pdb_violations: dict[str, int]
+
+
+def parse_preemption(body: Any) -> PreemptionArgs:
+    args = _folded(body, "ExtenderPreemptionArgs")
+    pod = args.get("pod")
+    if not isinstance(pod, Mapping):
+        raise InvalidInput("ExtenderPreemptionArgs.Pod is missing or not an object")
+    meta = args.get("nodenametometavictims")
+    table = meta if meta is not None else args.get("nodenametovictims")
+    if not isinstance(table, Mapping):
+        raise InvalidInput("ExtenderPreemptionArgs has no NodeNameToMetaVictims / "
+                           "NodeNameToVictims map")
+    victims: dict[str, list[str]] = {}
+    violations: dict[str, int] = {}
+    for node, raw in table.items():
+        entry = _folded(raw, f"the victims of node {node}")
+        pods = entry.get("pods") or []
+        if not isinstance(node, str) or not isinstance(pods, list):
+            raise InvalidInput(f"the victims of node {node} must be a list of pods")
+        victims[node] = [_victim_uid(p, meta is not None) for p in pods]
+        count = entry.get("numpdbviolations") or 0
+        violations[node] = count if isinstance(count, int) else 0
+    return PreemptionArgs(pod, victims, violations)
+
+
+def _victim_uid(pod: Any, meta: bool) -> str:
+    obj = _folded(pod, "a victim")
+    uid = obj.get("uid") if meta else (obj.get("metadata") or {}).get("uid")
+    if not isinstance(uid, str) or not uid:
+        raise InvalidInput("a victim pod has no UID")
+    return uid
+
+
+def preemption_result(victims: Mapping[str, list[str]], violations: Mapping[str, int]
+                      ) -> dict[str, Any]:
+    return {"NodeNameToMetaVictims": {
+        node: {"Pods": [{"UID": u} for u in uids], "NumPDBViolations": violations.get(node, 0)}
+        for node, uids in victims.items()}}
+
+
 def parse_binding(body: Any) -> BindingArgs:
     args = _folded(body, "ExtenderBindingArgs")
     values = {k: args.get(k) for k in ("podname", "podnamespace", "poduid", "node")}

@@ -289,6 +289,43 @@ class Extender:
         self.metrics.decisions.labels("prioritize", "scored").inc()
         return answer
 
+    # -- preempt -----------------------------------------------------------------------------------
+    def preempt(self, body: Any) -> dict[str, Any]:
+        """Keep only the nodes where evicting the proposed victims frees enough GPU for
+        the pod (kube-scheduler chooses victims by its own rules, blind to GPU slices)."""
+        try:
+            args = protocol.parse_preemption(body)
+            request = self._request(args.pod)
+        except GpupoolError as exc:
+            self.metrics.decisions.labels("preempt", "error").inc()
+            log.info("preempt: %s", exc)
+            return protocol.preemption_result({}, {})
+        with self.cache.lock:
+            self.cache.flush()
+            kept = {node: uids for node, uids in args.victims.items()
+                    if self._fits_without(request, node, uids)}
+        self.metrics.decisions.labels("preempt", "kept" if kept else "none").inc()
+        return protocol.preemption_result(kept, args.pdb_violations)
+
+    def _fits_without(self, request: PodRequest, node: str, victims: list[str]) -> bool:
+        """Would ``request`` fit ``node`` once ``victims`` are gone? (Under the lock: the
+        victims are released, the node checked, and the very same allocations re-held.)"""
+        state = self.cache.state
+        i = state.index.get(node)
+        if i is None:
+            return False
+        if not request.gpus:
+            return True
+        released = [a for a in (state.release(u) for u in victims
+                                if u in state.allocations and state.allocations[u].node == node)
+                    if a is not None]
+        try:
+            c = constraints_for(state, request, self.cache.catalogue)
+            return bool(self.placer.candidates(state, request, c).mask[i])
+        finally:
+            for alloc in released:
+                state.reserve(alloc)
+
     # -- bind -------------------------------------------------------------------------------------
     def bind(self, body: Any) -> dict[str, str]:
         try:
