@@ -163,3 +163,29 @@ def test_preemption_keeps_only_nodes_where_the_victims_free_enough_gpu(
         "Pods": [{"UID": holders[0]}, {"UID": holders[1]}], "NumPDBViolations": 1}}}
     assert replica.cache.state.allocations == before  # the check changed nothing
     assert replica.extender.preempt({"Pod": big})["NodeNameToMetaVictims"] == {}
+
+
+def test_the_sweep_marks_a_gpu_unhealthy_once_its_heartbeat_is_stale(fake: FakeApiServer) -> None:
+    from gpupool.extender.cache import ClusterCache
+
+    from .builders import seed_cluster
+    nodes = seed_cluster(fake, 1, 2)
+    now = [time.time()]
+    replica = Replica(fake, stale_after_s=60)
+    cache = ClusterCache(stale_after_s=60, clock=lambda: now[0])
+    try:
+        cache.sync_nodes(replica.api.list_nodes().items)
+        cache.sync_devices(replica.api.list_gpu_devices().items)
+        cache.sweep()
+        assert cache.state.healthy[0].all()
+        now[0] += 61  # no heartbeat for 61 s
+        cache.sweep()
+        assert not cache.state.healthy[0].any()
+        fresh = [gpu_obj(nodes[0], j, heartbeat=time.strftime(
+            "%Y-%m-%dT%H:%M:%SZ", time.gmtime(now[0]))) for j in range(2)]
+        for obj in fresh:
+            cache.device_event("MODIFIED", obj)
+        cache.sweep()
+        assert cache.state.healthy[0].all()
+    finally:
+        replica.close()

@@ -71,6 +71,7 @@ class ClusterCache:
         self.waiting_on: dict[str, str] = {}  # key -> node of its waiting holding
         self.synced: set[str] = set()
         self.entry_memo: dict[tuple[str, str], ledger.Entry] = {}
+        self.freshness: dict[str, bool] = {}  # GPUDevice -> freshness the last sweep applied
 
     # -- holdings ------------------------------------------------------------------------------
     def hold(self, alloc: Allocation, source: str, charge: Charge | None = None) -> bool:
@@ -278,6 +279,7 @@ class ClusterCache:
         return dev
 
     def _refresh_health(self, dev: DeviceFacts) -> None:
+        self.freshness.pop(dev.name, None)  # the next sweep looks at it again
         i = self.state.index.get(dev.node)
         if i is None:
             return
@@ -294,9 +296,12 @@ class ClusterCache:
         """Mark GPUs whose heartbeat went stale unhealthy (and fresh ones healthy again);
         release ledger-only holdings of unknown pods past the grace period."""
         with self.lock:
-            for dev in self.devices.values():
-                self._refresh_health(dev)
             now = self.clock()
+            for dev in self.devices.values():  # touch the state only where freshness flipped
+                fresh = inventory.is_fresh(dev, now, self.stale_after_s)
+                if self.freshness.get(dev.name) != fresh:
+                    self._refresh_health(dev)
+                    self.freshness[dev.name] = fresh
             for view in self.ledgers.values():
                 for uid, entry in view.entries.items():
                     if self._stale_entry(uid, entry, now):
@@ -307,6 +312,7 @@ class ClusterCache:
         """Apply pending layout changes (call under ``lock`` before deciding)."""
         if not self.dirty:
             return
+        self.freshness.clear()  # health was re-derived: the next sweep checks every GPU
         if len(self.dirty) >= RELAYOUT_ALL_AT:
             self._relayout_all()
             return
@@ -325,6 +331,7 @@ class ClusterCache:
     def _relayout_all(self) -> None:
         """Rebuild the state from scratch and hold everything again."""
         self.dirty.clear()
+        self.freshness.clear()
         nodes = self._core_nodes()
         kept = [(a, self.sources.get(a.key, set()), self.charges.get(a.key))
                 for a in self.state.allocations.values()]
