@@ -74,3 +74,15 @@ def test_stale_objects_of_this_node_are_deleted_and_others_left_alone(
              and devices(apiserver)[device_name(uuid_of(0))]["spec"]["model"] != "old")
     assert device_name("GPU-elsewhere") in devices(apiserver)
     assert devices(apiserver)[device_name(uuid_of(0))]["spec"]["memoryMiB"] == 16384
+
+
+def test_a_vanished_gpu_stays_published_as_unhealthy(make_agent: AgentFactory,
+                                                     apiserver: FakeApiServer) -> None:
+    agent = make_agent(gpus=2, split=1, inventory=True)
+    name = device_name(uuid_of(1))
+    wait_for(lambda: name in devices(apiserver) and devices(apiserver)[name].get("status"))
+    backend = agent.backend
+    assert isinstance(backend, FakeGpuBackend)
+    backend.set_present(uuid_of(1), False)
+    wait_for(lambda: devices(apiserver)[name]["status"]["health"] == "Unhealthy")
+    assert devices(apiserver)[name]["status"]["reason"] == "vanished"
