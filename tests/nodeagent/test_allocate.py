@@ -269,3 +269,25 @@ def test_a_pod_the_cache_has_not_seen_yet_is_served_from_a_fresh_list(
     assert cache.node_pods("node-a", fresh=False) == []
     assert kubelet.admit(p, random.Random(1)).envs["main"]["NVIDIA_VISIBLE_DEVICES"] == uuid_of(1)
     assert [q.name for q in cache.node_pods("node-a", fresh=False)] == ["p1"]  # our own write
+
+
+@pytest.mark.parametrize("state, fits", [("running", False), ("terminating", False),
+                                         ("succeeded", True)])
+def test_a_slice_is_held_until_its_pod_is_gone_or_finished(
+        state: str, fits: bool, kubelet: FakeKubelet, make_agent: AgentFactory,
+        apiserver: FakeApiServer) -> None:
+    make_agent(gpus=1, split=4)
+    ready(kubelet, 4)
+    old = holding("old", uuid_of(0), 0, 80)
+    if state == "terminating":
+        old["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    if state == "succeeded":
+        old["status"] = {"phase": "Succeeded"}
+    apiserver.seed("pods", old)
+    p = pod("p1", [("main", 1, 4096, 30)], ann=decision("p1", [(uuid_of(0), 0, 4096, 30, "main")]))
+    apiserver.seed("pods", p)
+    if fits:
+        assert kubelet.admit(p, random.Random(1)).envs["main"]["NVIDIA_VISIBLE_DEVICES"] == \
+            uuid_of(0)
+    else:
+        assert "20 % free" in refusal(kubelet, p)

@@ -45,7 +45,7 @@ from gpupool.nodeagent.envs import ContainerAnswer, container_answer
 from gpupool.nodeagent.gpu import GpuInfo
 from gpupool.nodeagent.handshake import Target, identify
 from gpupool.nodeagent.logical import LogicalPool
-from gpupool.nodeagent.nodestate import gpu_only, node_state
+from gpupool.nodeagent.nodestate import gpu_only, held_devices, node_state
 from gpupool.nodeagent.podresources import Holders, PodResourcesClient
 from gpupool.nodeagent.pods import ANNOTATION_DEVICES, Pod
 
@@ -129,7 +129,7 @@ class Allocator:
                           f"but kubelet allocates {len(ids)} device(s)")
         self._recheck(pod, alloc, pods)
         busy = {i for held in (holders or {}).values() for c in held.values() for i in c}
-        busy |= {i for p in pods if p.uid != pod.uid for c in p.served().values() for i in c}
+        busy |= held_devices(pods, pod.uid)
         mapping = self.pool.assign(ids, [s.gpu_uuid for s in slices], busy)
         self._claim(pod, container.name, mapping)
         return container_answer(pod, container.name, slices, alloc.exclusive, mapping,

@@ -26,8 +26,12 @@ def gpu_only(alloc: Allocation) -> Allocation:
 
 
 def holds_gpus(pod: Pod) -> bool:
-    """Does ``pod`` hold its decided GPUs now (served at least in part, or allocated)?"""
-    if not pod.active or pod.deleting:
+    """Does ``pod`` hold its decided GPUs now (served at least in part, or allocated)?
+
+    A terminating pod (deletion requested) still runs, so it still holds them, as
+    the extender counts it: until the pod is gone or Succeeded / Failed.
+    """
+    if not pod.active:
         return False
     phase = pod.annotations.get(names.ANNOTATION_PHASE)
     if phase == names.PHASE_FAILED:
@@ -49,3 +53,17 @@ def node_state(node: str, gpus: Sequence[GpuInfo], pods: Iterable[Pod], skip_uid
         except GpupoolError as exc:
             log.warning("pod %s: its decision does not fit this node's state: %s", pod.ref, exc)
     return state
+
+
+def held_devices(pods: Iterable[Pod], skip_uid: str) -> set[str]:
+    """Logical devices the agent served to other pods that still hold GPUs."""
+    held: set[str] = set()
+    for pod in pods:
+        if pod.uid == skip_uid:
+            continue
+        try:
+            if holds_gpus(pod):
+                held.update(i for m in pod.served().values() for i in m)
+        except GpupoolError as exc:
+            log.warning("pod %s: %s", pod.ref, exc)
+    return held
