@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -291,3 +292,22 @@ def test_a_slice_is_held_until_its_pod_is_gone_or_finished(
             uuid_of(0)
     else:
         assert "20 % free" in refusal(kubelet, p)
+
+
+def test_without_pod_resources_the_oldest_waiting_pod_is_served(
+        short_dir: Path, make_agent: AgentFactory, apiserver: FakeApiServer) -> None:
+    kubelet = FakeKubelet(short_dir / "kubelet", serve_pod_resources=False).start()
+    try:
+        make_agent(gpus=2, split=2)
+        ready(kubelet, 4)
+        older = pod("older", [("main", 1, 1024, 10)], created="2026-01-01T00:00:01Z",
+                    ann=decision("older", [(uuid_of(0), 0, 1024, 10, "main")]))
+        newer = pod("newer", [("main", 1, 1024, 10)], created="2026-01-01T00:00:02Z",
+                    ann=decision("newer", [(uuid_of(1), 1, 1024, 10, "main")]))
+        apiserver.seed("pods", newer)
+        apiserver.seed("pods", older)
+        got = [kubelet.admit(p, random.Random(2)).envs["main"]["GPUPOOL_POD"]
+               for p in (older, newer)]
+        assert got == ["default/older", "default/newer"]
+    finally:
+        kubelet.stop()
