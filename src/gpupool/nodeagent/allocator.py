@@ -115,7 +115,8 @@ class Allocator:
         except (InvalidInput, OverCommit, UnknownName, Refused) as exc:
             if not fresh:
                 raise _Reread() from None
-            self._fail(target.pod, str(exc))
+            if target.confirmed:  # a guessed pod (no PodResources) is not marked failed
+                self._fail(target.pod, str(exc))
             raise Refused(f"pod {target.pod.ref}: {exc}") from None
 
     def _serve(self, target: Target, ids: list[str], pods: list[Pod],

@@ -84,10 +84,6 @@ class LogicalPool:
         gpu = self._gpus[self._owner[lid]]
         return LogicalDevice(lid, HEALTHY if gpu.healthy else UNHEALTHY, gpu.numa_node, gpu.uuid)
 
-    def gpus(self) -> tuple[GpuInfo, ...]:
-        with self._cond:
-            return tuple(sorted(self._gpus.values(), key=lambda g: g.index))
-
     def owners(self) -> dict[str, str]:
         """Logical ID -> GPU uuid, for every logical device (present GPUs or not)."""
         with self._cond:
@@ -183,16 +179,6 @@ class LogicalPool:
     def _bump(self) -> None:
         self.version += 1
         self._cond.notify_all()
-
-    def free_count(self, busy: Collection[str]) -> dict[str, int]:
-        """Free logical devices per GPU uuid (present GPUs only)."""
-        with self._cond:
-            counts = dict.fromkeys(self._gpus, 0)
-            for lid in self._order:
-                uuid = self._owner[lid]
-                if uuid in counts and lid not in busy:
-                    counts[uuid] += 1
-            return counts
 
 
 @dataclass(frozen=True, slots=True)

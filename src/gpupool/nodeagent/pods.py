@@ -72,12 +72,6 @@ class Pod:
         return _decision(self.uid, tuple((k, self.annotations[k]) for k in _DECISION_KEYS
                                          if k in self.annotations))
 
-    def container(self, name: str) -> GpuContainer:
-        for c in self.containers:
-            if c.name == name:
-                return c
-        raise InvalidInput(f"pod {self.ref} has no GPU container {name!r}")
-
     def request(self) -> PodRequest:
         """What the pod asks for, as the core's request (GPU part only)."""
         mode = self.annotations.get(names.ANNOTATION_MODE)
