@@ -51,7 +51,10 @@ class NvmlGpuBackend:
         self.poll_s = poll_s
         self.recover_after_s = recover_after_s
         self.sysfs = sysfs
-        self._gpus = {g.uuid: g for g in self._query()}
+        try:
+            self._gpus = {g.uuid: g for g in self._query()}
+        except pynvml.NVMLError as exc:
+            raise NvmlUnavailable(f"NVML could not list the GPUs: {exc}") from None
         self._last_xid: dict[str, float] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
