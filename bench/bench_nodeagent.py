@@ -174,7 +174,7 @@ def race(runs: int, pod_resources: bool) -> int:
                 correct += race_once(run, rng, kubelet, api)
         finally:
             agent.stop()
-            pods.stop()
+            pods.stop(wait=False)
             kubelet.stop()
             client.close()
     return correct
@@ -249,7 +249,7 @@ def main() -> int:
             faults = bench_faults(kubelet, agent, args.faults)
         finally:
             agent.stop()
-            pods.stop()
+            pods.stop(wait=False)
             kubelet.stop()
             client.close()
     own = allocate_in_own_process(args.pods)

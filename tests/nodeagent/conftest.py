@@ -65,7 +65,9 @@ def make_agent(short_dir: Path, apiserver: FakeApiServer) -> Iterator[AgentFacto
         return agent
 
     yield make
-    for agent, pods, api in started:
+    for agent, _, _ in started:
         agent.stop()
+    apiserver.stop()  # ends the pod watches, so the caches stop at once
+    for _, pods, api in started:
         pods.stop()
         api.close()

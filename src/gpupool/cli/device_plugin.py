@@ -72,6 +72,6 @@ def run(args: argparse.Namespace) -> int:
         stop.wait()
     finally:
         agent.stop()
-        pods.stop()
+        pods.stop(wait=False)
         api.close()
     return 0

@@ -42,10 +42,16 @@ class KubePods:
                                lambda api, rv, t: api.watch_pods(rv, node, t))
         self._informer = Informer(self.api, feed, self._on_sync, self._on_event).start()
 
-    def stop(self) -> None:
-        if self._informer is not None:
-            self._informer.stop()
-            self._informer = None
+    def stop(self, wait: bool = True) -> None:
+        """Stop the watch. Its thread may sit in a read until the server sends
+        something; ``wait=False`` does not wait for it (at process exit)."""
+        informer, self._informer = self._informer, None
+        if informer is None:
+            return
+        if wait:
+            informer.stop()
+        else:
+            threading.Thread(target=informer.stop, daemon=True).start()
 
     def node_pods(self, node: str, fresh: bool = True) -> list[Pod]:
         if not fresh and self._informer is not None and self._informer.synced.is_set():
