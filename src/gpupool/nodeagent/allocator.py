@@ -45,7 +45,7 @@ from gpupool.nodeagent.envs import ContainerAnswer, container_answer
 from gpupool.nodeagent.gpu import GpuInfo
 from gpupool.nodeagent.handshake import Target, identify
 from gpupool.nodeagent.logical import LogicalPool
-from gpupool.nodeagent.nodestate import gpu_only, held_devices, node_state
+from gpupool.nodeagent.nodestate import NodeView, gpu_only, held_devices
 from gpupool.nodeagent.podresources import Holders, PodResourcesClient
 from gpupool.nodeagent.pods import ANNOTATION_DEVICES, Pod
 
@@ -80,6 +80,7 @@ class Allocator:
         self.pool = pool
         self.known_gpus = known_gpus
         self.clock = clock
+        self.view = NodeView(config.node, config.memory_unit_mib)
         self._lock = threading.Lock()
 
     # -- Allocate -----------------------------------------------------------------
@@ -148,8 +149,7 @@ class Allocator:
         return decision
 
     def _recheck(self, pod: Pod, alloc: Allocation, pods: list[Pod]) -> None:
-        state = node_state(self.config.node, self.known_gpus(), pods, pod.uid,
-                           self.config.memory_unit_mib)
+        state = self.view.state(self.known_gpus(), pods, pod.uid)
         try:
             state.reserve(gpu_only(alloc))
         except (OverCommit, UnknownName) as exc:
@@ -157,8 +157,7 @@ class Allocator:
 
     def _decide(self, pod: Pod, pods: list[Pod]) -> contract.Decision:
         """Seed 000 without an extender: the least-loaded GPUs, recorded before use."""
-        state = node_state(self.config.node, self.known_gpus(), pods, pod.uid,
-                           self.config.memory_unit_mib)
+        state = self.view.state(self.known_gpus(), pods, pod.uid)
         request = pod.request()
         demand = merged_demand(request)
         fit = gpu_fit_mask(state, demand, None)[0]

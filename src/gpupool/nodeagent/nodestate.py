@@ -39,20 +39,50 @@ def holds_gpus(pod: Pod) -> bool:
     return phase == names.PHASE_ALLOCATED or bool(pod.served())
 
 
-def node_state(node: str, gpus: Sequence[GpuInfo], pods: Iterable[Pod], skip_uid: str,
-               memory_unit_mib: int) -> ClusterState:
-    """The node with every other pod that holds GPUs reserved (unreadable ones are logged)."""
-    state = ClusterState([Node(node, 0, 0, tuple(g.to_core() for g in gpus))], memory_unit_mib)
-    for pod in pods:
-        if pod.uid == skip_uid or not holds_gpus(pod):
-            continue
-        try:
-            decision = pod.decision()
-            if decision is not None and decision.allocation.node == node:
-                state.reserve(gpu_only(decision.allocation))
-        except GpupoolError as exc:
-            log.warning("pod %s: its decision does not fit this node's state: %s", pod.ref, exc)
-    return state
+class NodeView:
+    """This node's ``ClusterState``, kept between Allocates and brought up to date.
+
+    ``state`` reserves every other pod that holds GPUs (unreadable decisions are
+    logged and left out), releasing what changed since the last call; it starts
+    afresh when the GPUs change (health, vanish).
+    """
+
+    def __init__(self, node: str, memory_unit_mib: int):
+        self.node = node
+        self.memory_unit_mib = memory_unit_mib
+        self._gpus: tuple[GpuInfo, ...] = ()
+        self._state: ClusterState | None = None
+
+    def state(self, gpus: Sequence[GpuInfo], pods: Iterable[Pod], skip_uid: str
+              ) -> ClusterState:
+        if self._state is None or tuple(gpus) != self._gpus:
+            self._gpus = tuple(gpus)
+            node = Node(self.node, 0, 0, tuple(g.to_core() for g in self._gpus))
+            self._state = ClusterState([node], self.memory_unit_mib)
+        state, want = self._state, self._wanted(pods, skip_uid)
+        for key, held in list(state.allocations.items()):
+            if want.get(key) != held:
+                state.release(key)
+        for key, alloc in want.items():
+            try:
+                state.reserve(alloc)
+            except GpupoolError as exc:
+                log.warning("%s: its decision does not fit this node's state: %s", key, exc)
+        return state
+
+    def _wanted(self, pods: Iterable[Pod], skip_uid: str) -> dict[str, Allocation]:
+        want = {}
+        for pod in pods:
+            if pod.uid == skip_uid or not holds_gpus(pod):
+                continue
+            try:
+                decision = pod.decision()
+            except GpupoolError as exc:
+                log.warning("pod %s: %s", pod.ref, exc)
+                continue
+            if decision is not None and decision.allocation.node == self.node:
+                want[pod.uid] = gpu_only(decision.allocation)
+        return want
 
 
 def held_devices(pods: Iterable[Pod], skip_uid: str) -> set[str]:
