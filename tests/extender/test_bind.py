@@ -108,10 +108,13 @@ def test_a_gpu_with_a_stale_heartbeat_is_not_offered(
     for j in range(2):
         fake.seed("gpudevices", gpu_obj(nodes[0], j, heartbeat="2020-01-01T00:00:00Z"))
     pod = shared(fake, "a")
-    assert wait_for(lambda: nodes[0] not in replica.extender.filter(
-        {"Pod": pod, "NodeNames": nodes})["NodeNames"])
-    answer = replica.extender.filter({"Pod": pod, "NodeNames": nodes})
-    assert "healthy GPUs needed, 0 of 2 healthy" in answer["FailedNodes"][nodes[0]]
+
+    def refused() -> str:
+        answer = replica.extender.filter({"Pod": pod, "NodeNames": nodes})
+        return str(answer["FailedNodes"].get(nodes[0], "")) if nodes[0] not in \
+            answer["NodeNames"] else ""
+    assert wait_for(lambda: "0 of 2 healthy" in refused())  # both GPUs replaced by now
+    assert f"node {nodes[0]}: 1 healthy GPUs needed, 0 of 2 healthy" == refused()
 
 
 def test_a_class_request_goes_only_to_gpus_of_the_class(

@@ -120,8 +120,8 @@ def test_a_watch_sees_changes_after_the_listed_version(fake: FakeApiServer, api:
 
 def test_a_watch_from_an_expired_version_is_gone(api: KubeApi,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpupool.kube import fake_apiserver
-    monkeypatch.setattr(fake_apiserver, "HISTORY", 2)
+    from gpupool.kube import fake_store
+    monkeypatch.setattr(fake_store, "HISTORY", 2)
     for i in range(5):
         api.create_gpu_device(gpu_device(f"gpu-{i}", "n1", i))
     with pytest.raises(Gone):
