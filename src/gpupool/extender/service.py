@@ -1,18 +1,17 @@
 """``Extender``: filter, prioritize and bind, decided by the core on the cache's state.
 
 * filter: ``constraints_for`` (classes, quota, groups) then ``Placer.candidates``
-  over every node at once; refused nodes get ``fit.explain``'s sentence, cached
-  per (request shape, node version) so a busy cluster does not re-explain
-  thousands of unchanged nodes for every pod. Permanent reasons go to
+  over every node at once; refused nodes get ``fit.explain``'s sentence through
+  ``refusals.Refusals`` (cached per request shape and node version). Permanent reasons go to
   ``FailedAndUnresolvableNodes`` (preemption cannot help), others to
   ``FailedNodes``.
 * prioritize: the policy's scores of the sent nodes, scaled to 0..10; only
   hosts with a score above 0 are listed (the scheduler adds nothing for a
   host it does not find, which is what 0 means).
-* bind: ``Placer.decide`` among the one node against the freshest state, a
-  compare-and-swap on the node's GPULedger, then one Binding that also carries
-  the decision annotations (see docs/design/extender.md). Any failure rolls the
-  ledger entry and the cache back.
+* bind: ``binder.Binder`` — ``Placer.decide`` among the one node against the
+  freshest state, a compare-and-swap on the node's GPULedger, then one Binding
+  that also carries the decision annotations (docs/design/extender.md).
+* preempt: keeps the nodes where the proposed victims free enough GPU.
 
 Every public method takes decoded JSON and returns JSON-ready values; bad input
 comes back as an ``Error``, never as an exception.
@@ -23,42 +22,35 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from itertools import repeat
 from typing import Any
 
 import numpy as np
 
-from gpupool.contract import annotations as records
-from gpupool.contract import names
-from gpupool.core.allocation import Allocation
-from gpupool.core.eligibility import charge_of, constraints_for
-from gpupool.core.errors import GpupoolError, InvalidInput, OverCommit
-from gpupool.core.fit import Constraints, explain
+from gpupool.core.eligibility import constraints_for
+from gpupool.core.errors import GpupoolError, InvalidInput
+from gpupool.core.fit import Constraints
 from gpupool.core.placement import Candidates, Placer
 from gpupool.core.policies import make_policy
 from gpupool.core.policies.config import PolicyConfig
 from gpupool.core.request import PodRequest
 from gpupool.core.state import ClusterState, IntArray
 from gpupool.extender import protocol
+from gpupool.extender.binder import Binder
 from gpupool.extender.cache import ClusterCache
-from gpupool.extender.ledger import Entry, Ledgers, View, check_fits
 from gpupool.extender.metrics import Metrics
-from gpupool.extender.pods import ANNOTATION_RESOURCE_GROUP
 from gpupool.extender.podspec import pod_id, pod_request
+from gpupool.extender.refusals import Refusals
 from gpupool.extender.workload import BUILTIN_WORKLOAD, observed_workload
 from gpupool.kube.api import KubeApi
-from gpupool.kube.errors import Conflict, KubeError
 
 log = logging.getLogger(__name__)
 
-UNKNOWN_NODE = "gpupool has no GPU inventory here (no GPUDevice objects name this node)"
 REMEMBERED_REQUESTS = 4096
 REMEMBERED_CYCLES = 256
-REASON_TABLES = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,16 +76,6 @@ class Cycle:
     passing_rows: IntArray
 
 
-@dataclass(slots=True)
-class ReasonTable:
-    """Explanations of one request shape per node, valid while the node's version holds."""
-
-    version: IntArray
-    sentence: np.ndarray
-    permanent: np.ndarray
-    check: np.ndarray
-
-
 class Extender:
     """The extender's decisions; thread-safe (the cache lock serialises state access)."""
 
@@ -103,12 +85,12 @@ class Extender:
         self.settings = settings
         self.metrics = metrics
         self.kube = kube
-        self.ledgers = Ledgers(kube) if kube is not None else None
-        self.clock = clock
+        self.binder = Binder(cache, kube, metrics, settings.bind_attempts, clock) \
+            if kube is not None else None
+        self.refusals = Refusals(metrics)
         self.rng = random.Random(settings.seed)
         self.requests: OrderedDict[str, PodRequest] = OrderedDict()
         self.cycles: OrderedDict[str, Cycle] = OrderedDict()
-        self.tables: OrderedDict[tuple[object, ...], ReasonTable] = OrderedDict()
         self._names_epoch = -1
         self._names: np.ndarray = np.array([], dtype=object)
         self._prefixes: np.ndarray = np.array([], dtype=object)
@@ -126,7 +108,7 @@ class Extender:
             self.placer = Placer(make_policy(self.settings.policy,
                                              PolicyConfig(workload, self.settings.weights)))
             self.workload_note = note
-            self.tables.clear()
+            self.refusals.clear()
         return note
 
     def ready(self) -> bool:
@@ -151,8 +133,9 @@ class Extender:
             ok = np.zeros(len(idx), np.bool_)
             known = idx >= 0
             ok[known] = cands.mask[idx[known]]
-            failed, unresolvable = ({}, {}) if ok.all() else self._reasons(
-                state, request, constraints, args.node_names, idx, ok)
+            failed, unresolvable = ({}, {}) if ok.all() else self.refusals.of(
+                state, request, constraints, self.cache.catalogue_version, self._state_names,
+                args.node_names, idx, ok)
             passing = np.flatnonzero(ok)
             result = protocol.filter_result(args, passing.tolist(), failed, unresolvable)
             self._remember(Cycle(request.key, self._stamp(state), constraints, cands,
@@ -205,26 +188,6 @@ class Extender:
         return np.fromiter(map(get, node_names, repeat(-1, len(node_names))), np.int64,
                            len(node_names))
 
-    def _reasons(self, state: ClusterState, request: PodRequest, constraints: Constraints,
-                 node_names: Sequence[str], idx: IntArray, ok: np.ndarray
-                 ) -> tuple[dict[str, str], dict[str, str]]:
-        fail = np.flatnonzero(~ok)
-        rows = idx[fail]
-        unresolvable = {node_names[k]: f"node {node_names[k]}: {UNKNOWN_NODE}"
-                        for k in fail[rows < 0].tolist()}
-        rows = rows[rows >= 0]
-        table = self._table(state, request, constraints)
-        self._explain_stale(state, request, constraints, table, rows)
-        perm = table.permanent[rows]
-        names_of = self._state_names(state)
-        failed = dict(zip(names_of[rows[~perm]].tolist(),
-                          table.sentence[rows[~perm]].tolist(), strict=True))
-        unresolvable.update(zip(names_of[rows[perm]].tolist(),
-                                table.sentence[rows[perm]].tolist(), strict=True))
-        for check, n in Counter(table.check[rows].tolist()).items():
-            self.metrics.failures.labels(check).inc(n)
-        return failed, unresolvable
-
     def _state_names(self, state: ClusterState) -> np.ndarray:
         """Node names (and their prioritize JSON prefixes) by state row, per layout."""
         if self._names_epoch != state.epoch or len(self._names) != len(state.nodes):
@@ -233,34 +196,6 @@ class Extender:
             self._prefixes = protocol.host_prefixes(names)
             self._names_epoch = state.epoch
         return self._names
-
-    def _table(self, state: ClusterState, request: PodRequest, c: Constraints) -> ReasonTable:
-        blocked = c.blocked.message if c.blocked is not None else None
-        key = (request.shape, request.gpu_class, c.group, blocked, self.cache.catalogue_version,
-               state.epoch, id(state))
-        table = self.tables.get(key)
-        if table is None:
-            n = len(state.nodes)
-            table = ReasonTable(np.full(n, -1, np.int64), np.empty(n, dtype=object),
-                                np.zeros(n, np.bool_), np.full(n, "", dtype=object))
-            self.tables[key] = table
-            while len(self.tables) > REASON_TABLES:
-                self.tables.popitem(last=False)
-        self.tables.move_to_end(key)
-        return table
-
-    @staticmethod
-    def _explain_stale(state: ClusterState, request: PodRequest, c: Constraints,
-                       table: ReasonTable, rows: IntArray) -> None:
-        stale = rows[table.version[rows] != state.version[rows]]
-        for i in np.unique(stale).tolist():
-            reason = explain(state, request, i, c)
-            name = state.nodes[i].name
-            table.sentence[i] = reason.sentence() if reason is not None else \
-                f"node {name}: {request.describe()} does not fit now"
-            table.permanent[i] = bool(reason is not None and reason.permanent)
-            table.check[i] = reason.check.value if reason is not None else "other"
-            table.version[i] = state.version[i]
 
     # -- prioritize ------------------------------------------------------------------------------
     def prioritize(self, body: Any) -> protocol.Priorities:
@@ -334,7 +269,8 @@ class Extender:
         except GpupoolError as exc:
             self.metrics.decisions.labels("bind", "error").inc()
             return protocol.binding_result(str(exc))
-        error = self._bind(args, request)
+        error = self.binder.bind(args, request, self.placer, self.rng) if self.binder else \
+            "this extender has no Kubernetes API to bind with"
         self.metrics.decisions.labels("bind", "error" if error else "bound").inc()
         return protocol.binding_result(error)
 
@@ -357,96 +293,6 @@ class Extender:
             raise InvalidInput(f"pod {args.namespace}/{args.name} has uid {who.uid}, "
                                f"the scheduler asked to bind {args.uid}")
         return pod_request(pod)
-
-    def _bind(self, args: protocol.BindingArgs, request: PodRequest) -> str:
-        if self.ledgers is None or self.kube is None:
-            return "this extender has no Kubernetes API to bind with"
-        key = request.key
-        placed = self._commit(args, request)
-        if isinstance(placed, str):
-            return placed
-        alloc, group = placed
-        notes = records.encode(alloc, self._now(), names.PHASE_ALLOCATING)
-        if group:
-            notes[ANNOTATION_RESOURCE_GROUP] = group
-        try:
-            self.kube.bind_pod(args.namespace, args.name, args.uid, args.node, notes)
-        except KubeError as exc:
-            self._roll_back(args.node, key)
-            return f"binding {args.namespace}/{args.name} to {args.node} failed: {exc}"
-        with self.cache.lock:
-            self.cache.unhold(key, "bind")
-        return ""
-
-    def _commit(self, args: protocol.BindingArgs, request: PodRequest
-                ) -> tuple[Allocation, str | None] | str:
-        """Decide on the node and win the ledger's compare-and-swap; or say why not."""
-        assert self.ledgers is not None
-        for _ in range(self.settings.bind_attempts):
-            step = self._decide_on(args, request)
-            if isinstance(step, str):
-                return step
-            alloc, group, view, prune, node = step
-            entry = Entry(alloc, f"{args.namespace}/{args.name}", self._now(), request.tenant,
-                          request.gpu_class, group)
-            try:
-                held = [e.allocation for u, e in view.entries.items() if u not in prune]
-                check_fits(node, held, alloc, self.cache.state.memory_unit_mib)
-                new_view = self.ledgers.commit(view, request.key, entry, prune)
-            except (OverCommit, Conflict):
-                self.metrics.conflicts.inc()
-                self._refresh_ledger(args.node)
-                continue
-            except KubeError as exc:
-                self._roll_back(None, request.key)
-                return f"recording the GPUs of {request.key} on {args.node} failed: {exc}"
-            self.cache.ledger_update(new_view)
-            return alloc, group
-        self._roll_back(None, request.key)
-        return (f"node {args.node} kept changing under {request.key} "
-                f"({self.settings.bind_attempts} attempts); the scheduler will retry")
-
-    def _decide_on(self, args: protocol.BindingArgs, request: PodRequest
-                   ) -> tuple[Allocation, str | None, View, list[str], Any] | str:
-        with self.cache.lock:
-            self.cache.flush()
-            self.cache.unhold(request.key, "bind")
-            state = self.cache.state
-            i = state.index.get(args.node)
-            if i is None:
-                return f"node {args.node}: {UNKNOWN_NODE}"
-            c = constraints_for(state, request, self.cache.catalogue)
-            placement = self.placer.decide(state, request, self.rng, c,
-                                           among=np.array([i], np.int64), explain_limit=1)
-            if placement.allocation is None:
-                return placement.reasons[0].sentence() if placement.reasons else \
-                    f"node {args.node}: {request.describe()} does not fit now"
-            alloc = placement.allocation
-            if not self.cache.hold(alloc, "bind", charge_of(request, alloc, c)):
-                return f"node {args.node}: could not reserve {alloc.describe()}"
-            view = self.cache.ledgers.get(args.node) or View(args.node)
-            return alloc, c.group, view, self.cache.prunable(view), state.nodes[i]
-
-    def _refresh_ledger(self, node: str) -> None:
-        assert self.ledgers is not None
-        try:
-            self.cache.ledger_update(self.ledgers.fetch(node))
-        except KubeError as exc:
-            log.warning("reading the GPU ledger of %s: %s", node, exc)
-
-    def _roll_back(self, node: str | None, key: str) -> None:
-        if node is not None and self.ledgers is not None:
-            try:
-                self.ledgers.remove(node, key)
-            except KubeError as exc:  # the entry expires with the pod (ledger grace)
-                log.warning("removing %s from the GPU ledger of %s: %s", key, node, exc)
-        with self.cache.lock:
-            self.cache.unhold(key, "bind")
-            self.cache.unhold(key, "ledger")
-
-    def _now(self) -> str:
-        return datetime.fromtimestamp(self.clock(), UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
 
 def scaled(values: np.ndarray) -> np.ndarray:
     """Scores mapped linearly onto 0..10 (all equal: all 10)."""

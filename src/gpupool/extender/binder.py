@@ -1,0 +1,140 @@
+"""Bind: re-decide on the chosen node, win the node's GPULedger compare-and-swap, then
+create the Binding that carries the decision annotations; roll back on any failure.
+
+1. Under the cache lock: drop the pod's previous tentative hold, decide among the
+   one node against the freshest state, hold the allocation (source ``bind``).
+2. Check the ledger's entries at the version read plus the new allocation fit the
+   node's GPUs, and write the entry with that resourceVersion as a precondition; a
+   conflict takes in the fresh ledger and decides again (``attempts`` times).
+3. One Binding whose annotations are the decision (the API server copies them onto
+   the pod in the same write). If it fails, the ledger entry and the holds go.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+
+from gpupool.contract import annotations as records
+from gpupool.contract import names
+from gpupool.core.allocation import Allocation
+from gpupool.core.eligibility import charge_of, constraints_for
+from gpupool.core.errors import OverCommit
+from gpupool.core.placement import Placer
+from gpupool.core.request import PodRequest
+from gpupool.extender.cache import ClusterCache
+from gpupool.extender.ledger import Entry, Ledgers, View, check_fits
+from gpupool.extender.metrics import Metrics
+from gpupool.extender.pods import ANNOTATION_RESOURCE_GROUP
+from gpupool.extender.protocol import BindingArgs
+from gpupool.extender.refusals import UNKNOWN_NODE
+from gpupool.kube.api import KubeApi
+from gpupool.kube.errors import Conflict, KubeError
+
+log = logging.getLogger(__name__)
+
+Step = tuple[Allocation, str | None, View, list[str], Any]
+
+
+class Binder:
+    """Binds pods for one extender; thread-safe (state through the cache lock)."""
+
+    def __init__(self, cache: ClusterCache, kube: KubeApi, metrics: Metrics, attempts: int,
+                 clock: Callable[[], float]):
+        self.cache = cache
+        self.kube = kube
+        self.ledgers = Ledgers(kube)
+        self.metrics = metrics
+        self.attempts = attempts
+        self.clock = clock
+
+    def bind(self, args: BindingArgs, request: PodRequest, placer: Placer,
+             rng: random.Random) -> str:
+        """'' when bound, else why not (the scheduler shows it and retries)."""
+        placed = self._commit(args, request, placer, rng)
+        if isinstance(placed, str):
+            return placed
+        alloc, group = placed
+        notes = records.encode(alloc, self.now(), names.PHASE_ALLOCATING)
+        if group:
+            notes[ANNOTATION_RESOURCE_GROUP] = group
+        try:
+            self.kube.bind_pod(args.namespace, args.name, args.uid, args.node, notes)
+        except KubeError as exc:
+            self._roll_back(args.node, request.key)
+            return f"binding {args.namespace}/{args.name} to {args.node} failed: {exc}"
+        with self.cache.lock:
+            self.cache.unhold(request.key, "bind")
+        return ""
+
+    def _commit(self, args: BindingArgs, request: PodRequest, placer: Placer,
+                rng: random.Random) -> tuple[Allocation, str | None] | str:
+        """Decide on the node and win the ledger's compare-and-swap; or say why not."""
+        for _ in range(self.attempts):
+            step = self._decide_on(args, request, placer, rng)
+            if isinstance(step, str):
+                return step
+            alloc, group, view, prune, node = step
+            entry = Entry(alloc, f"{args.namespace}/{args.name}", self.now(), request.tenant,
+                          request.gpu_class, group)
+            try:
+                held = [e.allocation for u, e in view.entries.items() if u not in prune]
+                check_fits(node, held, alloc, self.cache.state.memory_unit_mib)
+                new_view = self.ledgers.commit(view, request.key, entry, prune)
+            except (OverCommit, Conflict):
+                self.metrics.conflicts.inc()
+                self._refresh_ledger(args.node)
+                continue
+            except KubeError as exc:
+                self._roll_back(None, request.key)
+                return f"recording the GPUs of {request.key} on {args.node} failed: {exc}"
+            self.cache.ledger_update(new_view)
+            return alloc, group
+        self._roll_back(None, request.key)
+        return (f"node {args.node} kept changing under {request.key} "
+                f"({self.attempts} attempts); the scheduler will retry")
+
+    def _decide_on(self, args: BindingArgs, request: PodRequest, placer: Placer,
+                   rng: random.Random) -> Step | str:
+        with self.cache.lock:
+            self.cache.flush()
+            self.cache.unhold(request.key, "bind")
+            state = self.cache.state
+            i = state.index.get(args.node)
+            if i is None:
+                return f"node {args.node}: {UNKNOWN_NODE}"
+            c = constraints_for(state, request, self.cache.catalogue)
+            placement = placer.decide(state, request, rng, c, among=np.array([i], np.int64),
+                                      explain_limit=1)
+            if placement.allocation is None:
+                return placement.reasons[0].sentence() if placement.reasons else \
+                    f"node {args.node}: {request.describe()} does not fit now"
+            alloc = placement.allocation
+            if not self.cache.hold(alloc, "bind", charge_of(request, alloc, c)):
+                return f"node {args.node}: could not reserve {alloc.describe()}"
+            view = self.cache.ledgers.get(args.node) or View(args.node)
+            return alloc, c.group, view, self.cache.prunable(view), state.nodes[i]
+
+    def _refresh_ledger(self, node: str) -> None:
+        try:
+            self.cache.ledger_update(self.ledgers.fetch(node))
+        except KubeError as exc:
+            log.warning("reading the GPU ledger of %s: %s", node, exc)
+
+    def _roll_back(self, node: str | None, key: str) -> None:
+        if node is not None:
+            try:
+                self.ledgers.remove(node, key)
+            except KubeError as exc:  # the entry expires with the pod (ledger grace)
+                log.warning("removing %s from the GPU ledger of %s: %s", key, node, exc)
+        with self.cache.lock:
+            self.cache.unhold(key, "bind")
+            self.cache.unhold(key, "ledger")
+
+    def now(self) -> str:
+        return datetime.fromtimestamp(self.clock(), UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
