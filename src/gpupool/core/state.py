@@ -81,10 +81,11 @@ class ClusterState:
         new = list(nodes)
         if not new:
             return
-        names = [n.name for n in new]
-        dup = [x for x in names if x in self.index] or [x for x in names if names.count(x) > 1]
-        if dup:
-            raise InvalidInput(f"node {dup[0]} is already known")
+        seen: set[str] = set()
+        for node in new:
+            if node.name in self.index or node.name in seen:
+                raise InvalidInput(f"node {node.name} is already known")
+            seen.add(node.name)
         self._rebuild(self.nodes + new)
 
     def remove_node(self, name: str) -> list[Allocation]:

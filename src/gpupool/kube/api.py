@@ -16,6 +16,7 @@ resilient feed. A ``KubeApi`` is not shared between threads that watch: use
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -25,6 +26,7 @@ import lightkube
 import msgspec
 from lightkube.config.kubeconfig import KubeConfig
 from lightkube.config.models import Cluster, User
+from lightkube.core.decoders import decode_list, decode_object
 from lightkube.core.exceptions import ConfigError
 from lightkube.generic_resource import create_global_resource
 from lightkube.models.core_v1 import ObjectReference
@@ -74,10 +76,34 @@ def _translated(what: str) -> Iterator[None]:
         raise KubeError(f"{what}: {exc}") from None
 
 
+_WARM_LOCK = threading.Lock()
+_warmed = False
+
+
+def warm_decoders() -> None:
+    """Build msgspec's decoders for the typed resources once, on one thread.
+
+    msgspec (under lightkube) was seen to crash the process when two threads
+    decode the same type for the first time at once; every ``KubeApi`` calls this
+    before any of its watch threads can start, so first decodes never race.
+    """
+    global _warmed
+    with _WARM_LOCK:
+        if _warmed:
+            return
+        sample = b'{"metadata":{"resourceVersion":"1"},"items":[{"metadata":{"name":"w"}}]}'
+        for res in (Pod, PodSummary, Node):
+            with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
+                decode_list(sample, res)
+                decode_object(b'{"metadata":{"name":"w"}}', res)
+        _warmed = True
+
+
 class KubeApi:
     """Typed calls on one lightkube client (one HTTP connection pool)."""
 
     def __init__(self, config: KubeConfig, timeout_s: float = 10.0, trust_env: bool = True):
+        warm_decoders()
         self._config = config
         self._timeout_s = timeout_s
         self._trust_env = trust_env
