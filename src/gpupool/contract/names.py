@@ -21,6 +21,13 @@ ANNOTATION_BIND_TIME = "gpupool.io/bind-time"
 ANNOTATION_PHASE = "gpupool.io/phase"
 ANNOTATION_REASON = "gpupool.io/reason"
 
+ANNOTATION_RESOURCE_GROUP = "gpupool.io/resource-group"  # the group the pod was charged to
+ANNOTATION_DEVICES = "gpupool.io/devices"  # node agent's claim: {container: {logical ID: uuid}}
+
+# labels gpupool puts on GPUDevice objects (and GPU label facts selectors see)
+LABEL_NODE = "gpupool.io/node"
+LABEL_MODEL = "gpupool.io/model"
+
 PHASE_ALLOCATING = "allocating"
 PHASE_ALLOCATED = "allocated"
 PHASE_FAILED = "failed"

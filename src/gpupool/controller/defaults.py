@@ -25,7 +25,7 @@ MANAGED_BY = "app.kubernetes.io/managed-by"
 CONTROLLER = "gpupool-controller"
 ANNOTATION_MODELS = "gpupool.io/default-for-models"
 """On a default class: the GPU models it stands for, comma-separated."""
-MODEL_LABEL = "gpupool.io/model"
+MODEL_LABEL = names.LABEL_MODEL
 """The GPU label selectors read for the model (``gpupool.core.model.Gpu.label_map``)."""
 
 

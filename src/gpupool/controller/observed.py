@@ -22,7 +22,7 @@ from gpupool.core.model import Gpu, freeze_labels
 
 Obj = dict[str, Any]
 
-ANNOTATION_RESOURCE_GROUP = "gpupool.io/resource-group"
+ANNOTATION_RESOURCE_GROUP = names.ANNOTATION_RESOURCE_GROUP
 """Written by the extender at bind: the group the pod was charged to (chosen or named).
 The same key as ``gpupool.extender.pods.ANNOTATION_RESOURCE_GROUP`` (a test holds them equal)."""
 

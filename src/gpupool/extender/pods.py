@@ -23,7 +23,7 @@ from gpupool.core.quota import Charge, amount_of_allocation
 
 log = logging.getLogger(__name__)
 
-ANNOTATION_RESOURCE_GROUP = "gpupool.io/resource-group"
+ANNOTATION_RESOURCE_GROUP = names.ANNOTATION_RESOURCE_GROUP
 """Written at bind: the resource group the pod was charged to (chosen or named)."""
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})

@@ -48,8 +48,8 @@ ResourceGroup = create_global_resource(names.GROUP, _V, "ResourceGroup", "resour
 GPULedger = create_global_resource(names.GROUP, _V, "GPULedger", "gpuledgers")
 
 FIELD_MANAGER = "gpupool"
-LABEL_NODE = "gpupool.io/node"  # GPUDevice label: the node the GPU is in
-LABEL_MODEL = "gpupool.io/model"  # GPUDevice label: the GPU model
+LABEL_NODE = names.LABEL_NODE  # GPUDevice label: the node the GPU is in
+LABEL_MODEL = names.LABEL_MODEL  # GPUDevice label: the GPU model
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ from gpupool.core.errors import InvalidInput
 from gpupool.core.quantity import to_int
 from gpupool.core.request import Affinity, GpuDemand, Mode, PodRequest
 
-ANNOTATION_DEVICES = f"{names.GROUP}/devices"
+ANNOTATION_DEVICES = names.ANNOTATION_DEVICES
 """Written by the node agent: {container: {logical device ID: GPU uuid}} it served."""
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
