@@ -32,3 +32,6 @@ PHASE_ALLOCATING = "allocating"
 PHASE_ALLOCATED = "allocated"
 PHASE_FAILED = "failed"
 PHASES = (PHASE_ALLOCATING, PHASE_ALLOCATED, PHASE_FAILED)
+
+POD_TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+"""Kubernetes pod phases after which a pod holds nothing."""

@@ -26,7 +26,7 @@ ANNOTATION_RESOURCE_GROUP = names.ANNOTATION_RESOURCE_GROUP
 """Written by the extender at bind: the group the pod was charged to (chosen or named).
 The same key as ``gpupool.extender.pods.ANNOTATION_RESOURCE_GROUP`` (a test holds them equal)."""
 
-TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+TERMINAL_PHASES = names.POD_TERMINAL_PHASES
 
 
 @dataclass(frozen=True, slots=True)

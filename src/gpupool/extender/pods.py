@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 ANNOTATION_RESOURCE_GROUP = names.ANNOTATION_RESOURCE_GROUP
 """Written at bind: the resource group the pod was charged to (chosen or named)."""
 
-TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+TERMINAL_PHASES = names.POD_TERMINAL_PHASES
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,8 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpupool.contract import names
-from gpupool.contract.podspec_request import pod_request
-from gpupool.core.errors import InvalidInput
+from gpupool.contract.podspec_request import pod_request, pod_where
 
 __all__ = ["PodId", "is_gpupool_resource", "pod_id", "pod_request"]
 
@@ -46,31 +45,8 @@ class PodId:
         return self.uid or f"{self.namespace}/{self.name}"
 
 
-def _map(value: Any, what: str) -> Mapping[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise InvalidInput(f"{what} must be an object, got {type(value).__name__}")
-    return value
-
-
-def _list(value: Any, what: str) -> list[Any]:
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise InvalidInput(f"{what} must be a list, got {type(value).__name__}")
-    return value
-
-
 def pod_id(pod: Mapping[str, Any]) -> PodId:
-    meta = _map(pod.get("metadata"), "pod metadata")
-    name = meta.get("name")
-    if not isinstance(name, str) or not name:
-        raise InvalidInput("the pod has no metadata.name")
-    ns = meta.get("namespace") or "default"
-    uid = meta.get("uid") or ""
-    if not isinstance(ns, str) or not isinstance(uid, str):
-        raise InvalidInput(f"pod {name}: metadata.namespace and metadata.uid must be strings")
+    ns, name, uid = pod_where(pod)
     return PodId(uid, ns, name)
 
 
