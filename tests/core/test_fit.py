@@ -121,8 +121,7 @@ def test_explain_names_the_failed_check_with_its_numbers(
 
 def test_every_check_the_core_makes_has_a_case() -> None:
     covered = {c[3] for c in CASES}
-    # CONTAINERS is declared in reasons.Check but no code produces it (yet).
-    assert covered == set(Check) - {Check.CONTAINERS}
+    assert covered == set(Check)
 
 
 @pytest.mark.parametrize("request_", [

@@ -19,7 +19,6 @@ class Check(Enum):
     MEMORY = "memory"
     GPU_HEALTH = "gpu-health"
     GPU_FREE = "gpu-free"
-    CONTAINERS = "containers"
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,15 +37,3 @@ class Reason:
 
     def sentence(self) -> str:
         return f"node {self.node}: {self.message}"
-
-
-@dataclass(frozen=True, slots=True)
-class Verdict:
-    """A node-level answer: fits, or the reason it does not."""
-
-    node: str
-    reason: Reason | None = None
-
-    @property
-    def fits(self) -> bool:
-        return self.reason is None
