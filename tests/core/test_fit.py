@@ -197,3 +197,23 @@ def test_a_node_is_feasible_exactly_when_explain_finds_no_reason(
         assert bool(mask[i]) == (reason is None), (s.nodes[i], r, reason)
         if reason is not None:
             assert reason.node == s.nodes[i].name and reason.message
+
+
+@pytest.mark.parametrize(("request_", "setup"), [c[1:3] for c in CASES] + [
+    (pod("p", whole(1)), nothing), (pod("p", shared(2, 1024, 20)), every_gpu_70_pct)],
+    ids=[c[0] for c in CASES] + ["fits whole", "fits shared"])
+def test_feasible_among_rows_matches_the_full_masks_on_those_rows(
+        request_: PodRequest, setup: Setup) -> None:
+    s = cluster(node("n", 4, "A100", 40), node("m", 4, "A100", 40), node("k", 2, "T4", 16))
+    c = setup(s)
+    if c.node_mask is not None:
+        c = Constraints(node_mask=np.resize(c.node_mask, 3), group=c.group)
+    full, full_gpu = feasible(s, request_, c)
+    for among in ([0], [2], [1, 2], [0, 1, 2], []):
+        rows = np.array(among, np.int64)
+        mask, gpu = feasible(s, request_, c, rows)
+        keep = np.isin(np.arange(3), rows)
+        assert (mask == (full & keep)).all()
+        assert (gpu is None) == (full_gpu is None)
+        if gpu is not None and full_gpu is not None:
+            assert (gpu[rows] == full_gpu[rows]).all() and not gpu[~keep].any()

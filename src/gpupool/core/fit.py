@@ -31,7 +31,7 @@ def demand_of(request: PodRequest) -> GpuDemand | None:
 
 
 def gpu_fit_mask(state: ClusterState, demand: GpuDemand, gpu_mask: BoolArray | None,
-                 rows: slice = slice(None)) -> BoolArray:
+                 rows: slice | IntArray = slice(None)) -> BoolArray:
     """[node, gpu] -> this GPU can take one slice of ``demand`` now (only ``rows``)."""
     ok = state.present[rows] & state.healthy[rows]
     if demand.exclusive:
@@ -55,12 +55,16 @@ def need_milli(state: ClusterState, demand: GpuDemand) -> IntArray:
 
 
 def feasible(
-    state: ClusterState, request: PodRequest, constraints: Constraints = NO_CONSTRAINTS
+    state: ClusterState, request: PodRequest, constraints: Constraints = NO_CONSTRAINTS,
+    among: IntArray | None = None,
 ) -> tuple[BoolArray, BoolArray | None]:
-    """(node mask, gpu mask) of where ``request`` fits now."""
+    """(node mask, gpu mask) of where ``request`` fits now; with ``among``, only those
+    node rows are looked at (every other row is False)."""
     n = len(state.nodes)
     if constraints.blocked is not None:
         return np.zeros(n, np.bool_), None
+    if among is not None:
+        return _feasible_among(state, request, constraints, among)
     ok = (state.cpu_free >= request.cpu_milli) & (state.mem_free >= request.memory_mib)
     ok &= state.model_mask(request.models)
     if constraints.node_mask is not None:
@@ -70,6 +74,28 @@ def feasible(
         return ok, None
     gpu_ok = gpu_fit_mask(state, demand, constraints.gpu_mask)
     ok &= gpu_ok.sum(axis=1) >= demand.count
+    return ok, gpu_ok
+
+
+def _feasible_among(state: ClusterState, request: PodRequest, constraints: Constraints,
+                    rows: IntArray) -> tuple[BoolArray, BoolArray | None]:
+    """``feasible`` computed on ``rows`` only (bind re-checks one node of thousands)."""
+    rows = np.unique(np.asarray(rows, np.int64))
+    part = (state.cpu_free[rows] >= request.cpu_milli) & (
+        state.mem_free[rows] >= request.memory_mib)
+    part &= state.model_mask(request.models)[rows]
+    if constraints.node_mask is not None:
+        part &= constraints.node_mask[rows]
+    ok = np.zeros(len(state.nodes), np.bool_)
+    demand = demand_of(request)
+    if demand is None:
+        ok[rows] = part
+        return ok, None
+    gpu_part = gpu_fit_mask(state, demand, constraints.gpu_mask, rows)
+    part &= gpu_part.sum(axis=1) >= demand.count
+    ok[rows] = part
+    gpu_ok = np.zeros(state.present.shape, np.bool_)
+    gpu_ok[rows] = gpu_part
     return ok, gpu_ok
 
 

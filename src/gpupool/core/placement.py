@@ -69,11 +69,7 @@ class Placer:
         constraints: Constraints = NO_CONSTRAINTS,
         among: IntArray | None = None,
     ) -> Candidates:
-        mask, gpu_fit = feasible(state, request, constraints)
-        if among is not None:
-            keep = np.zeros_like(mask)
-            keep[among] = True
-            mask &= keep
+        mask, gpu_fit = feasible(state, request, constraints, among)
         return Candidates(mask, np.flatnonzero(mask), gpu_fit)
 
     def score(self, state: ClusterState, request: PodRequest, cands: Candidates,

@@ -23,7 +23,7 @@ import logging
 import random
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Any
@@ -51,6 +51,7 @@ log = logging.getLogger(__name__)
 
 REMEMBERED_REQUESTS = 4096
 REMEMBERED_CYCLES = 256
+REMEMBERED_NAME_LISTS = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +92,8 @@ class Extender:
         self.rng = random.Random(settings.seed)
         self.requests: OrderedDict[str, PodRequest] = OrderedDict()
         self.cycles: OrderedDict[str, Cycle] = OrderedDict()
+        self._rows_seen: OrderedDict[int, tuple[dict[str, int], list[str], IntArray]] = \
+            OrderedDict()  # by list length: (state.index, names, rows) last seen
         self._names_epoch = -1
         self._names: np.ndarray = np.array([], dtype=object)
         self._prefixes: np.ndarray = np.array([], dtype=object)
@@ -182,11 +185,22 @@ class Extender:
         mask = cands.mask & keep
         return c, Candidates(mask, np.flatnonzero(mask), cands.gpu_fit), rows
 
-    @staticmethod
-    def _indices(state: ClusterState, node_names: Sequence[str]) -> IntArray:
+    def _indices(self, state: ClusterState, node_names: list[str]) -> IntArray:
+        """State rows of ``node_names`` (-1: unknown), read-only. kube-scheduler sends the
+        same lists again and again: comparing a list with the one seen last (C-speed) is
+        several times cheaper than hashing thousands of freshly decoded names."""
+        seen = self._rows_seen.get(len(node_names))
+        if seen is not None and seen[0] is state.index and seen[1] == node_names:
+            return seen[2]
         get = state.index.get
-        return np.fromiter(map(get, node_names, repeat(-1, len(node_names))), np.int64,
-                           len(node_names))
+        idx = np.fromiter(map(get, node_names, repeat(-1, len(node_names))), np.int64,
+                          len(node_names))
+        idx.flags.writeable = False
+        self._rows_seen[len(node_names)] = (state.index, list(node_names), idx)
+        self._rows_seen.move_to_end(len(node_names))
+        while len(self._rows_seen) > REMEMBERED_NAME_LISTS:
+            self._rows_seen.popitem(last=False)
+        return idx
 
     def _state_names(self, state: ClusterState) -> np.ndarray:
         """Node names (and their prioritize JSON prefixes) by state row, per layout."""
