@@ -191,17 +191,20 @@ class Priorities:
 SCORE_TAILS = np.array([b"%d}" % s for s in range(MAX_SCORE + 1)], dtype=object)
 
 
-def host_prefixes(names: Sequence[str]) -> np.ndarray:
-    """``{"Host":"<name>","Score":`` per node, to be completed by ``SCORE_TAILS``."""
-    return np.array([b'{"Host":' + msgspec.json.encode(n) + b',"Score":' for n in names],
-                    dtype=object)
+def host_entries(names: Sequence[str]) -> np.ndarray:
+    """``{"Host":"<name>","Score":<s>}`` per node (rows) and score 0..10 (columns),
+    rendered once per layout so an answer is one gather and one join."""
+    prefixes = np.array([b'{"Host":' + msgspec.json.encode(n) + b',"Score":' for n in names],
+                        dtype=object).reshape(-1, 1)
+    return np.asarray(prefixes + SCORE_TAILS.reshape(1, -1), dtype=object).reshape(
+        len(names), MAX_SCORE + 1)
 
 
-def host_priorities(prefixes: np.ndarray, scores: np.ndarray) -> Priorities:
-    """Render hosts (their ``host_prefixes``) with scores 0..10, in C loops."""
-    if len(prefixes) == 0:
+def host_priorities(entries: np.ndarray, rows: np.ndarray, scores: np.ndarray) -> Priorities:
+    """Render hosts ``rows`` of ``host_entries`` with scores 0..10, in C loops."""
+    if len(rows) == 0:
         return Priorities(b"[]")
-    parts = prefixes + SCORE_TAILS[np.clip(scores, 0, MAX_SCORE)]
+    parts = entries[rows, np.clip(scores, 0, MAX_SCORE)]
     return Priorities(b"[" + b",".join(parts.tolist()) + b"]")
 
 

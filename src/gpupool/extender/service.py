@@ -94,9 +94,9 @@ class Extender:
         self.cycles: OrderedDict[str, Cycle] = OrderedDict()
         self._rows_seen: OrderedDict[int, tuple[dict[str, int], list[str], IntArray]] = \
             OrderedDict()  # by list length: (state.index, names, rows) last seen
-        self._names_epoch = -1
+        self._names_of: dict[str, int] | None = None  # the state.index _names is of
         self._names: np.ndarray = np.array([], dtype=object)
-        self._prefixes: np.ndarray = np.array([], dtype=object)
+        self._entries: np.ndarray = np.empty((0, protocol.MAX_SCORE + 1), dtype=object)
         self.workload_note = "built-in"
         self.placer = Placer(make_policy(settings.policy, PolicyConfig(BUILTIN_WORKLOAD,
                                                                        settings.weights)))
@@ -203,12 +203,13 @@ class Extender:
         return idx
 
     def _state_names(self, state: ClusterState) -> np.ndarray:
-        """Node names (and their prioritize JSON prefixes) by state row, per layout."""
-        if self._names_epoch != state.epoch or len(self._names) != len(state.nodes):
+        """Node names (and their prioritize JSON entries) by state row, per layout."""
+        if self._names_of is not state.index:  # a new layout (a new ClusterState starts
+            # again at epoch 1, so the epoch alone does not tell layouts apart)
             names = [n.name for n in state.nodes]
             self._names = np.array(names, dtype=object)
-            self._prefixes = protocol.host_prefixes(names)
-            self._names_epoch = state.epoch
+            self._entries = protocol.host_entries(names)
+            self._names_of = state.index
         return self._names
 
     # -- prioritize ------------------------------------------------------------------------------
@@ -234,7 +235,7 @@ class Extender:
             sent = full[rows]
             positive = sent > 0
             self._state_names(state)
-            answer = protocol.host_priorities(self._prefixes[rows[positive]], sent[positive])
+            answer = protocol.host_priorities(self._entries, rows[positive], sent[positive])
         self.metrics.decisions.labels("prioritize", "scored").inc()
         return answer
 
