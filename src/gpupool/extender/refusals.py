@@ -40,6 +40,7 @@ class Refusals:
     def __init__(self, metrics: Metrics):
         self.metrics = metrics
         self.tables: OrderedDict[tuple[object, ...], ReasonTable] = OrderedDict()
+        self.layout: dict[str, int] | None = None  # the state.index the tables are of
 
     def clear(self) -> None:
         self.tables.clear()
@@ -68,9 +69,11 @@ class Refusals:
 
     def _table(self, state: ClusterState, request: PodRequest, c: Constraints,
                catalogue_version: int) -> ReasonTable:
+        if self.layout is not state.index:  # another layout (id(state) and epoch can
+            self.tables.clear()              # repeat after a rebuild; this reference cannot)
+            self.layout = state.index
         blocked = c.blocked.message if c.blocked is not None else None
-        key = (request.shape, request.gpu_class, c.group, blocked, catalogue_version,
-               state.epoch, id(state))
+        key = (request.shape, request.gpu_class, c.group, blocked, catalogue_version)
         table = self.tables.get(key)
         if table is None:
             n = len(state.nodes)
