@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpupool.core.allocation import Allocation, Slice
-from gpupool.core.fit import Constraints, explain, feasible
+from gpupool.core.fit import Constraints, explain, feasible, need_milli
 from gpupool.core.model import Gpu, Node
 from gpupool.core.reasons import Check, Reason
 from gpupool.core.request import Affinity, GpuDemand, Mode, PodRequest
@@ -217,3 +217,17 @@ def test_feasible_among_rows_matches_the_full_masks_on_those_rows(
         assert (gpu is None) == (full_gpu is None)
         if gpu is not None and full_gpu is not None:
             assert (gpu[rows] == full_gpu[rows]).all() and not gpu[~keep].any()
+
+
+def test_need_milli_follows_the_layout_and_is_shared_read_only() -> None:
+    s = cluster(node("n", 2, gpu_gib=40))
+    demand = shared(1, 10 * 1024, 10)
+    first = need_milli(s, demand)
+    assert first.tolist() == [[250, 250]] and need_milli(s, demand) is first
+    with pytest.raises(ValueError):
+        first[0, 0] = 0
+    s.replace_node(node("n", 2, gpu_gib=80))
+    assert need_milli(s, demand).tolist() == [[125, 125]]
+    assert need_milli(cluster(node("m", 1, gpu_gib=20)), demand).tolist() == [[500]]
+    assert need_milli(s, shared(1, 10 * 1024, 60)).tolist() == [[600, 600]]
+    assert need_milli(s, whole(1)).tolist() == [[1000, 1000]]

@@ -45,8 +45,41 @@ def gpu_fit_mask(state: ClusterState, demand: GpuDemand, gpu_mask: BoolArray | N
     return ok
 
 
+class _NeedMemo:
+    """``need_milli`` arrays of one layout (its ``unit_cap`` array, which a layout change
+    replaces) per demand shape: the extender asks for the same few shapes many times."""
+
+    LIMIT = 64
+
+    def __init__(self) -> None:
+        self.memo: tuple[IntArray | None, dict[tuple[int, int, bool], IntArray]] = (None, {})
+
+    def get(self, state: ClusterState, demand: GpuDemand) -> IntArray:
+        memo = self.memo  # read once: another thread may swap in another layout's memo
+        if memo[0] is not state.unit_cap:
+            memo = (state.unit_cap, {})
+            self.memo = memo
+        key = (state.units_for(demand.memory_mib), demand.core_pct, demand.exclusive)
+        need = memo[1].get(key)
+        if need is None:
+            if len(memo[1]) >= self.LIMIT:
+                memo[1].clear()
+            need = _need_milli(state, demand)
+            need.flags.writeable = False
+            memo[1][key] = need
+        return need
+
+
+_NEED = _NeedMemo()
+
+
 def need_milli(state: ClusterState, demand: GpuDemand) -> IntArray:
-    """[node, gpu] -> share (milli-GPU) one slice of ``demand`` takes of that GPU."""
+    """[node, gpu] -> share (milli-GPU) one slice of ``demand`` takes of that GPU
+    (read-only: shared by the calls for the same shape on the same layout)."""
+    return _NEED.get(state, demand)
+
+
+def _need_milli(state: ClusterState, demand: GpuDemand) -> IntArray:
     if demand.exclusive:
         return np.full(state.free_milli.shape, 1000, np.int64)
     units = state.units_for(demand.memory_mib)
