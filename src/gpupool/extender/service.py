@@ -23,7 +23,7 @@ import logging
 import random
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Any
@@ -92,6 +92,7 @@ class Extender:
         self.rng = random.Random(settings.seed)
         self.requests: OrderedDict[str, PodRequest] = OrderedDict()
         self.cycles: OrderedDict[str, Cycle] = OrderedDict()
+        self.translated: OrderedDict[tuple[str, str], PodRequest] = OrderedDict()
         self._rows_seen: OrderedDict[int, tuple[dict[str, int], list[str], IntArray]] = \
             OrderedDict()  # by list length: (state.index, names, rows) last seen
         self._names_of: dict[str, int] | None = None  # the state.index _names is of
@@ -157,7 +158,17 @@ class Extender:
             self.cycles.popitem(last=False)
 
     def _request(self, pod: Any) -> PodRequest:
-        request = pod_request(pod)
+        """The pod's request; a pod seen before at the same uid and resourceVersion (filter
+        then prioritize of one cycle: the API server changes the version with any change)
+        is not translated again."""
+        revision = _revision(pod)
+        request = self.translated.get(revision) if revision is not None else None
+        if request is None:
+            request = pod_request(pod)
+            if revision is not None:
+                self.translated[revision] = request
+                while len(self.translated) > REMEMBERED_REQUESTS:
+                    self.translated.popitem(last=False)
         self.requests[request.key] = request
         self.requests.move_to_end(request.key)
         while len(self.requests) > REMEMBERED_REQUESTS:
@@ -308,6 +319,17 @@ class Extender:
             raise InvalidInput(f"pod {args.namespace}/{args.name} has uid {who.uid}, "
                                f"the scheduler asked to bind {args.uid}")
         return pod_request(pod)
+
+def _revision(pod: Any) -> tuple[str, str] | None:
+    """(uid, resourceVersion) of a pod that has both, else None."""
+    meta = pod.get("metadata") if isinstance(pod, Mapping) else None
+    if not isinstance(meta, Mapping):
+        return None
+    uid, version = meta.get("uid"), meta.get("resourceVersion")
+    if isinstance(uid, str) and uid and isinstance(version, str) and version:
+        return uid, version
+    return None
+
 
 def scaled(values: np.ndarray) -> np.ndarray:
     """Scores mapped linearly onto 0..10 (all equal: all 10)."""
