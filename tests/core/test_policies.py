@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
 from gpupool.core.errors import InvalidInput, UnknownName
+from gpupool.core.model import uniform_node
 from gpupool.core.placement import Placement, Placer
 from gpupool.core.policies import POLICIES, make_policy
 from gpupool.core.policies.config import PolicyConfig
-from gpupool.core.request import PodRequest
+from gpupool.core.policies.measure import gpu_demand
+from gpupool.core.request import GpuDemand, PodRequest
 from gpupool.core.state import ClusterState
 from gpupool.core.workload import TargetWorkload, TaskShape
 
@@ -118,3 +121,13 @@ def test_every_policy_places_only_where_the_pod_fits(policy: str, request_: PodR
         assert p.allocation is not None, p.summary()
         s.reserve(p.allocation)  # raises if the policy chose something that does not fit
         s.release(p.allocation.key)
+
+
+
+def test_gpu_demand_ignores_gpu_slots_a_narrower_node_does_not_have() -> None:
+    """A 2-GPU node beside an 8-GPU node: its absent slots must not inflate a memory ask."""
+    state = ClusterState([uniform_node("wide", 96_000, 1 << 20, 8, "A", 16384),
+                          uniform_node("narrow", 96_000, 1 << 20, 2, "A", 16384)])
+    demand = GpuDemand(1, memory_mib=4096, core_pct=10)
+    # 4 GiB of a 16 GiB GPU = 250 milli-GPU on either node
+    assert list(gpu_demand(state, demand, np.array([0, 1]))) == [250, 250]

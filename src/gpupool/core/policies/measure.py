@@ -22,7 +22,7 @@ def gpu_demand(state: ClusterState, demand: GpuDemand | None, rows: IntArray) ->
     """Milli-GPU the demand takes on each candidate (per-GPU share × count)."""
     if demand is None:
         return np.zeros(rows.size, np.int64)
-    need = need_milli(state, demand)[rows].max(axis=1)
+    need = np.where(state.present[rows], need_milli(state, demand)[rows], 0).max(axis=1)
     return np.asarray(need * demand.count, np.int64)
 
 
