@@ -75,6 +75,13 @@ class ClusterState:
         self.unit_cap = np.zeros((n, g), np.int64)
         self.unit_free = np.zeros((n, g), np.int64)
         self.free_milli = np.full((n, g), -1, np.int64)
+        self._refresh_maxima()
+
+    def _refresh_maxima(self) -> None:
+        """The largest node's capacities (layout facts, fixed until the next rebuild)."""
+        self.max_gpu_milli = max(int(self.present.sum(axis=1).max(initial=0)) * MILLI, 1)
+        self.max_cpu_milli = max(int(self.cpu_cap.max(initial=0)), 1)
+        self.max_memory_mib = max(int(self.mem_cap.max(initial=0)), 1)
 
     def add_nodes(self, nodes: Iterable[Node]) -> None:
         """Add nodes (names must be new); their GPUs start empty."""
@@ -148,6 +155,7 @@ class ClusterState:
         self.index = {n.name: i for i, n in enumerate(nodes)}
         for i, node in enumerate(nodes):
             self._fill_row(i, node)
+        self._refresh_maxima()
         for alloc in self.allocations.values():
             self._apply(alloc, -1)
         self.epoch += 1

@@ -31,8 +31,7 @@ class BestFit:
     def score(self, inp: ScoreInput) -> Scores:
         s, rows, r = inp.state, inp.candidates, inp.request
         gpu_left = gpu_free(s, rows) - gpu_demand(s, inp.demand, rows)
-        gpu_max = max(int(s.present.sum(axis=1).max(initial=0)) * 1000, 1)
-        left = (self.w_gpu * gpu_left / gpu_max
-                + self.w_cpu * (s.cpu_free[rows] - r.cpu_milli) / max(int(s.cpu_cap.max()), 1)
-                + self.w_mem * (s.mem_free[rows] - r.memory_mib) / max(int(s.mem_cap.max()), 1))
+        left = (self.w_gpu * gpu_left / s.max_gpu_milli
+                + self.w_cpu * (s.cpu_free[rows] - r.cpu_milli) / s.max_cpu_milli
+                + self.w_mem * (s.mem_free[rows] - r.memory_mib) / s.max_memory_mib)
         return Scores(-np.asarray(left, np.float64))

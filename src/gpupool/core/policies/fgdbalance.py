@@ -62,8 +62,7 @@ class FgdBalance:
         cpu_after = s.cpu_free[rows] - r.cpu_milli
         stranded = self.strand(free_after, cpu_after) - self.strand(free_now, s.cpu_free[rows])
         primary = quantised(delta / self.weight_total + self.lam * stranded)
-        gpu_max = max(int(s.present.sum(axis=1).max(initial=0)) * 1000, 1)
-        left = (free_after / gpu_max + cpu_after / max(int(s.cpu_cap.max()), 1)) / 2
+        left = (free_after / s.max_gpu_milli + cpu_after / s.max_cpu_milli) / 2
         span = float(np.ptp(left)) if left.size else 0.0
         secondary = (left.max() - left) / span if span > 0 else np.zeros(left.shape)
         return Scores(primary + 0.5 * secondary, gpu)
