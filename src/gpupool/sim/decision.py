@@ -1,8 +1,8 @@
 """One policy deciding for one run: the core ``Placer`` plus class constraints.
 
 A pod that names a resource class (``class``) or a GPU selector may only use
-the GPUs they match; the masks come from ``gpupool.core.classes`` (cached per
-cluster layout). Tenant groups and quotas are not simulated.
+the GPUs they match; the masks come from ``gpupool.core.eligibility.class_mask``
+(cached per cluster layout). Tenant groups and quotas are not simulated.
 """
 
 from __future__ import annotations
@@ -12,14 +12,13 @@ from collections.abc import Iterable
 
 from gpupool.core.allocation import Allocation
 from gpupool.core.classes import ClassCatalog, ResourceClass
-from gpupool.core.fit import Constraints
+from gpupool.core.eligibility import class_mask
+from gpupool.core.fit import NO_CONSTRAINTS, Constraints
 from gpupool.core.placement import Placer
 from gpupool.core.policies import make_policy
 from gpupool.core.policies.config import PolicyConfig
 from gpupool.core.request import PodRequest
 from gpupool.core.state import ClusterState
-
-NO_CONSTRAINTS = Constraints()
 
 
 def policy_seed(seed: int) -> int:
@@ -45,10 +44,5 @@ class Decider:
     def constraints(self, request: PodRequest) -> Constraints:
         if request.gpu_class is None and request.selector is None:
             return NO_CONSTRAINTS
-        mask = None
-        if request.gpu_class is not None:
-            mask = self.catalog.gpu_mask(self.state, request.gpu_class)
-        if request.selector is not None:
-            chosen = self.catalog.selector_mask(self.state, request.selector)
-            mask = chosen if mask is None else mask & chosen
-        return Constraints(gpu_mask=mask)
+        mask, refusal = class_mask(self.state, request, self.catalog)
+        return Constraints(gpu_mask=mask, blocked=refusal)
