@@ -37,3 +37,14 @@ def test_removing_a_node_releases_its_allocations() -> None:
     assert s.remove_node("n1") == [a]
     assert list(s.allocations) == [] and [n.name for n in s.nodes] == ["n0"]
     assert s.epoch > epoch
+
+
+
+def test_replacing_a_node_with_an_identical_one_keeps_the_layout() -> None:
+    state = cluster(node("n", gpus=2))
+    epoch = state.epoch
+    assert state.replace_node(node("n", gpus=2)) == []
+    assert state.epoch == epoch
+    state.set_health("n", "GPU-n-0", False)
+    state.replace_node(node("n", gpus=2))  # same value, but it brings GPU 0 back to healthy
+    assert state.epoch > epoch and bool(state.healthy[0, 0])

@@ -111,8 +111,13 @@ class ClusterState:
         Allocations whose GPUs are gone (or no longer fit) are released and returned.
         A GPU turning unhealthy keeps its allocations, as ``set_health`` does: the
         pods still run there, and its room must not look free when it recovers.
+        An identical node (health included) changes nothing, not even ``epoch``, so
+        per-layout caches survive watch events that repeat what is known.
         """
         i = self.node_index(node.name)
+        if node == self.nodes[i] and all(
+                bool(self.healthy[i, j]) == g.healthy for j, g in enumerate(node.gpus)):
+            return []
         kept = list(self._by_node.get(node.name, {}).values())
         for alloc in kept:
             self._forget(alloc)
