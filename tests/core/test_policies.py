@@ -131,3 +131,18 @@ def test_gpu_demand_ignores_gpu_slots_a_narrower_node_does_not_have() -> None:
     demand = GpuDemand(1, memory_mib=4096, core_pct=10)
     # 4 GiB of a 16 GiB GPU = 250 milli-GPU on either node
     assert list(gpu_demand(state, demand, np.array([0, 1]))) == [250, 250]
+
+
+def test_fgd_scores_a_second_state_as_a_fresh_policy_would() -> None:
+    """Per-shape caches belong to one layout: a policy reused on another state recomputes."""
+    workload = TargetWorkload((TaskShape(1000, 1, 500), TaskShape(1000, 1, 1000)), (3, 1))
+    request = pod("p", shared(1, core=50))
+    reused = Placer(make_policy("fgd", PolicyConfig(workload=workload)))
+    first = cluster(node("a", gpus=2), node("b", gpus=2))
+    reused.decide(first, request, random.Random(1))
+    second = cluster(node("a", gpus=2), node("b", gpus=2))
+    hold(second, "h", "b", (0, 0, 50))
+    fresh = Placer(make_policy("fgd", PolicyConfig(workload=workload)))
+    a = reused.decide(second, request, random.Random(1)).allocation
+    b = fresh.decide(second, request, random.Random(1)).allocation
+    assert a == b and a is not None and a.node == "b"

@@ -61,6 +61,9 @@ class ClusterState:
 
     # -- layout ---------------------------------------------------------------
     def _alloc_arrays(self, n: int, g: int) -> None:
+        self.layout = object()
+        """Identity of this layout: replaced whenever nodes are added, removed or replaced,
+        so a cache that holds it can never mistake another layout for its own."""
         self.width = g
         self.cpu_cap = np.zeros(n, np.int64)
         self.cpu_free = np.zeros(n, np.int64)

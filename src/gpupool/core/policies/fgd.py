@@ -41,8 +41,7 @@ _BIG = np.int64(1) << 40
 class _Cache:
     """Per-node cached values and the node versions they were computed at."""
 
-    state_id: int
-    epoch: int
+    layout: object
     seen: IntArray
     value: IntArray
     gpu: IntArray
@@ -50,11 +49,11 @@ class _Cache:
     @staticmethod
     def fresh(state: ClusterState) -> _Cache:
         n = len(state.nodes)
-        return _Cache(id(state), state.epoch, np.full(n, -1, np.int64), np.zeros(n, np.int64),
+        return _Cache(state.layout, np.full(n, -1, np.int64), np.zeros(n, np.int64),
                       np.full(n, -1, np.int64))
 
     def valid_for(self, state: ClusterState) -> bool:
-        return self.state_id == id(state) and self.epoch == state.epoch
+        return self.layout is state.layout
 
     def stale(self, state: ClusterState, rows: IntArray) -> IntArray:
         return np.asarray(rows[self.seen[rows] != state.version[rows]], np.int64)
