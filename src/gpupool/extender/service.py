@@ -70,7 +70,7 @@ class Cycle:
     (kube-scheduler's CycleState, kept apart from the long-lived cache)."""
 
     key: str
-    stamp: tuple[int, ...]
+    stamp: tuple[object, ...]
     constraints: Constraints
     candidates: Candidates
     passing_names: list[str]
@@ -147,9 +147,9 @@ class Extender:
         self.metrics.decisions.labels("filter", "fits" if passing.size else "unschedulable").inc()
         return result
 
-    def _stamp(self, state: ClusterState) -> tuple[int, ...]:
+    def _stamp(self, state: ClusterState) -> tuple[object, ...]:
         """Changes whenever anything a decision reads changes (versions only grow)."""
-        return (id(state), state.epoch, int(state.version.sum()), self.cache.catalogue_version)
+        return (state.layout, int(state.version.sum()), self.cache.catalogue_version)
 
     def _remember(self, cycle: Cycle) -> None:
         self.cycles[cycle.key] = cycle
