@@ -114,22 +114,32 @@ def _feasible_among(state: ClusterState, request: PodRequest, constraints: Const
                     rows: IntArray) -> tuple[BoolArray, BoolArray | None]:
     """``feasible`` computed on ``rows`` only (bind re-checks one node of thousands)."""
     rows = np.unique(np.asarray(rows, np.int64))
-    part = (state.cpu_free[rows] >= request.cpu_milli) & (
-        state.mem_free[rows] >= request.memory_mib)
-    part &= state.model_mask(request.models)[rows]
-    if constraints.node_mask is not None:
-        part &= constraints.node_mask[rows]
+    part, gpu_part = feasible_rows(state, request, constraints, rows)
     ok = np.zeros(len(state.nodes), np.bool_)
-    demand = demand_of(request)
-    if demand is None:
-        ok[rows] = part
-        return ok, None
-    gpu_part = gpu_fit_mask(state, demand, constraints.gpu_mask, rows)
-    part &= gpu_part.sum(axis=1) >= demand.count
     ok[rows] = part
+    if gpu_part is None:
+        return ok, None
     gpu_ok = np.zeros(state.present.shape, np.bool_)
     gpu_ok[rows] = gpu_part
     return ok, gpu_ok
+
+
+def feasible_rows(state: ClusterState, request: PodRequest, constraints: Constraints,
+                  rows: IntArray) -> tuple[BoolArray, BoolArray | None]:
+    """(node verdicts, GPU verdicts) of node ``rows`` alone, in their order (``blocked``
+    is the caller's business: it refuses every node whatever the rows say)."""
+    part = (state.cpu_free[rows] >= request.cpu_milli) & (
+        state.mem_free[rows] >= request.memory_mib)
+    if request.models is not None:
+        part &= state.model_mask(request.models)[rows]
+    if constraints.node_mask is not None:
+        part &= constraints.node_mask[rows]
+    demand = demand_of(request)
+    if demand is None:
+        return part, None
+    gpu_part = gpu_fit_mask(state, demand, constraints.gpu_mask, rows)
+    part &= gpu_part.sum(axis=1) >= demand.count
+    return part, gpu_part
 
 
 def explain(

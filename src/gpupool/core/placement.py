@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpupool.core.allocation import Allocation
+from gpupool.core.feasibility import SHAPES, FeasibilityMemo
 from gpupool.core.fit import NO_CONSTRAINTS, Constraints, demand_of, explain, feasible
 from gpupool.core.gpus import build_allocation, pick_gpus
 from gpupool.core.reasons import Reason
@@ -54,13 +55,25 @@ class Candidates:
     mask: BoolArray
     indices: IntArray
     gpu_fit: BoolArray | None
+    gpu_mask: BoolArray | None = None  # the constraints' GPU mask (scorers key caches by it)
+
+    def among(self, keep: BoolArray) -> Candidates:
+        """These candidates narrowed to the nodes ``keep`` marks."""
+        mask = self.mask & keep
+        return Candidates(mask, np.flatnonzero(mask), self.gpu_fit, self.gpu_mask)
 
 
 class Placer:
-    """Places requests with one policy (chosen once, at start-up)."""
+    """Places requests with one policy (chosen once, at start-up).
 
-    def __init__(self, policy: Policy):
+    Feasibility over all nodes is remembered per request shape and worked out
+    again only for nodes that changed (``FeasibilityMemo``); ``shapes=0`` turns
+    that off. Use a ``Placer`` from one thread at a time (the state's lock).
+    """
+
+    def __init__(self, policy: Policy, shapes: int = SHAPES):
         self.policy = policy
+        self.memo = FeasibilityMemo(shapes)
 
     def candidates(
         self,
@@ -69,12 +82,16 @@ class Placer:
         constraints: Constraints = NO_CONSTRAINTS,
         among: IntArray | None = None,
     ) -> Candidates:
-        mask, gpu_fit = feasible(state, request, constraints, among)
-        return Candidates(mask, np.flatnonzero(mask), gpu_fit)
+        if among is None:
+            mask, gpu_fit = self.memo.feasible(state, request, constraints)
+        else:
+            mask, gpu_fit = feasible(state, request, constraints, among)
+        return Candidates(mask, np.flatnonzero(mask), gpu_fit, constraints.gpu_mask)
 
     def score(self, state: ClusterState, request: PodRequest, cands: Candidates,
               rng: random.Random) -> Scores:
-        inp = ScoreInput(state, request, demand_of(request), cands.indices, cands.gpu_fit, rng)
+        inp = ScoreInput(state, request, demand_of(request), cands.indices, cands.gpu_fit, rng,
+                         cands.gpu_mask)
         return self.policy.score(inp)
 
     def decide(

@@ -33,6 +33,8 @@ class ScoreInput:
     candidates: IntArray  # node indices that fit
     gpu_fit: BoolArray | None  # [node, gpu] can take one slice now
     rng: random.Random
+    gpu_mask: BoolArray | None = None  # the class / group GPU mask behind gpu_fit (read-only;
+    # one object per mask and cluster epoch, so caches may key on its identity)
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,40 +23,26 @@ nodes that changed since the last task of the same shape.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from gpupool.core.errors import InvalidInput
 from gpupool.core.fit import need_milli
 from gpupool.core.fragmentation import FragmentationModel
 from gpupool.core.policies.config import PolicyConfig
+from gpupool.core.policies.rowcache import RowCache, RowCaches
 from gpupool.core.scoring import GpuOrder, ScoreInput, Scores
 from gpupool.core.state import ClusterState, IntArray
 
 _BIG = np.int64(1) << 40
 
 
-@dataclass(slots=True)
-class _Cache:
-    """Per-node cached values and the node versions they were computed at."""
-
-    layout: object
-    seen: IntArray
-    value: IntArray
-    gpu: IntArray
-
-    @staticmethod
-    def fresh(state: ClusterState) -> _Cache:
-        n = len(state.nodes)
-        return _Cache(state.layout, np.full(n, -1, np.int64), np.zeros(n, np.int64),
-                      np.full(n, -1, np.int64))
-
-    def valid_for(self, state: ClusterState) -> bool:
-        return self.layout is state.layout
-
-    def stale(self, state: ClusterState, rows: IntArray) -> IntArray:
-        return np.asarray(rows[self.seen[rows] != state.version[rows]], np.int64)
+def shape_key(inp: ScoreInput) -> tuple[object, ...]:
+    """What a node's FGD-type score depends on besides the node: the pod's CPU, its
+    GPU demand and the class / group GPU mask (by identity: ``ScoreInput.gpu_mask``)."""
+    d = inp.demand
+    return (inp.request.cpu_milli,
+            None if d is None else (d.count, d.memory_mib, d.core_pct, d.mode),
+            id(inp.gpu_mask))
 
 
 def quantised(expected_delta: np.ndarray) -> np.ndarray:
@@ -72,8 +58,8 @@ class Fgd:
         if config.workload is None:
             raise InvalidInput("policy fgd needs a target workload (the popular task shapes)")
         self.frag = FragmentationModel(config.workload)
-        self._deltas: dict[tuple[object, ...], _Cache] = {}
-        self._before: _Cache | None = None
+        self._deltas = RowCaches({"value": np.int64, "gpu": np.int64})
+        self._before: RowCache | None = None
         self.weight_total = float(config.workload.total_weight)
         self.exact = config.weight("fgd.exact", 0.0) > 0
 
@@ -88,30 +74,23 @@ class Fgd:
     def before(self, state: ClusterState, rows: IntArray) -> IntArray:
         """Current fragmentation of nodes ``rows``."""
         cache = self._before
-        if cache is None or not cache.valid_for(state):
-            cache = self._before = _Cache.fresh(state)
+        if cache is None or cache.layout is not state.layout:
+            cache = self._before = RowCache.fresh(state, {"value": np.int64})
         stale = cache.stale(state, rows)
         if stale.size:
-            cache.value[stale] = self.frag.measure(state.free_milli[stale], state.cpu_free[stale])
-            cache.seen[stale] = state.version[stale]
-        return cache.value[rows]
+            cache.store(state, stale, value=self.frag.measure(state.free_milli[stale],
+                                                              state.cpu_free[stale]))
+        return np.asarray(cache["value"][rows], np.int64)
 
     def deltas(self, inp: ScoreInput) -> tuple[IntArray, IntArray]:
         """(fragmentation increase, chosen GPU or -1) for each candidate."""
         state, rows = inp.state, inp.candidates
-        d, r = inp.demand, inp.request
-        key = (r.cpu_milli, None if d is None else (d.count, d.memory_mib, d.core_pct, d.mode),
-               r.selector, r.group)
-        cache = self._deltas.get(key)
-        if cache is None or not cache.valid_for(state):
-            cache = self._deltas[key] = _Cache.fresh(state)
+        cache = self._deltas.get(state, shape_key(inp), inp.gpu_mask)
         stale = cache.stale(state, rows)
         if stale.size:
             value, gpu = self._compute(inp, stale)
-            cache.value[stale] = value - self.before(state, stale)
-            cache.gpu[stale] = gpu
-            cache.seen[stale] = state.version[stale]
-        return cache.value[rows], cache.gpu[rows]
+            cache.store(state, stale, value=value - self.before(state, stale), gpu=gpu)
+        return cache["value"][rows], cache["gpu"][rows]
 
     def _compute(self, inp: ScoreInput, rows: IntArray) -> tuple[IntArray, IntArray]:
         """Fragmentation after placing on each of ``rows``, and the GPU chosen."""

@@ -15,15 +15,22 @@ ties by best fit:
 ΔF_n / W is FGD's expected fragmentation change (milli-GPU), c̄ the workload's
 CPU per milli-GPU, λ = ``fgd-balance.lambda`` (default 0.5), ' the state after
 placement. The secondary term only orders nodes whose primary score ties.
+
+The per-node terms (primary, the share left, FGD's GPU) are cached per request
+shape and node version (``rowcache``); a decision recomputes them only for the
+nodes that changed and then rescales the secondary term over the candidates.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from gpupool.core.policies.config import PolicyConfig
-from gpupool.core.policies.fgd import Fgd, quantised
+from gpupool.core.policies.fgd import Fgd, quantised, shape_key
 from gpupool.core.policies.measure import gpu_demand, gpu_free
+from gpupool.core.policies.rowcache import RowCaches
 from gpupool.core.scoring import FloatArray, GpuOrder, ScoreInput, Scores
 from gpupool.core.state import IntArray
 from gpupool.core.workload import TargetWorkload
@@ -47,6 +54,7 @@ class FgdBalance:
         assert config.workload is not None  # Fgd raised otherwise
         self.cpu_per_milli = cpu_per_milli_gpu(config.workload)
         self.lam = config.weight("fgd-balance.lambda", 0.5)
+        self._parts = RowCaches({"primary": np.float64, "left": np.float64, "gpu": np.int64})
 
     def strand(self, gpu_free_milli: IntArray, cpu_free: IntArray) -> FloatArray:
         """Free GPU share (milli) the average task could not use for lack of CPU."""
@@ -55,6 +63,19 @@ class FgdBalance:
         return np.maximum(gpu_free_milli - np.maximum(cpu_free, 0) / self.cpu_per_milli, 0.0)
 
     def score(self, inp: ScoreInput) -> Scores:
+        rows = inp.candidates
+        cache = self._parts.get(inp.state, shape_key(inp), inp.gpu_mask)
+        stale = cache.stale(inp.state, rows)
+        if stale.size:
+            cache.store(inp.state, stale, **self._parts_of(replace(inp, candidates=stale)))
+        primary, left = cache["primary"][rows], cache["left"][rows]
+        span = float(np.ptp(left)) if left.size else 0.0
+        secondary = (left.max() - left) / span if span > 0 else np.zeros(left.shape)
+        return Scores(primary + 0.5 * secondary, cache["gpu"][rows])
+
+    def _parts_of(self, inp: ScoreInput) -> dict[str, np.ndarray]:
+        """Each candidate's own terms: the quantised primary score, the share left after
+        placing (the secondary term before rescaling) and FGD's GPU choice."""
         s, rows, r = inp.state, inp.candidates, inp.request
         delta, gpu = self.fgd.deltas(inp)
         free_now = gpu_free(s, rows)
@@ -63,6 +84,4 @@ class FgdBalance:
         stranded = self.strand(free_after, cpu_after) - self.strand(free_now, s.cpu_free[rows])
         primary = quantised(delta / self.weight_total + self.lam * stranded)
         left = (free_after / s.max_gpu_milli + cpu_after / s.max_cpu_milli) / 2
-        span = float(np.ptp(left)) if left.size else 0.0
-        secondary = (left.max() - left) / span if span > 0 else np.zeros(left.shape)
-        return Scores(primary + 0.5 * secondary, gpu)
+        return {"primary": primary, "left": left, "gpu": gpu}
