@@ -184,6 +184,22 @@ def test_masks_are_reused_between_requests_at_the_same_epoch() -> None:
     assert a.gpu_mask is b.gpu_mask
 
 
+def test_narrowed_masks_are_one_object_per_class_selector_and_group() -> None:
+    """Scorers key their caches on the mask's identity: equal asks must meet one object,
+    and a class edited in between must not be answered with the old narrowing."""
+    s, cat = _world()
+    first = Selector.from_spec({"matchLabels": {"gpupool.io/index": "0"}})
+    ask = pod("p", whole(1), gpu_class="big", selector=first, group="research", tenant="lab")
+    a, b = constraints_for(s, ask, cat), constraints_for(s, ask, cat)
+    assert a.gpu_mask is not None and a.gpu_mask is b.gpu_mask
+    assert not a.gpu_mask.flags.writeable
+    assert a.gpu_mask.tolist()[0] == [True, False, False, False]
+    cat.classes.put(ResourceClass("big", Selector.from_spec({"matchLabels": {
+        "gpupool.io/model": "V100"}})))  # no V100 in group research: nothing left
+    c = constraints_for(s, ask, cat)
+    assert c.gpu_mask is not None and c.gpu_mask is not a.gpu_mask and not c.gpu_mask.any()
+
+
 # -- property: a placement under the constraints never leaves the group or the class ------
 
 

@@ -168,6 +168,22 @@ class ClassCatalog:
         """GPUs of class ``name`` (``UnknownName`` if there is no such class). Read-only."""
         return self.selector_mask(state, self.get(name).selector)
 
+    def request_mask(self, state: ClusterState, name: str | None, selector: Selector | None
+                     ) -> BoolArray | None:
+        """GPUs of class ``name`` (if given) that ``selector`` (if given) matches; None when
+        neither restricts. One read-only object per (class, selector) and epoch."""
+        if name is None:
+            return None if selector is None else self.selector_mask(state, selector)
+        if selector is None:
+            return self.gpu_mask(state, name)
+        masks = self._cache.masks_for(state)
+        mask = masks.get((name, selector))
+        if mask is None:
+            mask = self.gpu_mask(state, name) & self.selector_mask(state, selector)
+            mask.flags.writeable = False
+            masks[name, selector] = mask
+        return mask
+
     def selector_mask(self, state: ClusterState, selector: Selector) -> BoolArray:
         """GPUs ``selector`` matches, cached per state epoch. Read-only: do not modify."""
         masks = self._cache.masks_for(state)

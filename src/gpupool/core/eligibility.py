@@ -60,17 +60,11 @@ def constraints_for(state: ClusterState, request: PodRequest, catalogue: Catalog
 def class_mask(state: ClusterState, request: PodRequest, classes: ClassCatalog
                ) -> tuple[BoolArray | None, Reason | None]:
     """GPUs of the request's class and selector (None: no restriction), or why not."""
-    mask: BoolArray | None = None
-    if request.gpu_class is not None:
-        if request.gpu_class not in classes:
-            known = ", ".join(classes.names()) or "none"
-            return None, _blocked(Check.CLASS, f"resource class {request.gpu_class} does not "
-                                  f"exist (known: {known})", True)
-        mask = classes.gpu_mask(state, request.gpu_class)
-    if request.selector is not None:
-        sel = classes.selector_mask(state, request.selector)
-        mask = sel if mask is None else mask & sel
-    return mask, None
+    if request.gpu_class is not None and request.gpu_class not in classes:
+        known = ", ".join(classes.names()) or "none"
+        return None, _blocked(Check.CLASS, f"resource class {request.gpu_class} does not "
+                              f"exist (known: {known})", True)
+    return classes.request_mask(state, request.gpu_class, request.selector), None
 
 
 def request_amount(state: ClusterState, request: PodRequest, gpu_mask: BoolArray | None

@@ -262,10 +262,25 @@ class GroupCatalog:
     def constraints(self, state: ClusterState, name: str, gpu_mask: BoolArray | None
                     ) -> Constraints:
         """The group's masks, narrowed by ``gpu_mask`` (a class or selector) if given."""
+        return Constraints(self.node_mask(state, name), self._narrowed(state, name, gpu_mask),
+                           None, group=name)
+
+    def _narrowed(self, state: ClusterState, name: str, gpu_mask: BoolArray | None
+                  ) -> BoolArray:
+        """The group's GPUs within ``gpu_mask``, one read-only object per pair and epoch
+        (scorers key their caches on the mask's identity). ``gpu_mask`` comes from the
+        class catalogue's cache; it is held here, so its ``id`` stays its own."""
         gmask = self.gpu_mask(state, name)
-        if gpu_mask is not None:
-            gmask = gmask & gpu_mask
-        return Constraints(self.node_mask(state, name), gmask, None, group=name)
+        if gpu_mask is None:
+            return gmask
+        masks = self._cache.masks_for(state)
+        key = ("within", name, id(gpu_mask))
+        found = masks.get(key)
+        if found is None or masks.get(("held", name, id(gpu_mask))) is not gpu_mask:
+            found = masks[key] = gmask & gpu_mask
+            found.flags.writeable = False
+            masks["held", name, id(gpu_mask)] = gpu_mask
+        return found
 
     def room(self, state: ClusterState, request: PodRequest, group: ResourceGroup,
              gpu_mask: BoolArray | None = None) -> GroupRoom:
