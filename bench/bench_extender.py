@@ -60,8 +60,7 @@ import msgspec
 from gpupool.contract.annotations import encode
 from gpupool.core.allocation import Allocation, Slice
 from gpupool.core.policies import DEFAULT_POLICY
-from gpupool.extender import protocol
-from gpupool.extender.app import build_app
+from gpupool.extender.app import build_app, verb_handlers
 from gpupool.extender.cache import ClusterCache
 from gpupool.extender.feeds import start_feeds
 from gpupool.extender.metrics import Metrics
@@ -176,11 +175,11 @@ Call = Callable[[str, bytes], bytes]
 
 
 def in_process(ext: Extender) -> Call:
-    """The app's work without the socket: decode the body, decide, encode the answer."""
-    handlers = {"filter": ext.filter, "prioritize": ext.prioritize, "bind": ext.bind}
+    """The app's work without the socket: request body in, answer body out."""
+    handlers = verb_handlers(ext)
 
     def call(verb: str, body: bytes) -> bytes:
-        return protocol.encode(handlers[verb](protocol.decode(body, verb)))
+        return handlers[verb](body)
     return call
 
 

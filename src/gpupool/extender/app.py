@@ -32,31 +32,57 @@ from gpupool.extender.service import Extender
 
 log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 256 * 1024 * 1024
+Handler = Callable[[bytes], bytes]
+
+
+def verb_handlers(extender: Extender) -> dict[str, Handler]:
+    """Request body -> answer body for each extender verb; never raises (the HTTP face
+    and the in-process benchmark both call these)."""
+    def decoded(handler: Callable[[Any], Any], name: str) -> Handler:
+        return lambda body: protocol.encode(handler(protocol.decode(body, name)))
+
+    return {
+        "filter": guarded("filter", extender.filter_json,
+                          lambda m: protocol.encode(protocol.filter_error(m))),
+        "prioritize": guarded("prioritize", extender.prioritize_json,
+                              lambda _m: protocol.NO_PRIORITIES),
+        "bind": guarded("bind", decoded(extender.bind, "bind"),
+                        lambda m: protocol.encode(protocol.binding_result(m))),
+        "preempt": guarded("preempt", decoded(extender.preempt, "preempt"),
+                           lambda _m: protocol.encode(protocol.preemption_result({}, {}))),
+    }
+
+
+def guarded(name: str, handler: Handler, on_error: Callable[[str], bytes]) -> Handler:
+    """``handler`` whose failures become ``on_error``'s answer (never a 500)."""
+    def call(body: bytes) -> bytes:
+        try:
+            if len(body) > MAX_BODY_BYTES:
+                raise InvalidInput(f"the {name} body is larger than {MAX_BODY_BYTES} bytes")
+            return handler(body)
+        except InvalidInput as exc:
+            return on_error(str(exc))
+        except Exception as exc:  # never a 500: the scheduler would drop the message
+            log.exception("%s failed", name)
+            return on_error(f"gpupool {name}: internal error: {type(exc).__name__}: {exc}")
+    return call
 
 
 def build_app(extender: Extender) -> Starlette:
     """The ASGI app serving ``extender``."""
     metrics = extender.metrics
+    handlers = verb_handlers(extender)
 
-    def verb(name: str, handler: Callable[[Any], Any], on_error: Callable[[str], Any],
-             threaded: bool) -> Callable[[Request], Awaitable[Response]]:
+    def verb(name: str, threaded: bool) -> Callable[[Request], Awaitable[Response]]:
         latency = metrics.latency.labels(name)
+        handler = handlers[name]
 
         async def endpoint(request: Request) -> Response:
             start = time.perf_counter()
-            try:
-                body = await request.body()
-                if len(body) > MAX_BODY_BYTES:
-                    raise InvalidInput(f"the {name} body is larger than {MAX_BODY_BYTES} bytes")
-                args = protocol.decode(body, name)
-                result = await run_in_threadpool(handler, args) if threaded else handler(args)
-            except InvalidInput as exc:
-                result = on_error(str(exc))
-            except Exception as exc:  # never a 500: the scheduler would drop the message
-                log.exception("%s failed", name)
-                result = on_error(f"gpupool {name}: internal error: {type(exc).__name__}: {exc}")
+            body = await request.body()
+            answer = await run_in_threadpool(handler, body) if threaded else handler(body)
             latency.observe(time.perf_counter() - start)
-            return Response(protocol.encode(result), media_type="application/json")
+            return Response(answer, media_type="application/json")
 
         return endpoint
 
@@ -73,15 +99,9 @@ def build_app(extender: Extender) -> Starlette:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return Starlette(routes=[
-        Route("/filter", verb("filter", extender.filter, protocol.filter_error, False),
-              methods=["POST"]),
-        Route("/prioritize", verb("prioritize", extender.prioritize,
-                                  lambda _m: protocol.Priorities(b"[]"), False),
-              methods=["POST"]),
-        Route("/bind", verb("bind", extender.bind, protocol.binding_result, True),
-              methods=["POST"]),
-        Route("/preempt", verb("preempt", extender.preempt,
-                               lambda _m: protocol.preemption_result({}, {}), False),
-              methods=["POST"]),
+        Route("/filter", verb("filter", False), methods=["POST"]),
+        Route("/prioritize", verb("prioritize", False), methods=["POST"]),
+        Route("/bind", verb("bind", True), methods=["POST"]),
+        Route("/preempt", verb("preempt", False), methods=["POST"]),
         Route("/healthz", healthz), Route("/readyz", readyz), Route("/metrics", prometheus),
     ])

@@ -5,6 +5,12 @@ The Go types have no json tags, so the scheduler sends capitalised keys
 case-insensitively, as Go's decoder does; answers use the capitalised names.
 Anything malformed raises ``InvalidInput``; the app turns that into HTTP 200
 with ``Error`` filled.
+
+Filter and prioritize bodies are read from bytes without decoding the node names:
+the top-level object is decoded to raw values (``msgspec.Raw``), the pod is decoded,
+and ``NodeNames`` stays the JSON array it came in as (``nodenames`` matches it to
+state rows). Answers are rendered to bytes; ``parse_args`` and the dict answers
+serve callers that hold decoded JSON.
 """
 
 from __future__ import annotations
@@ -15,13 +21,12 @@ from operator import itemgetter
 from typing import Any, TypeVar
 
 import msgspec
-import numpy as np
 
 from gpupool.core.errors import InvalidInput
+from gpupool.extender.nodenames import MAX_NODES, NOT_A_LIST, checked_names
 
 T = TypeVar("T")
-MAX_NODES = 100_000
-MAX_SCORE = 10  # MaxExtenderPriority
+_RAW_OBJECT = msgspec.json.Decoder(dict[str, msgspec.Raw])
 
 
 def _folded(body: Any, what: str) -> dict[str, Any]:
@@ -32,10 +37,11 @@ def _folded(body: Any, what: str) -> dict[str, Any]:
 
 @dataclass(frozen=True, slots=True)
 class ExtenderArgs:
-    """Filter / prioritize input: the pod, and node names or whole node objects."""
+    """Filter / prioritize input: the pod, and the node names as a JSON array (or whole
+    node objects, whose names are then also rendered to ``names_json``)."""
 
     pod: Mapping[str, Any]
-    node_names: list[str]
+    names_json: bytes
     nodes: list[Mapping[str, Any]] | None  # the NodeList items when nodeCacheCapable is false
 
     @property
@@ -44,33 +50,51 @@ class ExtenderArgs:
 
 
 def parse_args(body: Any) -> ExtenderArgs:
+    """``ExtenderArgs`` from decoded JSON."""
     args = _folded(body, "ExtenderArgs")
-    pod = args.get("pod")
+    names = args.get("nodenames")
+    if names is not None:
+        return ExtenderArgs(_pod(args.get("pod")), msgspec.json.encode(checked_names(names)),
+                            None)
+    return _with_nodes(_pod(args.get("pod")), args.get("nodes"))
+
+
+def read_args(body: bytes, what: str) -> ExtenderArgs:
+    """``ExtenderArgs`` from a request body, ``NodeNames`` left undecoded."""
+    try:
+        raw = _RAW_OBJECT.decode(body)
+    except msgspec.ValidationError:  # valid JSON, not an object: say what it is
+        return parse_args(decode(body, what))
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+        raise InvalidInput(f"gpupool {what}: the request is not valid JSON ({exc})") from None
+    args = {k.lower(): v for k, v in raw.items()}
+    pod = _pod(_decoded(args.get("pod"), what))
+    names = args.get("nodenames")
+    if names is not None and bytes(names) != b"null":
+        names_json = bytes(names)
+        if names_json[:1] != b"[":
+            raise InvalidInput(NOT_A_LIST)
+        return ExtenderArgs(pod, names_json, None)
+    return _with_nodes(pod, _decoded(args.get("nodes"), what))
+
+
+def _decoded(raw: msgspec.Raw | None, what: str) -> Any:
+    return None if raw is None else decode(bytes(raw), what)
+
+
+def _pod(pod: Any) -> Mapping[str, Any]:
     if not isinstance(pod, Mapping):
         raise InvalidInput("ExtenderArgs.Pod is missing or not an object")
-    names = args.get("nodenames")
-    node_list = args.get("nodes")
-    if names is not None:
-        return ExtenderArgs(pod, _names(names), None)
+    return pod
+
+
+def _with_nodes(pod: Mapping[str, Any], node_list: Any) -> ExtenderArgs:
     if node_list is None:
         raise InvalidInput("ExtenderArgs has neither NodeNames nor Nodes")
     items = _folded(node_list, "ExtenderArgs.Nodes").get("items") or []
     if not isinstance(items, list) or len(items) > MAX_NODES:
         raise InvalidInput("ExtenderArgs.Nodes.items must be a list of nodes")
-    return ExtenderArgs(pod, [_node_name(n) for n in items], items)
-
-
-def _names(names: Any) -> list[str]:
-    if not isinstance(names, list) or len(names) > MAX_NODES:
-        raise InvalidInput("ExtenderArgs.NodeNames must be a list of node names")
-    try:  # C-speed checks of thousands of names: join refuses non-strings, all() ""
-        "".join(names)
-    except TypeError:
-        raise InvalidInput("ExtenderArgs.NodeNames holds something that is not a node name") \
-            from None
-    if not all(names):
-        raise InvalidInput("ExtenderArgs.NodeNames holds something that is not a node name")
-    return names
+    return ExtenderArgs(pod, msgspec.json.encode([_node_name(n) for n in items]), items)
 
 
 def _node_name(node: Any) -> str:
@@ -149,19 +173,19 @@ def parse_binding(body: Any) -> BindingArgs:
     return BindingArgs(str(values["podname"]), ns, uid, str(values["node"]))
 
 
-def filter_result(args: ExtenderArgs, passing: Sequence[int], failed: Mapping[str, str],
-                  unresolvable: Mapping[str, str]) -> dict[str, Any]:
+def filter_answer(args: ExtenderArgs, names_json: bytes, passing: Sequence[int],
+                  failed: Mapping[str, str], unresolvable: Mapping[str, str]) -> bytes:
     """``ExtenderFilterResult`` in the shape the scheduler reads for this configuration:
-    ``NodeNames`` (only names it sent) when node-cache capable, else ``Nodes``."""
-    result: dict[str, Any] = {"FailedNodes": dict(failed),
-                              "FailedAndUnresolvableNodes": dict(unresolvable), "Error": ""}
+    ``NodeNames`` (``names_json``: only names it sent) when node-cache capable, else
+    ``Nodes`` (the sent node objects at ``passing``)."""
     if args.nodes is None:
-        result["NodeNames"] = _pick(args.node_names, passing)
-        result["Nodes"] = None
+        nodes = b'{"Nodes":null,"NodeNames":' + names_json
     else:
-        result["Nodes"] = {"metadata": {}, "items": _pick(args.nodes, passing)}
-        result["NodeNames"] = None
-    return result
+        nodes = b'{"Nodes":' + msgspec.json.encode(
+            {"metadata": {}, "items": _pick(args.nodes, passing)}) + b',"NodeNames":null'
+    return b"".join((nodes, b',"FailedNodes":', msgspec.json.encode(failed),
+                     b',"FailedAndUnresolvableNodes":', msgspec.json.encode(unresolvable),
+                     b',"Error":""}'))
 
 
 def _pick(items: Sequence[T], positions: Sequence[int]) -> list[T]:
@@ -188,31 +212,14 @@ class Priorities:
         return result
 
 
-SCORE_TAILS = np.array([b"%d}" % s for s in range(MAX_SCORE + 1)], dtype=object)
-
-
-def host_entries(names: Sequence[str]) -> np.ndarray:
-    """``{"Host":"<name>","Score":<s>}`` per node (rows) and score 0..10 (columns),
-    rendered once per layout so an answer is one gather and one join."""
-    prefixes = np.array([b'{"Host":' + msgspec.json.encode(n) + b',"Score":' for n in names],
-                        dtype=object).reshape(-1, 1)
-    return np.asarray(prefixes + SCORE_TAILS.reshape(1, -1), dtype=object).reshape(
-        len(names), MAX_SCORE + 1)
-
-
-def host_priorities(entries: np.ndarray, rows: np.ndarray, scores: np.ndarray) -> Priorities:
-    """Render hosts ``rows`` of ``host_entries`` with scores 0..10, in C loops."""
-    if len(rows) == 0:
-        return Priorities(b"[]")
-    parts = entries[rows, np.clip(scores, 0, MAX_SCORE)]
-    return Priorities(b"[" + b",".join(parts.tolist()) + b"]")
+NO_PRIORITIES = b"[]"
 
 
 def decode(body: bytes, what: str) -> Any:
     """Decoded JSON of a request body, or ``InvalidInput`` saying why not."""
     try:
         return msgspec.json.decode(body)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise InvalidInput(f"gpupool {what}: the request is not valid JSON ({exc})") from None
 
 

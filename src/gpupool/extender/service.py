@@ -13,8 +13,11 @@
   that also carries the decision annotations (docs/design/extender.md).
 * preempt: keeps the nodes where the proposed victims free enough GPU.
 
-Every public method takes decoded JSON and returns JSON-ready values; bad input
-comes back as an ``Error``, never as an exception.
+Filter and prioritize read request bodies as bytes (``filter_json``,
+``prioritize_json``: node names are matched to rows and answers rendered without a
+Python string per node, see ``nodenames``); ``filter`` and ``prioritize`` take
+decoded JSON for callers that hold it. Bind and preempt take decoded JSON. Bad
+input comes back as an ``Error``, never as an exception.
 """
 
 from __future__ import annotations
@@ -25,9 +28,9 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from itertools import repeat
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from gpupool.core.eligibility import constraints_for
@@ -42,6 +45,7 @@ from gpupool.extender import protocol
 from gpupool.extender.binder import Binder
 from gpupool.extender.cache import ClusterCache
 from gpupool.extender.metrics import Metrics
+from gpupool.extender.nodenames import MAX_SCORE, NameTable
 from gpupool.extender.podspec import pod_id, pod_request
 from gpupool.extender.refusals import Refusals
 from gpupool.extender.workload import BUILTIN_WORKLOAD, observed_workload
@@ -51,7 +55,6 @@ log = logging.getLogger(__name__)
 
 REMEMBERED_REQUESTS = 4096
 REMEMBERED_CYCLES = 256
-REMEMBERED_NAME_LISTS = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,8 +76,6 @@ class Cycle:
     stamp: tuple[object, ...]
     constraints: Constraints
     candidates: Candidates
-    passing_names: list[str]
-    passing_rows: IntArray
 
 
 class Extender:
@@ -93,11 +94,8 @@ class Extender:
         self.requests: OrderedDict[str, PodRequest] = OrderedDict()
         self.cycles: OrderedDict[str, Cycle] = OrderedDict()
         self.translated: OrderedDict[tuple[str, str], PodRequest] = OrderedDict()
-        self._rows_seen: OrderedDict[int, tuple[dict[str, int], list[str], IntArray]] = \
-            OrderedDict()  # by list length: (state.index, names, rows) last seen
         self._names_of: dict[str, int] | None = None  # the state.index _names is of
-        self._names: np.ndarray = np.array([], dtype=object)
-        self._entries: np.ndarray = np.empty((0, protocol.MAX_SCORE + 1), dtype=object)
+        self._names = NameTable([], {})
         self.workload_note = "built-in"
         self.placer = Placer(make_policy(settings.policy, PolicyConfig(BUILTIN_WORKLOAD,
                                                                        settings.weights)))
@@ -120,32 +118,67 @@ class Extender:
 
     # -- filter -------------------------------------------------------------------------------
     def filter(self, body: Any) -> dict[str, Any]:
+        """Filter for decoded JSON; the app sends the request's bytes to ``filter_json``."""
         try:
             args = protocol.parse_args(body)
+        except GpupoolError as exc:
+            return self._filter_error(exc)
+        result: dict[str, Any] = msgspec.json.decode(self._filter(args))
+        return result
+
+    def filter_json(self, body: bytes) -> bytes:
+        """``ExtenderFilterResult`` JSON for an ``ExtenderArgs`` request body."""
+        try:
+            args = protocol.read_args(body, "filter")
+        except GpupoolError as exc:
+            return protocol.encode(self._filter_error(exc))
+        return self._filter(args)
+
+    def _filter_error(self, exc: GpupoolError) -> dict[str, Any]:
+        self.metrics.decisions.labels("filter", "error").inc()
+        return protocol.filter_error(str(exc))
+
+    def _filter(self, args: protocol.ExtenderArgs) -> bytes:
+        try:
             request = self._request(args.pod)
         except GpupoolError as exc:
-            self.metrics.decisions.labels("filter", "error").inc()
-            return protocol.filter_error(str(exc))
+            return protocol.encode(self._filter_error(exc))
         with self.cache.lock:
             self.cache.flush()
             state = self.cache.state
-            idx = self._indices(state, args.node_names)
+            table = self._table(state)
+            try:
+                sent = table.match(args.names_json)
+            except InvalidInput as exc:
+                return protocol.encode(self._filter_error(exc))
+            idx = sent.rows
             if not request.gpus:
-                return protocol.filter_result(args, list(range(len(idx))), {}, {})
+                return protocol.filter_answer(args, args.names_json, range(len(idx)), {}, {})
             constraints = constraints_for(state, request, self.cache.catalogue)
             cands = self.placer.candidates(state, request, constraints)
-            ok = np.zeros(len(idx), np.bool_)
-            known = idx >= 0
-            ok[known] = cands.mask[idx[known]]
-            failed, unresolvable = ({}, {}) if ok.all() else self.refusals.of(
-                state, request, constraints, self.cache.catalogue_version, self._state_names,
-                args.node_names, idx, ok)
-            passing = np.flatnonzero(ok)
-            result = protocol.filter_result(args, passing.tolist(), failed, unresolvable)
-            self._remember(Cycle(request.key, self._stamp(state), constraints, cands,
-                                 result["NodeNames"] or [], idx[passing]))
-        self.metrics.decisions.labels("filter", "fits" if passing.size else "unschedulable").inc()
-        return result
+            if sent.all_known:
+                ok = cands.mask[idx]
+            else:
+                ok = np.zeros(len(idx), np.bool_)
+                ok[idx >= 0] = cands.mask[idx[idx >= 0]]
+            failed: dict[str, str] = {}
+            unresolvable: dict[str, str] = {}
+            passing: IntArray | None = None
+            if ok.all():
+                names_json = args.names_json  # every sent node passed: echo the list
+            else:
+                failed, unresolvable = self.refusals.of(
+                    state, request, constraints, self.cache.catalogue_version,
+                    self._state_names, sent.names, idx, ok)
+                passing = np.flatnonzero(ok)
+                names_json = table.names_json(idx[passing])
+                table.remember(names_json, idx[passing])  # what prioritize is sent next
+            self._remember(Cycle(request.key, self._stamp(state), constraints, cands))
+        self.metrics.decisions.labels(
+            "filter", "fits" if passing is None or passing.size else "unschedulable").inc()
+        return protocol.filter_answer(
+            args, names_json, range(len(idx)) if passing is None else passing.tolist(), failed,
+            unresolvable)
 
     def _stamp(self, state: ClusterState) -> tuple[object, ...]:
         """Changes whenever anything a decision reads changes (versions only grow)."""
@@ -175,78 +208,81 @@ class Extender:
             self.requests.popitem(last=False)
         return request
 
-    def _cycle_for(self, state: ClusterState, request: PodRequest, names: list[str]
-                   ) -> tuple[Constraints, Candidates, IntArray]:
-        """(constraints, candidates, sent rows) — reusing the filter's work for this pod
-        when nothing changed since and the scheduler sent the nodes filter passed."""
+    def _cycle_for(self, state: ClusterState, request: PodRequest, rows: IntArray
+                   ) -> tuple[Constraints, Candidates]:
+        """(constraints, candidates among ``rows``) — reusing the filter's work for this
+        pod when nothing changed since."""
         cycle = self.cycles.get(request.key)
-        fresh = cycle is not None and cycle.stamp == self._stamp(state)
-        if cycle is not None and fresh:
+        if cycle is not None and cycle.stamp == self._stamp(state):
             c, cands = cycle.constraints, cycle.candidates
         else:
             c = constraints_for(state, request, self.cache.catalogue)
             cands = self.placer.candidates(state, request, c)
-        if cycle is not None and fresh and names == cycle.passing_names:
-            rows = cycle.passing_rows
-        else:
-            idx = self._indices(state, names)
-            rows = idx[idx >= 0]
         keep = np.zeros(len(state.nodes), np.bool_)
         keep[rows] = True
         mask = cands.mask & keep
-        return c, Candidates(mask, np.flatnonzero(mask), cands.gpu_fit), rows
+        return c, Candidates(mask, np.flatnonzero(mask), cands.gpu_fit)
 
-    def _indices(self, state: ClusterState, node_names: list[str]) -> IntArray:
-        """State rows of ``node_names`` (-1: unknown), read-only. kube-scheduler sends the
-        same lists again and again: comparing a list with the one seen last (C-speed) is
-        several times cheaper than hashing thousands of freshly decoded names."""
-        seen = self._rows_seen.get(len(node_names))
-        if seen is not None and seen[0] is state.index and seen[1] == node_names:
-            return seen[2]
-        get = state.index.get
-        idx = np.fromiter(map(get, node_names, repeat(-1, len(node_names))), np.int64,
-                          len(node_names))
-        idx.flags.writeable = False
-        self._rows_seen[len(node_names)] = (state.index, list(node_names), idx)
-        self._rows_seen.move_to_end(len(node_names))
-        while len(self._rows_seen) > REMEMBERED_NAME_LISTS:
-            self._rows_seen.popitem(last=False)
-        return idx
-
-    def _state_names(self, state: ClusterState) -> np.ndarray:
-        """Node names (and their prioritize JSON entries) by state row, per layout."""
+    def _table(self, state: ClusterState) -> NameTable:
+        """The node names of ``state``'s layout: rows of sent lists, rendered answers."""
         if self._names_of is not state.index:  # a new layout (a new ClusterState starts
             # again at epoch 1, so the epoch alone does not tell layouts apart)
-            names = [n.name for n in state.nodes]
-            self._names = np.array(names, dtype=object)
-            self._entries = protocol.host_entries(names)
+            self._names = NameTable([n.name for n in state.nodes], state.index)
             self._names_of = state.index
         return self._names
 
+    def _state_names(self, state: ClusterState) -> np.ndarray:
+        """Node names by state row (an object array), per layout."""
+        return self._table(state).names
+
     # -- prioritize ------------------------------------------------------------------------------
     def prioritize(self, body: Any) -> protocol.Priorities:
+        """Prioritize for decoded JSON; the app sends the request's bytes to
+        ``prioritize_json``."""
         try:
             args = protocol.parse_args(body)
+        except GpupoolError as exc:
+            return protocol.Priorities(self._prioritize_error(exc))
+        return protocol.Priorities(self._prioritize(args))
+
+    def prioritize_json(self, body: bytes) -> bytes:
+        """``HostPriorityList`` JSON for an ``ExtenderArgs`` request body."""
+        try:
+            args = protocol.read_args(body, "prioritize")
+        except GpupoolError as exc:
+            return self._prioritize_error(exc)
+        return self._prioritize(args)
+
+    def _prioritize_error(self, exc: GpupoolError) -> bytes:
+        self.metrics.decisions.labels("prioritize", "error").inc()
+        log.info("prioritize: %s", exc)
+        return protocol.NO_PRIORITIES
+
+    def _prioritize(self, args: protocol.ExtenderArgs) -> bytes:
+        try:
             request = self._request(args.pod)
         except GpupoolError as exc:
-            self.metrics.decisions.labels("prioritize", "error").inc()
-            log.info("prioritize: %s", exc)
-            return protocol.Priorities(b"[]")
+            return self._prioritize_error(exc)
         if not request.gpus:
-            return protocol.Priorities(b"[]")
+            return protocol.NO_PRIORITIES
         with self.cache.lock:
             self.cache.flush()
             state = self.cache.state
-            _, cands, rows = self._cycle_for(state, request, args.node_names)
+            table = self._table(state)
+            try:
+                sent = table.match(args.names_json)
+            except InvalidInput as exc:
+                return self._prioritize_error(exc)
+            rows = sent.rows if sent.all_known else sent.rows[sent.rows >= 0]
+            _, cands = self._cycle_for(state, request, rows)
             if cands.indices.size == 0:
-                return protocol.Priorities(b"[]")
+                return protocol.NO_PRIORITIES
             values = self.placer.score(state, request, cands, self.rng).value
             full = np.zeros(len(state.nodes), np.int64)
             full[cands.indices] = scaled(values)
-            sent = full[rows]
-            positive = sent > 0
-            self._state_names(state)
-            answer = protocol.host_priorities(self._entries, rows[positive], sent[positive])
+            scores = full[rows]
+            positive = scores > 0
+            answer = table.priorities_json(rows[positive], scores[positive])
         self.metrics.decisions.labels("prioritize", "scored").inc()
         return answer
 
@@ -335,5 +371,5 @@ def scaled(values: np.ndarray) -> np.ndarray:
     """Scores mapped linearly onto 0..10 (all equal: all 10)."""
     lo, hi = float(values.min()), float(values.max())
     if hi - lo <= 1e-12:
-        return np.full(values.shape, protocol.MAX_SCORE, np.int64)
-    return np.rint((values - lo) * protocol.MAX_SCORE / (hi - lo)).astype(np.int64)
+        return np.full(values.shape, MAX_SCORE, np.int64)
+    return np.rint((values - lo) * MAX_SCORE / (hi - lo)).astype(np.int64)
