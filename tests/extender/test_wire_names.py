@@ -138,3 +138,12 @@ def test_colliding_hash_slots_are_probed_until_the_right_name() -> None:
 def test_a_name_equal_but_for_trailing_zero_bytes_is_not_taken_for_the_name() -> None:
     with pytest.raises(InvalidInput, match="must be a list"):  # a raw NUL is not JSON
         table(["a", "b"]).match(b'["a' + bytes(1) + b'","b"]')
+
+
+def test_passing_names_of_one_length_render_by_gather_in_row_order() -> None:
+    names = [f"n{i:05d}" for i in range(300)]
+    t = table(names)
+    assert t.items is not None  # one length: fixed-width entries
+    rows = np.array(random.Random(6).sample(range(300), 200), np.int64)
+    assert t.names_json(rows) == msgspec.json.encode([names[i] for i in rows.tolist()])
+    assert t.names_json(rows[:1]) == msgspec.json.encode([names[rows[0]]])
