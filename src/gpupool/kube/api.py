@@ -11,23 +11,33 @@ Watches yield ``(event_type, object)`` and end when the server ends the
 stream (``timeout_s``); ``gpupool.kube.informer`` turns list + watch into a
 resilient feed. A ``KubeApi`` is not shared between threads that watch: use
 ``fork()`` to get a second connection with the same configuration.
+
+The calls on the bind path (the Binding, the GPULedger get / create / patch)
+and the watches go through ``gpupool.kube.transport.LeanTransport`` (stdlib
+``http.client``, kept-alive connections, msgspec) when it can serve the
+configuration faithfully, and through lightkube otherwise; the rule is in that
+module's docstring. Both decode into the same models and raise the same errors.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
+from urllib.parse import quote, urlencode
 
 import httpx2
 import lightkube
 import msgspec
 from lightkube.config.kubeconfig import KubeConfig
 from lightkube.config.models import Cluster, User
-from lightkube.core.decoders import decode_list, decode_object
+from lightkube.core import resource as lk_resource
+from lightkube.core.decoders import decode_list, decode_object, decode_watch_event
 from lightkube.core.exceptions import ConfigError
+from lightkube.core.selector import build_selector
 from lightkube.generic_resource import create_global_resource
 from lightkube.models.core_v1 import ObjectReference
 from lightkube.models.meta_v1 import ObjectMeta
@@ -37,7 +47,9 @@ from lightkube.types import PatchType
 from gpupool.contract import names
 from gpupool.kube.errors import KubeError, from_status
 from gpupool.kube.summaries import PodSummary
+from gpupool.kube.transport import MERGE_PATCH, LeanTransport, proxied, status_error, unsupported
 
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 KubeObject = dict[str, Any]
 
@@ -100,35 +112,57 @@ def warm_decoders() -> None:
 
 
 class KubeApi:
-    """Typed calls on one lightkube client (one HTTP connection pool)."""
+    """Typed calls on one lightkube client (one HTTP connection pool), the hot ones on a
+    ``LeanTransport`` (``lean``; None when lightkube serves every call)."""
 
-    def __init__(self, config: KubeConfig, timeout_s: float = 10.0, trust_env: bool = True):
+    def __init__(self, config: KubeConfig, timeout_s: float = 10.0, trust_env: bool = True,
+                 lean: bool = True):
         warm_decoders()
         self._config = config
         self._timeout_s = timeout_s
         self._trust_env = trust_env
+        self._want_lean = lean
         self.client = lightkube.Client(config, timeout=httpx2.Timeout(timeout_s),
                                        field_manager=FIELD_MANAGER, trust_env=trust_env)
+        self.lean: LeanTransport | None = self._lean_transport() if lean else None
+
+    def _lean_transport(self) -> LeanTransport | None:
+        with _translated("load the Kubernetes configuration"):
+            single = self._config.get()
+        if single is None:
+            return None
+        why = unsupported(single)
+        if not why and self._trust_env and proxied(self.client._client._client,
+                                                   single.cluster.server):
+            why = "a proxy from the environment"
+        if why:
+            log.info("every Kubernetes API call goes through lightkube (%s)", why)
+            return None
+        with _translated("set up TLS for the Kubernetes API"):
+            return LeanTransport.for_config(single, self._timeout_s, self._trust_env)
 
     @classmethod
     def connect(cls, kubeconfig: str | None = None, server: str | None = None,
-                timeout_s: float = 10.0) -> KubeApi:
-        """From a kubeconfig file, a bare server URL (tests), or the in-cluster account."""
+                timeout_s: float = 10.0, lean: bool = True) -> KubeApi:
+        """From a kubeconfig file, a bare server URL (tests), or the in-cluster account;
+        ``lean=False``: every call through lightkube (the benchmark's baseline)."""
         if server:
             # from_one with an empty user: lightkube's from_server leaves the user unset
             config = KubeConfig.from_one(cluster=Cluster(server=server), user=User())
-            return cls(config, timeout_s, trust_env=False)
+            return cls(config, timeout_s, trust_env=False, lean=lean)
         with _translated("load the Kubernetes configuration"):
             config = (KubeConfig.from_file(kubeconfig) if kubeconfig
                       else KubeConfig.from_service_account())
-        return cls(config, timeout_s)
+        return cls(config, timeout_s, lean=lean)
 
     def fork(self) -> KubeApi:
         """A new connection with the same configuration (for a watch thread)."""
-        return KubeApi(self._config, self._timeout_s, self._trust_env)
+        return KubeApi(self._config, self._timeout_s, self._trust_env, self._want_lean)
 
     def close(self) -> None:
-        """Close the connection; a watch blocked on it ends with a ``KubeError``."""
+        """Close the connections; a watch blocked on one ends with a ``KubeError``."""
+        if self.lean is not None:
+            self.lean.close()
         with contextlib.suppress(Exception):
             self.client.close()
 
@@ -147,6 +181,34 @@ class KubeApi:
     def _watch(self, res: Any, what: str, resource_version: str, timeout_s: int | None, *,
                labels: Mapping[str, Any] | None = None, fields: Mapping[str, Any] | None = None
                ) -> Iterator[tuple[str, Any]]:
+        if self.lean is not None:
+            return self._lean_watch(res, f"watch {what}", resource_version, timeout_s,
+                                    labels, fields)
+        return self._lightkube_watch(res, what, resource_version, timeout_s, labels, fields)
+
+    def _lean_watch(self, res: Any, what: str, resource_version: str, timeout_s: int | None,
+                    labels: Mapping[str, Any] | None, fields: Mapping[str, Any] | None
+                    ) -> Iterator[tuple[str, Any]]:
+        assert self.lean is not None
+        params = {"watch": "true", "resourceVersion": resource_version or None,
+                  "timeoutSeconds": timeout_s,
+                  "labelSelector": build_selector(dict(labels)) if labels else None,
+                  "fieldSelector": build_selector(dict(fields), for_fields=True) if fields
+                  else None}
+        query = urlencode({k: v for k, v in params.items() if v is not None})
+        for line in self.lean.stream(f"{_path(res)}?{query}", what, timeout_s):
+            try:
+                event = decode_watch_event(line)
+                if event.type == "ERROR":
+                    raise status_error(bytes(event.object), what)
+                obj = decode_object(event.object, res)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                raise KubeError(f"{what}: an event that is not a watch event ({exc})") from None
+            yield event.type, obj
+
+    def _lightkube_watch(self, res: Any, what: str, resource_version: str,
+                         timeout_s: int | None, labels: Mapping[str, Any] | None,
+                         fields: Mapping[str, Any] | None) -> Iterator[tuple[str, Any]]:
         kwargs: dict[str, Any] = {"labels": labels, "fields": fields,
                                   "resource_version": resource_version or None,
                                   "server_timeout": timeout_s}
@@ -202,13 +264,25 @@ class KubeApi:
                  annotations: Mapping[str, str] | None = None) -> None:
         """Create the pod's Binding; the API server copies ``annotations`` onto the pod in
         the same write. ``Conflict`` if the pod is already bound or is another pod."""
+        what = f"bind pod {namespace}/{name} to {node}"
+        if self.lean is not None:
+            meta: dict[str, Any] = {"name": name, "namespace": namespace}
+            if uid:
+                meta["uid"] = uid
+            if annotations:
+                meta["annotations"] = dict(annotations)
+            body = {"apiVersion": "v1", "kind": "Binding", "metadata": meta,
+                    "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
+            path = f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}"
+            self.lean.request("POST", f"{path}/binding?fieldManager={FIELD_MANAGER}", what,
+                              _ENCODE(body))
+            return
         binding = Pod.Binding(
             metadata=ObjectMeta(name=name, namespace=namespace, uid=uid or None,
                                 annotations=dict(annotations) if annotations else None),
             target=ObjectReference(apiVersion="v1", kind="Node", name=node))
         # success answers a Status, which lightkube tries to read as a Binding
-        with (_translated(f"bind pod {namespace}/{name} to {node}"),
-              contextlib.suppress(msgspec.ValidationError)):
+        with (_translated(what), contextlib.suppress(msgspec.ValidationError)):
             self.client.create(binding, name=name, namespace=namespace)
 
     # -- nodes ---------------------------------------------------------------------------------
@@ -279,10 +353,17 @@ class KubeApi:
         return self._watch(GPULedger, "GPULedgers", resource_version, timeout_s)
 
     def get_ledger(self, node: str) -> KubeObject:
+        if self.lean is not None:
+            return self._lean_object("GET", f"{_LEDGERS}/{quote(node, safe='')}",
+                                     f"get GPULedger {node}")
         with _translated(f"get GPULedger {node}"):
             return dict(self.client.get(GPULedger, node))
 
     def create_ledger(self, obj: Mapping[str, Any]) -> KubeObject:
+        if self.lean is not None:
+            body = {"apiVersion": names.API_VERSION, "kind": "GPULedger", **obj}
+            return self._lean_object("POST", f"{_LEDGERS}?fieldManager={FIELD_MANAGER}",
+                                     f"create GPULedger {_name(obj)}", _ENCODE(body))
         with _translated(f"create GPULedger {_name(obj)}"):
             return dict(self.client.create(GPULedger.from_dict(dict(obj))))
 
@@ -294,8 +375,39 @@ class KubeApi:
             meta = dict(body.get("metadata") or {})
             meta["resourceVersion"] = resource_version
             body["metadata"] = meta
+        if self.lean is not None:
+            return self._lean_object(
+                "PATCH", f"{_LEDGERS}/{quote(node, safe='')}?fieldManager={FIELD_MANAGER}",
+                f"update GPULedger {node}", _ENCODE(body), MERGE_PATCH)
         with _translated(f"update GPULedger {node}"):
             return dict(self.client.patch(GPULedger, node, body, patch_type=PatchType.MERGE))
+
+    def _lean_object(self, method: str, path: str, what: str, body: bytes | None = None,
+                     content_type: str = "application/json") -> KubeObject:
+        assert self.lean is not None
+        data = self.lean.request(method, path, what, body, content_type)
+        try:
+            obj = _DECODE(data)
+        except msgspec.DecodeError as exc:
+            raise KubeError(f"{what}: the answer is not JSON ({exc})") from None
+        if not isinstance(obj, dict):
+            raise KubeError(f"{what}: the answer is not an object")
+        return obj
+
+
+_ENCODE = msgspec.json.Encoder().encode
+_DECODE = msgspec.json.Decoder().decode
+
+
+def _path(res: Any) -> str:
+    """The URL path of ``res``'s objects in every namespace."""
+    info = lk_resource.api_info(res)
+    base = info.resource
+    root = f"/api/{base.version}" if not base.group else f"/apis/{base.group}/{base.version}"
+    return f"{root}/{info.plural}"
+
+
+_LEDGERS = _path(GPULedger)
 
 
 def _name(obj: Mapping[str, Any]) -> str:
