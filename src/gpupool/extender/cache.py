@@ -195,8 +195,10 @@ class ClusterCache:
             self.synced.add("pods")
 
     def pod_event(self, kind: str, pod: Any) -> None:
+        f = facts_of(pod)  # pure: outside the lock the next decision waits for
+        if kind != "DELETED" and self.pods.get(f.uid) == f:
+            return  # nothing the cache keeps changed (e.g. a status update by the kubelet)
         with self.lock:
-            f = facts_of(pod)
             if kind == "DELETED":
                 self._forget_pod(f.uid)
             else:
@@ -388,6 +390,8 @@ class ClusterCache:
             self.synced.add("ledgers")
 
     def ledger_event(self, kind: str, obj: dict[str, Any]) -> None:
+        if kind != "DELETED" and self._holds_version(obj):
+            return  # typically this replica's own write, taken in when its bind wrote it
         if len(self.entry_memo) > MEMO_LIMIT:
             self.entry_memo = {}
         view = ledger.view_of(obj, self.entry_memo)
@@ -399,13 +403,27 @@ class ClusterCache:
         with self.lock:
             old = self.ledgers.get(view.node)
             if old is not None and view.resource_version and old.resource_version and int(
-                    view.resource_version) < int(old.resource_version):
-                return
+                    view.resource_version) <= int(old.resource_version):
+                return  # a version taken in already (the watch and the bind both bring it)
             self.ledgers[view.node] = view
             for uid in set(old.entries if old else ()) - set(view.entries):
                 self.unhold(uid, "ledger")
             if view.node in self.state.index:
                 self._hold_ledger(view)
+
+    def _holds_version(self, obj: dict[str, Any]) -> bool:
+        """Whether the ledger ``obj`` is at a version this cache already took in (or an
+        older one): nothing to decode. Read without the lock: a ``View`` is immutable and
+        the versions of one ledger only grow."""
+        meta, spec = obj.get("metadata"), obj.get("spec")
+        if not isinstance(meta, dict) or not isinstance(spec, dict):
+            return False
+        rv = meta.get("resourceVersion")
+        held = self.ledgers.get(str(spec.get("node") or meta.get("name") or ""))
+        if held is None or not isinstance(rv, str) or not rv.isdigit():
+            return False
+        return (held.resource_version or "").isdigit() and int(rv) <= int(
+            held.resource_version or "")
 
     def _hold_ledger(self, view: ledger.View) -> None:
         now = self.clock()

@@ -102,6 +102,29 @@ def view_of(obj: Mapping[str, Any], memo: dict[tuple[str, str], Entry] | None = 
     return View(node, str(meta.get("resourceVersion") or "") or None, entries)
 
 
+def advanced(view: View, changes: Mapping[str, Any], written: Mapping[str, Any]) -> View:
+    """The ledger after a compare-and-swap from ``view`` applied ``changes`` (uid -> raw
+    entry, None drops it) and the API answered ``written``.
+
+    The precondition makes ``written``'s entries exactly ``view``'s with ``changes``
+    merged, so only the changed entries are decoded — not every entry of a busy node.
+    An answer that does not have the expected entries is decoded in full.
+    """
+    entries = dict(view.entries)
+    for uid, raw in changes.items():
+        entries.pop(uid, None)
+        if raw is not None:
+            try:
+                entries[uid] = decode_entry(uid, raw)
+            except InvalidInput:
+                return view_of(written)
+    meta = written.get("metadata") or {}
+    raw_entries = (written.get("spec") or {}).get("entries")
+    if not isinstance(raw_entries, Mapping) or raw_entries.keys() != entries.keys():
+        return view_of(written)
+    return View(view.node, str(meta.get("resourceVersion") or "") or None, entries)
+
+
 def gpu_only(alloc: Allocation, node: Node) -> Allocation:
     """``alloc`` without CPU and memory, GPU positions looked up by uuid on ``node``."""
     pos = {g.uuid: p for p, g in enumerate(node.gpus)}
@@ -156,9 +179,10 @@ class Ledgers:
             obj = {"apiVersion": names.API_VERSION, "kind": "GPULedger",
                    "metadata": {"name": view.node},
                    "spec": {"node": view.node, "entries": {uid: changes[uid]}}}
-            return view_of(self.api.create_ledger(obj))
+            return advanced(View(view.node), changes, self.api.create_ledger(obj))
         patch = {"spec": {"entries": changes}}
-        return view_of(self.api.patch_ledger(view.node, patch, view.resource_version))
+        return advanced(view, changes, self.api.patch_ledger(view.node, patch,
+                                                             view.resource_version))
 
     def remove(self, node: str, uid: str) -> None:
         """Drop ``uid``'s entry (no precondition: the key is the pod's own)."""
