@@ -1,0 +1,327 @@
+"""Benchmark of the Kubernetes API calls a bind makes, and of what a bound pod costs the
+extender's watch threads.
+
+    .venv/bin/python bench/bench_kube_writes.py [--writes 2000] [--pods 400] [--nodes 500]
+                                                [--part writes|watch|all]
+
+The fake API server runs in a child process (``python -m gpupool.kube.fake_apiserver``)
+so its CPU is not counted against the client.
+
+* **writes**: ``--writes`` Bindings (with the four decision annotations a bind sends)
+  and ``--writes`` GPULedger merge patches carrying a resourceVersion precondition (each
+  adds an entry and drops an older one, so a ledger keeps about 8 entries), through
+  lightkube (``KubeApi(lean=False)``, the baseline) and through the lean transport
+  (``KubeApi(lean=True)``), in alternating rounds of 50 in the same run; p50 / p99 per
+  write and the ratio lean / lightkube.
+* **watch**: an extender (cache, informers, ``Extender``) on ``--nodes`` nodes × 8 GPUs
+  binds ``--pods`` pods in-process (filter → prioritize → bind). Every bind makes the API
+  server send two watch events (the pod MODIFIED, the GPULedger MODIFIED); the CPU time
+  of the pod and GPULedger watch threads (per-thread CPU clocks) while binding, divided
+  by the pods bound. Run once with the watches through lightkube and once through the
+  lean transport, each on a fresh cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgspec
+
+from gpupool.contract.annotations import encode
+from gpupool.core.allocation import Allocation, Slice
+from gpupool.core.policies import DEFAULT_POLICY
+from gpupool.extender import protocol
+from gpupool.extender.cache import ClusterCache
+from gpupool.extender.feeds import start_feeds
+from gpupool.extender.metrics import Metrics
+from gpupool.extender.service import Extender, Settings
+from gpupool.kube.api import KubeApi
+
+GPUS = 8
+GPU_MIB = 81920
+ROUND = 50  # writes per path before switching to the other
+WATCHED = ("informer-pods", "informer-gpuledgers")
+SHAPES = [{"gpupool.io/gpu-memory": "10240", "gpupool.io/gpu-core": "20"},
+          {"gpupool.io/gpu-memory": "20480", "gpupool.io/gpu-core": "40"},
+          {"gpupool.io/gpu": "1"}]
+
+
+# -- the fake API server in a child process ---------------------------------------------------
+class FakeApiProcess:
+    """``python -m gpupool.kube.fake_apiserver SEED``; ``url`` once it listens."""
+
+    def __init__(self, lines: Iterator[dict[str, Any]]):
+        self.dir = tempfile.TemporaryDirectory()
+        seed = Path(self.dir.name) / "seed.jsonl"
+        seed.write_text("\n".join(json.dumps(line) for line in lines))
+        self.proc = subprocess.Popen([sys.executable, "-m", "gpupool.kube.fake_apiserver",
+                                      str(seed)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True)
+        assert self.proc.stdout is not None
+        self.url = self.proc.stdout.readline().split()[0]
+        self.http = httpx.Client(base_url=self.url, trust_env=False)
+
+    def create(self, path: str, obj: dict[str, Any]) -> dict[str, Any]:
+        r = self.http.post(path, json=obj)
+        r.raise_for_status()
+        result: dict[str, Any] = r.json()
+        return result
+
+    def close(self) -> None:
+        self.http.close()
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+        self.dir.cleanup()
+
+
+def pod_obj(name: str, limits: dict[str, str], uid: str = "", node: str = "",
+            notes: dict[str, str] | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": "bench", "annotations": notes or {}}
+    if uid:
+        meta["uid"] = uid
+    res = {"requests": {"cpu": "2", "memory": "8Gi", **limits}, "limits": dict(limits)}
+    spec: dict[str, Any] = {"containers": [{"name": "main", "resources": res}]}
+    if node:
+        spec["nodeName"] = node
+    return {"metadata": meta, "spec": spec, "status": {"phase": "Running" if node else "Pending"}}
+
+
+def alloc_notes(uid: str, node: str, j: int, core: int) -> dict[str, str]:
+    alloc = Allocation(uid, node, 2000, 8192, (Slice(f"GPU-{node}-{j}", j,
+                                                     core * GPU_MIB // 100, core, "main"),))
+    return encode(alloc, "2026-01-01T00:00:00.000000Z")
+
+
+# -- writes -----------------------------------------------------------------------------------
+def write_seed(pods: int, ledgers: int) -> Iterator[dict[str, Any]]:
+    for k in range(pods):
+        yield {"kind": "pods", "object": pod_obj(f"w-{k}", {}, f"w-{k}")}
+    for k in range(ledgers):
+        yield {"kind": "gpuledgers", "object": {"metadata": {"name": f"l-{k}"},
+                                                "spec": {"node": f"l-{k}", "entries": {}}}}
+
+
+class Writer:
+    """One path's writes: Bindings of its own pods, patches of its own ledgers."""
+
+    def __init__(self, api: KubeApi, pods: list[str], ledgers: list[str]):
+        self.api, self.pods, self.ledgers = api, iter(pods), ledgers
+        self.versions = {name: "" for name in ledgers}
+        self.count = 0
+        self.binds: list[float] = []
+        self.patches: list[float] = []
+
+    def bind(self) -> None:
+        name = next(self.pods)
+        notes = alloc_notes(name, "n1", 3, 20)
+        t0 = time.perf_counter()
+        self.api.bind_pod("bench", name, name, "n1", notes)
+        self.binds.append(time.perf_counter() - t0)
+
+    def patch(self) -> None:
+        self.count += 1
+        node = self.ledgers[self.count % len(self.ledgers)]
+        if not self.versions[node]:
+            self.versions[node] = self.api.get_ledger(node)["metadata"]["resourceVersion"]
+        uid = f"u-{self.count}"
+        entry = {"pod": f"bench/{uid}", "allocation": alloc_notes(uid, node, 3, 20)[
+            "gpupool.io/allocation"], "bindTime": "2026-01-01T00:00:00.000000Z",
+                 "tenant": "bench", "class": "", "group": ""}
+        changes: dict[str, Any] = {uid: entry, f"u-{self.count - 8 * len(self.ledgers)}": None}
+        t0 = time.perf_counter()
+        written = self.api.patch_ledger(node, {"spec": {"entries": changes}},
+                                        self.versions[node])
+        self.patches.append(time.perf_counter() - t0)
+        self.versions[node] = written["metadata"]["resourceVersion"]
+
+
+def measure_writes(n: int) -> None:
+    rounds = max(1, n // ROUND)
+    per_path = rounds * ROUND
+    ledgers = 16
+    api = FakeApiProcess(write_seed(2 * per_path + 2 * ROUND, 2 * ledgers))
+    try:
+        writers = {}
+        for label, lean in (("lightkube", False), ("lean", True)):
+            kube = KubeApi.connect(server=api.url, lean=lean)
+            if lean and kube.lean is None:
+                raise SystemExit("the lean transport is not available for this configuration")
+            offset = 0 if not lean else per_path + ROUND
+            pods = [f"w-{offset + k}" for k in range(per_path + ROUND)]
+            names = [f"l-{k + (ledgers if lean else 0)}" for k in range(ledgers)]
+            writers[label] = Writer(kube, pods, names)
+        for w in writers.values():  # warm-up: connections, decoders (not counted)
+            for _ in range(ROUND):
+                w.bind()
+                w.patch()
+            w.binds.clear()
+            w.patches.clear()
+        for _ in range(rounds):
+            for w in writers.values():
+                for _ in range(ROUND):
+                    w.bind()
+                for _ in range(ROUND):
+                    w.patch()
+        for w in writers.values():
+            w.api.close()
+    finally:
+        api.close()
+    base, lean_w = writers["lightkube"], writers["lean"]
+    print(f"\nAPI writes to the fake API server (child process), {per_path} of each per path")
+    print(f"{'write':28} {'p50 ms':>7} {'p99 ms':>7} {'mean ms':>8}")
+    for label, w in writers.items():
+        for what, times in (("Binding", w.binds), ("GPULedger patch (CAS)", w.patches)):
+            print(f"{what + ', ' + label:28} {pct(times, 0.5) * 1e3:7.3f} "
+                  f"{pct(times, 0.99) * 1e3:7.3f} {statistics.fmean(times) * 1e3:8.3f}")
+    for what, attr in (("Binding", "binds"), ("GPULedger patch", "patches")):
+        b, le = getattr(base, attr), getattr(lean_w, attr)
+        print(f"ratio lean / lightkube, {what}: p50 {pct(le, 0.5) / pct(b, 0.5):.2f}, "
+              f"p99 {pct(le, 0.99) / pct(b, 0.99):.2f}")
+
+
+# -- watch side -------------------------------------------------------------------------------
+def cluster_seed(nodes: int, seed: int) -> Iterator[dict[str, Any]]:
+    """Nodes, GPUDevices, and annotated pods holding about 30 % of the GPU share."""
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    rng = random.Random(seed)
+    for i in range(nodes):
+        node = f"n{i:05d}"
+        yield {"kind": "nodes", "object": {
+            "metadata": {"name": node, "labels": {"kubernetes.io/hostname": node}},
+            "status": {"allocatable": {"cpu": "128", "memory": "1Ti", "pods": "250"}}}}
+        for j in range(GPUS):
+            uuid = f"GPU-{node}-{j}"
+            yield {"kind": "gpudevices", "object": {
+                "metadata": {"name": uuid.lower(), "labels": {"gpupool.io/node": node}},
+                "spec": {"node": node, "uuid": uuid, "index": j, "model": "H100-80GB",
+                         "memoryMiB": GPU_MIB, "numaNode": j * 2 // GPUS},
+                "status": {"health": "Healthy", "heartbeatTime": stamp}}}
+    for k in range(int(nodes * GPUS * 0.3 / 0.25)):
+        i, j, core = rng.randrange(nodes), rng.randrange(GPUS), rng.choice((10, 20, 30, 40))
+        node, uid = f"n{i:05d}", f"busy-{k}"
+        limits = {"gpupool.io/gpu-memory": str(core * GPU_MIB // 100),
+                  "gpupool.io/gpu-core": str(core)}
+        yield {"kind": "pods", "object": pod_obj(uid, limits, uid, node,
+                                                 alloc_notes(uid, node, j, core))}
+
+
+def thread_cpu() -> dict[str, float]:
+    """CPU seconds of the watch threads of this process so far."""
+    return {t.name: time.clock_gettime(time.pthread_getcpuclockid(t.ident))
+            for t in threading.enumerate() if t.name in WATCHED and t.ident is not None}
+
+
+def wait_for(done: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def call(ext: Extender, verb: str, body: dict[str, Any]) -> Any:
+    """One extender call as the app makes it: JSON in, decide, JSON out."""
+    handler = {"filter": ext.filter, "prioritize": ext.prioritize, "bind": ext.bind}[verb]
+    return msgspec.json.decode(protocol.encode(handler(protocol.decode(
+        msgspec.json.encode(body), verb))))
+
+
+def schedule(ext: Extender, pod: dict[str, Any], names: list[str]) -> bool:
+    """filter -> prioritize -> bind, as kube-scheduler calls them."""
+    passing = call(ext, "filter", {"Pod": pod, "NodeNames": names})["NodeNames"] or []
+    if not passing:
+        return False
+    best = passing[0]
+    if len(passing) > 1:
+        scores = call(ext, "prioritize", {"Pod": pod, "NodeNames": passing})
+        best = max(scores, key=lambda h: h["Score"])["Host"]
+    meta = pod["metadata"]
+    answer = call(ext, "bind", {"PodName": meta["name"], "PodNamespace": "bench",
+                                "PodUID": meta["uid"], "Node": best})
+    return bool(answer["Error"] == "")
+
+
+def measure_watch(nodes: int, pods: int, seed: int, lean: bool | None) -> dict[str, float]:
+    """``lean`` None: the client ``KubeApi.connect`` builds by default."""
+    api = FakeApiProcess(cluster_seed(nodes, seed))
+    kube = KubeApi.connect(server=api.url, lean=lean) if lean is not None else \
+        KubeApi.connect(server=api.url)
+    cache = ClusterCache()
+    feeds = start_feeds(kube, cache, watch_timeout_s=300)
+    try:
+        ext = Extender(cache, Settings(DEFAULT_POLICY, seed=seed), Metrics(), kube)
+        ext.refresh_policy()
+        names = sorted(cache.state.index)
+        rng = random.Random(seed)
+        for k in range(10):  # warm-up: per-shape caches, connections
+            schedule(ext, api.create("/api/v1/namespaces/bench/pods", pod_obj(
+                f"warm-{k}", rng.choice(SHAPES))), names)
+        todo = [api.create("/api/v1/namespaces/bench/pods", pod_obj(f"p-{k}", rng.choice(SHAPES)))
+                for k in range(pods)]
+        wait_for(lambda: all(p["metadata"]["uid"] in cache.pods for p in todo))
+        time.sleep(0.5)
+        before = thread_cpu()
+        bound = [p for p in todo if schedule(ext, p, names)]
+        wait_for(lambda: all(cache.pods[p["metadata"]["uid"]].node for p in bound))
+        time.sleep(0.5)
+        after = thread_cpu()
+    finally:
+        feeds.stop(timeout_s=0.0)
+        kube.close()
+        api.close()
+    n = max(1, len(bound))
+    return {"bound": len(bound), **{name: (after[name] - before[name]) / n * 1e6
+                                    for name in WATCHED}}
+
+
+def report_watch(rows: list[tuple[str, dict[str, float]]]) -> None:
+    print("\nwatch threads' CPU per bound pod (µs): the pod MODIFIED and GPULedger MODIFIED "
+          "events a bind causes")
+    print(f"{'watches through':18} {'pods':>8} {'ledgers':>8} {'total':>8} {'bound':>6}")
+    for label, r in rows:
+        pods, ledgers = r["informer-pods"], r["informer-gpuledgers"]
+        print(f"{label:18} {pods:8.1f} {ledgers:8.1f} {pods + ledgers:8.1f} {r['bound']:6.0f}")
+    if len(rows) == 2:
+        a, b = (r["informer-pods"] + r["informer-gpuledgers"] for _, r in rows)
+        print(f"ratio {rows[1][0]} / {rows[0][0]}: {b / a:.2f}")
+
+
+def pct(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--writes", type=int, default=2000)
+    parser.add_argument("--pods", type=int, default=400)
+    parser.add_argument("--nodes", type=int, default=500)
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--part", choices=("writes", "watch", "all"), default="all")
+    parser.add_argument("--default-client", action="store_true",
+                        help="watch part only, with KubeApi.connect's default client (to "
+                        "measure a tree whose KubeApi has no lean flag)")
+    args = parser.parse_args()
+    if args.part in ("writes", "all") and not args.default_client:
+        measure_writes(args.writes)
+    if args.default_client:
+        report_watch([("default client", measure_watch(args.nodes, args.pods, args.seed, None))])
+    elif args.part in ("watch", "all"):
+        report_watch([(label, measure_watch(args.nodes, args.pods, args.seed, lean))
+                      for label, lean in (("lightkube", False), ("lean transport", True))])
+
+
+if __name__ == "__main__":
+    main()
