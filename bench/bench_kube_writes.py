@@ -181,10 +181,10 @@ def measure_writes(n: int) -> None:
         api.close()
     base, lean_w = writers["lightkube"], writers["lean"]
     print(f"\nAPI writes to the fake API server (child process), {per_path} of each per path")
-    print(f"{'write':28} {'p50 ms':>7} {'p99 ms':>7} {'mean ms':>8}")
+    print(f"{'write':34} {'p50 ms':>7} {'p99 ms':>7} {'mean ms':>8}")
     for label, w in writers.items():
         for what, times in (("Binding", w.binds), ("GPULedger patch (CAS)", w.patches)):
-            print(f"{what + ', ' + label:28} {pct(times, 0.5) * 1e3:7.3f} "
+            print(f"{what + ', ' + label:34} {pct(times, 0.5) * 1e3:7.3f} "
                   f"{pct(times, 0.99) * 1e3:7.3f} {statistics.fmean(times) * 1e3:8.3f}")
     for what, attr in (("Binding", "binds"), ("GPULedger patch", "patches")):
         b, le = getattr(base, attr), getattr(lean_w, attr)
