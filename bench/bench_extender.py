@@ -9,9 +9,11 @@ counted against the extender). For each cluster size (N nodes × 8 GPUs of 80 Gi
 kube-scheduler (``nodeCacheCapable: true``) does and prints:
 
 * p50 / p99 per pod of filter + prioritize + bind, and of each verb, in-process (the
-  app's byte handlers, JSON in and out) and over HTTP on loopback (uvicorn + httpx),
-  for the default policy and the best-fit baseline measured in the same run, with
-  ratios. Filter gets every node name (``percentageOfNodesToScore: 100``, the worst
+  app's byte handlers, JSON in and out) and over HTTP on loopback (uvicorn; the
+  client, ``http.client`` on one kept connection, runs in a child process as
+  kube-scheduler would — ``--http-client thread`` puts it on a thread of the
+  extender's process, where it competes for the GIL), for the default policy and the
+  best-fit baseline measured in the same run, with ratios. Filter gets every node name (``percentageOfNodesToScore: 100``, the worst
   case), plus one run with the share kube-scheduler sends by default (50 − N/125 %);
 * sustained pods/s: one pod after another (pods/s), and with binds in flight
   while the next pods are filtered, as kube-scheduler's asynchronous binding
@@ -40,9 +42,11 @@ from __future__ import annotations
 
 import argparse
 import gc
+import http.client
 import json
 import random
 import resource
+import socket
 import subprocess
 import sys
 import tempfile
@@ -184,12 +188,14 @@ def in_process(ext: Extender) -> Call:
 
 
 class ApiClock:
-    """Time spent waiting on the API server (the ledger write and the Binding), per pod."""
+    """Time spent waiting on the API server (the ledger write and the Binding), in all
+    and per bind."""
 
     CALLS = ("bind_pod", "create_ledger", "patch_ledger", "get_ledger", "get_pod_json")
 
     def __init__(self, kube: KubeApi):
         self.spent = 0.0
+        self.bind_waits: list[float] = []  # per bind call, in order (one at a time)
         for name in self.CALLS:
             setattr(kube, name, self._timed(getattr(kube, name)))
 
@@ -202,13 +208,39 @@ class ApiClock:
                 self.spent += time.perf_counter() - t0
         return wrapper
 
+    def follow(self, ext: Extender) -> None:
+        """Log what each of ``ext``'s binds waited on the API server (before the app's
+        handlers are made: they keep the method they were given)."""
+        bind = ext.bind
 
-def over_http(client: httpx.Client) -> Call:
-    headers = {"Content-Type": "application/json"}
+        def logged(body: Any) -> dict[str, str]:
+            before = self.spent
+            try:
+                return bind(body)
+            finally:
+                self.bind_waits.append(self.spent - before)
+        ext.bind = logged  # type: ignore[method-assign]
 
-    def call(verb: str, body: bytes) -> bytes:
-        return client.post("/" + verb, content=body, headers=headers).content
-    return call
+
+class LoopbackClient:
+    """kube-scheduler's HTTP client stand-in: one kept connection with TCP_NODELAY, each
+    request written in one send (``http.client`` does so for a bytes body)."""
+
+    HEADERS = {"Content-Type": "application/json"}
+
+    def __init__(self, url: str):
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        self.conn = http.client.HTTPConnection(host, int(port))
+        self.conn.connect()
+        assert self.conn.sock is not None
+        self.conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def __call__(self, verb: str, body: bytes) -> bytes:
+        self.conn.request("POST", "/" + verb, body=body, headers=self.HEADERS)
+        return self.conn.getresponse().read()
+
+    def close(self) -> None:
+        self.conn.close()
 
 
 # -- the scheduler stand-in ------------------------------------------------------------------
@@ -304,24 +336,66 @@ def schedule_one(call: Call, pod: PodCall) -> tuple[bool, dict[str, float]]:
     return BIND_ANSWER.decode(timed("bind", bind_body(pod, best))).Error == "", spent
 
 
-def run_pods(call: Call, calls: list[PodCall], clock: ApiClock) -> dict[str, float]:
-    times: dict[str, list[float]] = {v: [] for v in (*VERBS, "total", "own", "bind_own")}
-    bound = 0
+Outcome = tuple[bool, dict[str, float]]  # (bound, seconds in each verb's call)
+
+
+def drive(call: Call, calls: list[PodCall]) -> tuple[list[Outcome], float]:
+    """Every pod scheduled, one after another: the outcomes and the wall time."""
     start = time.perf_counter()
-    for pod in calls:
-        api0 = clock.spent
-        ok, spent = schedule_one(call, pod)
-        api = clock.spent - api0
-        bound += ok
+    outcomes = [schedule_one(call, pod) for pod in calls]
+    return outcomes, time.perf_counter() - start
+
+
+def run_pods(call: Call, calls: list[PodCall], clock: ApiClock) -> dict[str, float]:
+    clock.bind_waits.clear()
+    outcomes, wall = drive(call, calls)
+    return summary(outcomes, wall, clock.bind_waits)
+
+
+def run_http(url: str, calls: list[PodCall], clock: ApiClock, client: str
+             ) -> dict[str, float]:
+    """The pods scheduled over HTTP by a client in its own process (as kube-scheduler
+    is) or on a thread of this one (``client="thread"``: it then competes with the
+    server for this process's GIL)."""
+    clock.bind_waits.clear()
+    if client == "thread":
+        http_call = LoopbackClient(url)
+        outcomes, wall = drive(http_call, calls)
+        http_call.close()
+        return summary(outcomes, wall, clock.bind_waits)
+    with tempfile.NamedTemporaryFile(suffix=".msgpack") as f:
+        f.write(msgspec.msgpack.encode(calls))
+        f.flush()
+        out = subprocess.run([sys.executable, __file__, "--http-client-child", url, f.name],
+                             capture_output=True, check=True, timeout=600)
+    outcomes, wall = msgspec.json.decode(out.stdout.splitlines()[-1],
+                                         type=tuple[list[Outcome], float])
+    return summary(outcomes, wall, clock.bind_waits)
+
+
+def http_client_child(url: str, path: str) -> None:
+    """In a child process: schedule the pods in ``path`` over HTTP, print the outcomes."""
+    calls = msgspec.msgpack.decode(Path(path).read_bytes(), type=list[PodCall])
+    client = LoopbackClient(url)
+    print(msgspec.json.encode(drive(client, calls)).decode())
+    client.close()
+
+
+def summary(outcomes: list[Outcome], wall: float, bind_waits: list[float]
+            ) -> dict[str, float]:
+    """p50/p99 per verb, in all and without bind's waits on the API server (own)."""
+    times: dict[str, list[float]] = {v: [] for v in (*VERBS, "total", "own", "bind_own")}
+    waits = iter(bind_waits)
+    for _, spent in outcomes:
+        api = next(waits) if spent["bind"] else 0.0
         for verb in VERBS:
             times[verb].append(spent[verb])
         times["total"].append(sum(spent.values()))
         times["own"].append(sum(spent.values()) - api)
         times["bind_own"].append(spent["bind"] - api)
-    wall = time.perf_counter() - start
     result = {f"{k}_{q}": pct(v, p) * 1e3 for k, v in times.items()
               for q, p in (("p50", 0.5), ("p99", 0.99))}
-    result.update(pods_per_s=len(calls) / wall, bound=bound)
+    result.update(pods_per_s=len(outcomes) / wall, bound=sum(ok for ok, _ in outcomes))
     return result
 
 
@@ -385,6 +459,7 @@ class Options:
     order: str
     policies: tuple[str, ...]
     http: bool
+    http_client: str
     pipelined: bool
 
 
@@ -404,6 +479,7 @@ def measure_policy(api: FakeApi, policy: str, opts: Options
     feeds = start_feeds(kube, cache, watch_timeout_s=30)
     ext = Extender(cache, Settings(policy, seed=opts.seed), Metrics(), kube)
     clock = ApiClock(kube)
+    clock.follow(ext)
     ext.refresh_policy()
     gc.freeze()  # as `gpupool extender` does after the rebuild
     names = sorted(cache.state.index)
@@ -421,10 +497,9 @@ def measure_policy(api: FakeApi, policy: str, opts: Options
         rows.append((f"{policy} in-process, {window} sent",
                      run_pods(in_process(ext), pods("win", window), clock)))
     if opts.http:
-        with ThreadedServer(build_app(ext)) as server, \
-                httpx.Client(base_url=server.url, trust_env=False) as http:
-            rows.append((f"{policy} HTTP loopback", run_pods(over_http(http), pods("http"),
-                                                             clock)))
+        with ThreadedServer(build_app(ext)) as server:
+            rows.append((f"{policy} HTTP loopback", run_http(server.url, pods("http"), clock,
+                                                             opts.http_client)))
     feeds.stop(timeout_s=0.0)
     kube.close()
     return rows
@@ -517,6 +592,9 @@ def main() -> None:
     parser.add_argument("--no-baseline", action="store_true",
                         help=f"skip the {BASELINE} baseline run")
     parser.add_argument("--no-http", action="store_true", help="skip the loopback HTTP run")
+    parser.add_argument("--http-client", choices=("process", "thread"), default="process",
+                        help="the HTTP client in its own process (default, as kube-scheduler "
+                        "is) or on a thread of the extender's process")
     parser.add_argument("--no-pipelined", action="store_true", help="skip the piped/s run")
     parser.add_argument("--no-rebuild", action="store_true", help="skip the rebuild")
     parser.add_argument("--rebuild-nodes", type=int, default=5000)
@@ -524,15 +602,19 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
     parser.add_argument("--rebuild-child", help=argparse.SUPPRESS)
+    parser.add_argument("--http-client-child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rebuild_child:
         rebuild_child(args.rebuild_child)
+        return
+    if args.http_client_child:
+        http_client_child(*args.http_client_child)
         return
     if args.quick:
         args.nodes, args.pods, args.rebuild_nodes, args.rebuild_pods = [200], 50, 500, 5000
     opts = Options(args.pods, args.seed, args.order,
                    (DEFAULT_POLICY,) if args.no_baseline else (DEFAULT_POLICY, BASELINE),
-                   not args.no_http, not args.no_pipelined)
+                   not args.no_http, args.http_client, not args.no_pipelined)
     for n in args.nodes:  # --nodes 0: only the rebuild
         if n > 0:
             report(n, measure(n, opts), opts)
