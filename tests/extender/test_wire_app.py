@@ -1,0 +1,117 @@
+"""The app's bare ASGI verbs: body chunks, disconnects, oversize bodies, never a 500, bind
+off the event loop; everything else still served by starlette."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import MutableMapping
+from typing import Any
+
+import msgspec
+import pytest
+from lightkube.resources.core_v1 import Node
+from starlette.testclient import TestClient
+
+from gpupool.core.policies import DEFAULT_POLICY
+from gpupool.extender import app as app_module
+from gpupool.extender.app import build_app
+from gpupool.extender.cache import ClusterCache
+from gpupool.extender.metrics import Metrics
+from gpupool.extender.service import Extender, Settings
+
+from .builders import gpu_obj, node_obj, pod_obj
+
+NODES = ["n0", "n1"]
+
+
+@pytest.fixture
+def ext() -> Extender:
+    cache = ClusterCache()
+    cache.sync_nodes([Node.from_dict(node_obj(n)) for n in NODES])
+    cache.sync_devices([gpu_obj(n, j) for n in NODES for j in range(2)])
+    return Extender(cache, Settings(DEFAULT_POLICY), Metrics())
+
+
+def filter_body() -> bytes:
+    return msgspec.json.encode({"Pod": pod_obj("p", {"gpupool.io/gpu": "1"}),
+                                "Nodes": None, "NodeNames": NODES})
+
+
+def call(app: Any, path: str, messages: list[dict[str, Any]]) -> list[MutableMapping[str, Any]]:
+    """Run one ASGI request whose receive() yields ``messages``; what the app sent."""
+    sent: list[MutableMapping[str, Any]] = []
+    queue = list(messages)
+
+    async def receive() -> dict[str, Any]:
+        return queue.pop(0) if queue else {"type": "http.disconnect"}
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": path, "headers": []}
+    asyncio.run(app(scope, receive, send))
+    return sent
+
+
+def test_a_body_in_chunks_is_read_whole(ext: Extender) -> None:
+    body = filter_body()
+    chunks = [{"type": "http.request", "body": body[i:i + 100], "more_body": True}
+              for i in range(0, len(body), 100)]
+    chunks[-1]["more_body"] = False
+    start, answer = call(build_app(ext), "/filter", chunks)
+    assert start["status"] == 200
+    assert (b"content-length", str(len(answer["body"])).encode()) in start["headers"]
+    assert msgspec.json.decode(answer["body"])["NodeNames"] == NODES
+
+
+def test_a_client_gone_before_the_body_ends_gets_nothing(ext: Extender) -> None:
+    sent = call(build_app(ext), "/filter", [
+        {"type": "http.request", "body": filter_body()[:50], "more_body": True}])
+    assert sent == []
+
+
+def test_an_oversize_body_is_answered_with_an_error(ext: Extender,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(app_module, "MAX_BODY_BYTES", 100)
+    body = filter_body()
+    _, answer = call(build_app(ext), "/filter", [
+        {"type": "http.request", "body": body[:80], "more_body": True},
+        {"type": "http.request", "body": body[80:], "more_body": False}])
+    assert "larger than 100 bytes" in msgspec.json.decode(answer["body"])["Error"]
+
+
+def test_a_failure_inside_is_an_error_answer_not_a_500(ext: Extender,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(body: bytes) -> bytes:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(ext, "filter_json", broken)
+    with TestClient(build_app(ext)) as client:
+        response = client.post("/filter", content=filter_body())
+    assert response.status_code == 200
+    assert response.json()["Error"] == "gpupool filter: internal error: RuntimeError: boom"
+
+
+def test_bind_runs_off_the_event_loop(ext: Extender, monkeypatch: pytest.MonkeyPatch) -> None:
+    threads = []
+
+    def bind(body: Any) -> dict[str, str]:
+        threads.append(threading.current_thread().name)
+        return {"Error": ""}
+
+    monkeypatch.setattr(ext, "bind", bind)
+    with TestClient(build_app(ext)) as client:
+        answer = client.post("/bind", json={"PodName": "p", "Node": "n0"}).json()
+    assert answer == {"Error": ""}
+    assert threads and threads[0].startswith("extender-bind")
+
+
+def test_other_methods_and_paths_go_to_starlette(ext: Extender) -> None:
+    with TestClient(build_app(ext)) as client:
+        assert client.get("/filter").status_code == 405
+        assert client.post("/nothing-here", content=b"{}").status_code == 404
+        assert client.get("/healthz").text == "ok"
+        client.post("/filter", content=filter_body())
+        assert 'gpupool_extender_request_seconds_count{verb="filter"} 1.0' in \
+            client.get("/metrics").text
