@@ -15,7 +15,7 @@ serve callers that hold decoded JSON.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any, TypeVar
@@ -173,16 +173,17 @@ def parse_binding(body: Any) -> BindingArgs:
     return BindingArgs(str(values["podname"]), ns, uid, str(values["node"]))
 
 
-def filter_answer(args: ExtenderArgs, names_json: bytes, passing: Sequence[int],
+def filter_answer(args: ExtenderArgs, names_json: bytes, passing: Iterable[int] | None,
                   failed: Mapping[str, str], unresolvable: Mapping[str, str]) -> bytes:
     """``ExtenderFilterResult`` in the shape the scheduler reads for this configuration:
     ``NodeNames`` (``names_json``: only names it sent) when node-cache capable, else
-    ``Nodes`` (the sent node objects at ``passing``)."""
+    ``Nodes`` (the sent node objects at positions ``passing``; None: all of them)."""
     if args.nodes is None:
         nodes = b'{"Nodes":null,"NodeNames":' + names_json
     else:
+        items = args.nodes if passing is None else _pick(args.nodes, list(passing))
         nodes = b'{"Nodes":' + msgspec.json.encode(
-            {"metadata": {}, "items": _pick(args.nodes, passing)}) + b',"NodeNames":null'
+            {"metadata": {}, "items": items}) + b',"NodeNames":null'
     return b"".join((nodes, b',"FailedNodes":', msgspec.json.encode(failed),
                      b',"FailedAndUnresolvableNodes":', msgspec.json.encode(unresolvable),
                      b',"Error":""}'))

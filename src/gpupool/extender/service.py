@@ -153,7 +153,7 @@ class Extender:
                 return protocol.encode(self._filter_error(exc))
             idx = sent.rows
             if not request.gpus:
-                return protocol.filter_answer(args, args.names_json, range(len(idx)), {}, {})
+                return protocol.filter_answer(args, args.names_json, None, {}, {})
             constraints = constraints_for(state, request, self.cache.catalogue)
             cands = self.placer.candidates(state, request, constraints)
             if sent.all_known:
@@ -176,9 +176,7 @@ class Extender:
             self._remember(Cycle(request.key, self._stamp(state), constraints, cands))
         self.metrics.decisions.labels(
             "filter", "fits" if passing is None or passing.size else "unschedulable").inc()
-        return protocol.filter_answer(
-            args, names_json, range(len(idx)) if passing is None else passing.tolist(), failed,
-            unresolvable)
+        return protocol.filter_answer(args, names_json, passing, failed, unresolvable)
 
     def _stamp(self, state: ClusterState) -> tuple[object, ...]:
         """Changes whenever anything a decision reads changes (versions only grow)."""
