@@ -179,8 +179,8 @@ class NameTable:
         starts = np.cumsum(self.lens) - self.lens
         self.words = _words(blob, starts, self.lens, self.width)
         hashes = _hash(self.words)
-        self.bits = max(4, (8 * len(names)).bit_length())
-        self.slots = np.full(1 << self.bits, -1, np.int64)  # row per slot, -1: empty
+        self.bits = max(4, (4 * len(names)).bit_length())
+        self.slots = np.full(1 << self.bits, -1, np.int32)  # row per slot, -1: none
         mask = (1 << self.bits) - 1
         for row, slot in enumerate((hashes >> np.uint64(64 - self.bits)).tolist()):
             if self.lens[row] > 8 * self.width:
