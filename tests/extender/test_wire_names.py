@@ -147,3 +147,20 @@ def test_passing_names_of_one_length_render_by_gather_in_row_order() -> None:
     rows = np.array(random.Random(6).sample(range(300), 200), np.int64)
     assert t.names_json(rows) == msgspec.json.encode([names[i] for i in rows.tolist()])
     assert t.names_json(rows[:1]) == msgspec.json.encode([names[rows[0]]])
+
+
+@pytest.mark.parametrize("pattern", ["n{:05d}", "node-{}", "ip-10-0-{}.ec2.internal", "gpu{}"])
+@pytest.mark.parametrize("count", [100, 1000, 5000])
+def test_names_a_digit_apart_sit_near_their_home_slots(pattern: str, count: int) -> None:
+    """Numbered node names must not pile up in long runs of neighbouring slots (each
+    step of a run is one more vectorised probe round for every name in it)."""
+    names = [pattern.format(i) for i in range(count)]
+    t = table(names)
+    utf8 = [n.encode() for n in names]
+    lens = np.array([len(n) for n in utf8])
+    home = (_hash(_words(b"".join(utf8), np.cumsum(lens) - lens, lens, t.width))
+            >> np.uint64(64 - t.bits)).astype(np.int64)
+    where = np.empty(count, np.int64)
+    taken = np.flatnonzero(t.slots >= 0)
+    where[t.slots[taken]] = taken
+    assert ((where - home) & (len(t.slots) - 1)).max() <= 16

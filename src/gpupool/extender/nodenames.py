@@ -156,7 +156,18 @@ def _hash(words: np.ndarray) -> np.ndarray:
     h = words[0] * _MULTIPLIERS[0]
     for j in range(1, len(words)):
         h += words[j] * _MULTIPLIERS[j]
-    mixed: np.ndarray = h ^ (h >> np.uint64(29))
+    return _fmix64(h)
+
+
+def _fmix64(h: np.ndarray) -> np.ndarray:
+    """MurmurHash3's finaliser: every output bit depends on every input bit, so names
+    that differ in a digit or two (``n00041``, ``n00042``) land far apart in the table
+    rather than in one long run of neighbouring slots."""
+    h = h ^ (h >> np.uint64(33))
+    h *= np.uint64(0xFF51AFD7ED558CCD)
+    h ^= h >> np.uint64(33)
+    h *= np.uint64(0xC4CEB9FE1A85EC53)
+    mixed: np.ndarray = h ^ (h >> np.uint64(33))
     return mixed
 
 
