@@ -12,14 +12,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpupool.core.errors import InvalidInput
+from gpupool.extender import nodenames
 from gpupool.extender.nodenames import NameTable, _hash, _words, tokens
 
 NAMES = [f"n{i}" for i in range(40)] + ["gpu-node-a.example.com", "x" * 8, "y" * 16,
                                         "ip-10-0-12-34.eu-west-1.compute.internal", "z" * 253]
 
 
-def table(names: list[str] = NAMES) -> NameTable:
-    return NameTable(names, {n: i for i, n in enumerate(names)})
+def table(names: list[str] = NAMES, numpy_from: int = 0) -> NameTable:
+    """A table whose lists of ``numpy_from`` bytes or more go the numpy way (all, unless
+    told: the tests cover that path on small lists)."""
+    t = NameTable(names, {n: i for i, n in enumerate(names)})
+    t.short_list_bytes = numpy_from
+    return t
 
 
 def expected_rows(names: list[str], sent: list[str]) -> list[int]:
@@ -164,3 +169,21 @@ def test_names_a_digit_apart_sit_near_their_home_slots(pattern: str, count: int)
     taken = np.flatnonzero(t.slots >= 0)
     where[t.slots[taken]] = taken
     assert ((where - home) & (len(t.slots) - 1)).max() <= 16
+
+
+def test_short_lists_are_decoded_and_long_ones_tokenised(monkeypatch: pytest.MonkeyPatch) -> None:
+    names = [f"node-{i}" for i in range(3000)]
+    t = NameTable(names, {n: i for i, n in enumerate(names)})
+    seen: list[int] = []
+
+    def counted(raw: bytes) -> object:
+        seen.append(len(raw))
+        return tokens(raw)
+
+    monkeypatch.setattr(nodenames, "tokens", counted)
+    short = msgspec.json.encode(names[:1000])
+    assert t.match(short).rows.tolist() == list(range(1000))
+    assert seen == []
+    whole = msgspec.json.encode(names[::-1])
+    assert t.match(whole).rows.tolist() == list(range(2999, -1, -1))
+    assert seen == [len(whole)]

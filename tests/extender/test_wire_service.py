@@ -49,7 +49,10 @@ def shuffled(names: list[str], seed: int) -> list[str]:
     return random.Random(seed).sample(names, len(names))
 
 
-def test_shuffled_lists_are_answered_in_the_order_sent(ext: Extender) -> None:
+@pytest.mark.parametrize("numpy_from", [0, nodenames.SHORT_LIST])
+def test_shuffled_lists_are_answered_in_the_order_sent(
+        ext: Extender, numpy_from: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(nodenames, "SHORT_LIST", numpy_from)  # 0: every list by numpy
     for seed in range(5):
         sent = shuffled(WIDE + NARROW, seed)
         answer = msgspec.json.decode(ext.filter_json(body(pod("2"), msgspec.json.encode(sent))))
@@ -83,7 +86,10 @@ def test_a_partial_answer_is_compact_and_prioritize_reuses_its_rows(
     assert all(0 < h["Score"] <= 10 for h in hosts)
 
 
-def test_unknown_names_mixed_in_are_refused_for_good(ext: Extender) -> None:
+@pytest.mark.parametrize("numpy_from", [0, nodenames.SHORT_LIST])
+def test_unknown_names_mixed_in_are_refused_for_good(
+        ext: Extender, numpy_from: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(nodenames, "SHORT_LIST", numpy_from)
     sent = [WIDE[0], "cpu-only-1", WIDE[1], "cpu-only-2"]
     answer = msgspec.json.decode(ext.filter_json(body(pod("1"), msgspec.json.encode(sent))))
     assert answer["NodeNames"] == [WIDE[0], WIDE[1]]
