@@ -218,8 +218,7 @@ class Extender:
             cands = self.placer.candidates(state, request, c)
         keep = np.zeros(len(state.nodes), np.bool_)
         keep[rows] = True
-        mask = cands.mask & keep
-        return c, Candidates(mask, np.flatnonzero(mask), cands.gpu_fit)
+        return c, cands.among(keep)
 
     def _table(self, state: ClusterState) -> NameTable:
         """The node names of ``state``'s layout: rows of sent lists, rendered answers."""
