@@ -27,17 +27,13 @@ import argparse
 import json
 import random
 import statistics
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
-import httpx
 import msgspec
+from bench_extender import FakeApi  # the script's folder is on sys.path
 
 from gpupool.contract.annotations import encode
 from gpupool.core.allocation import Allocation, Slice
@@ -58,33 +54,9 @@ SHAPES = [{"gpupool.io/gpu-memory": "10240", "gpupool.io/gpu-core": "20"},
           {"gpupool.io/gpu": "1"}]
 
 
-# -- the fake API server in a child process ---------------------------------------------------
-class FakeApiProcess:
-    """``python -m gpupool.kube.fake_apiserver SEED``; ``url`` once it listens."""
-
-    def __init__(self, lines: Iterator[dict[str, Any]]):
-        self.dir = tempfile.TemporaryDirectory()
-        seed = Path(self.dir.name) / "seed.jsonl"
-        seed.write_text("\n".join(json.dumps(line) for line in lines))
-        self.proc = subprocess.Popen([sys.executable, "-m", "gpupool.kube.fake_apiserver",
-                                      str(seed)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True)
-        assert self.proc.stdout is not None
-        self.url = self.proc.stdout.readline().split()[0]
-        self.http = httpx.Client(base_url=self.url, trust_env=False)
-
-    def create(self, path: str, obj: dict[str, Any]) -> dict[str, Any]:
-        r = self.http.post(path, json=obj)
-        r.raise_for_status()
-        result: dict[str, Any] = r.json()
-        return result
-
-    def close(self) -> None:
-        self.http.close()
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        self.proc.wait(timeout=30)
-        self.dir.cleanup()
+# -- the fake API server in a child process (bench_extender's, fed JSON lines) -------------
+def fake_api(lines: Iterator[dict[str, Any]]) -> FakeApi:
+    return FakeApi(json.dumps(line) for line in lines)
 
 
 def pod_obj(name: str, limits: dict[str, str], uid: str = "", node: str = "",
@@ -152,7 +124,7 @@ def measure_writes(n: int) -> None:
     rounds = max(1, n // ROUND)
     per_path = rounds * ROUND
     ledgers = 16
-    api = FakeApiProcess(write_seed(2 * per_path + 2 * ROUND, 2 * ledgers))
+    api = fake_api(write_seed(2 * per_path + 2 * ROUND, 2 * ledgers))
     try:
         writers = {}
         for label, lean in (("lightkube", False), ("lean", True)):
@@ -254,7 +226,7 @@ def schedule(ext: Extender, pod: dict[str, Any], names: list[str]) -> bool:
 
 def measure_watch(nodes: int, pods: int, seed: int, lean: bool | None) -> dict[str, float]:
     """``lean`` None: the client ``KubeApi.connect`` builds by default."""
-    api = FakeApiProcess(cluster_seed(nodes, seed))
+    api = fake_api(cluster_seed(nodes, seed))
     kube = KubeApi.connect(server=api.url, lean=lean) if lean is not None else \
         KubeApi.connect(server=api.url)
     cache = ClusterCache()
@@ -265,9 +237,9 @@ def measure_watch(nodes: int, pods: int, seed: int, lean: bool | None) -> dict[s
         names = sorted(cache.state.index)
         rng = random.Random(seed)
         for k in range(10):  # warm-up: per-shape caches, connections
-            schedule(ext, api.create("/api/v1/namespaces/bench/pods", pod_obj(
+            schedule(ext, api.create_pod(pod_obj(
                 f"warm-{k}", rng.choice(SHAPES))), names)
-        todo = [api.create("/api/v1/namespaces/bench/pods", pod_obj(f"p-{k}", rng.choice(SHAPES)))
+        todo = [api.create_pod(pod_obj(f"p-{k}", rng.choice(SHAPES)))
                 for k in range(pods)]
         wait_for(lambda: all(p["metadata"]["uid"] in cache.pods for p in todo))
         time.sleep(0.5)
