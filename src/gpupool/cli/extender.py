@@ -17,6 +17,7 @@ from typing import Any
 
 import uvicorn
 
+from gpupool.cli.args import weight
 from gpupool.core.policies import DEFAULT_POLICY, POLICIES, make_policy
 from gpupool.core.policies.config import PolicyConfig
 from gpupool.extender.app import build_app
@@ -28,14 +29,6 @@ from gpupool.extender.workload import BUILTIN_WORKLOAD
 from gpupool.kube.api import KubeApi
 
 log = logging.getLogger("gpupool.extender")
-
-
-def _weight(text: str) -> tuple[str, float]:
-    name, _, value = text.partition("=")
-    try:
-        return name.strip(), float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"bad weight {text!r}: use NAME=NUMBER") from None
 
 
 def _positive(text: str) -> float:
@@ -58,7 +51,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--port", type=int, default=8888, help="port to listen on (default 8888)")
     p.add_argument("--policy", default=DEFAULT_POLICY, choices=sorted(POLICIES),
                    help=f"placement policy (default {DEFAULT_POLICY})")
-    p.add_argument("--weight", type=_weight, action="append", default=[], metavar="NAME=X",
+    p.add_argument("--weight", type=weight, action="append", default=[], metavar="NAME=X",
                    help="policy weight, repeatable (e.g. fgd-balance.lambda=0.5)")
     p.add_argument("--stale-after", type=_positive, default=120.0, metavar="SECONDS",
                    help="a GPU whose GPUDevice heartbeat is older is unhealthy (default 120)")

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from gpupool.cli.args import weight
 from gpupool.core.errors import InvalidInput, UnknownName
 from gpupool.core.policies import POLICIES
 from gpupool.sim.campaign import (
@@ -74,18 +75,6 @@ def positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
     return value
-
-
-def weight(text: str) -> tuple[str, float]:
-    name, _, value = text.partition("=")
-    try:
-        number = float(value)
-    except ValueError:
-        number = None
-    if not name.strip() or number is None:
-        raise argparse.ArgumentTypeError(
-            f"--weight takes NAME=NUMBER (e.g. fgd-balance.lambda=0.5), got {text!r}")
-    return name.strip(), number
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
