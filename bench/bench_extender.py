@@ -264,9 +264,13 @@ class LoopbackClient:
 
 # -- the scheduler stand-in ------------------------------------------------------------------
 class FilterAnswer(msgspec.Struct, gc=False):
-    """What kube-scheduler reads of a filter answer (node-cache capable)."""
+    """What kube-scheduler reads of a filter answer (node-cache capable). The names stay
+    the JSON array they came in (``msgspec.Raw``): the stand-in sends them on to
+    prioritize as they are, which is byte for byte what Go's encoder writes for a
+    compact list of DNS names (no HTML escapes are needed in them), without a Python
+    string per node (the scheduler's work, not the extender's)."""
 
-    NodeNames: list[str] | None = None
+    NodeNames: msgspec.Raw | None = None
     Error: str = ""
 
 
@@ -323,14 +327,17 @@ def pick_host(pod: PodCall, timed: Call) -> str | None:
     """filter, then prioritize the nodes that passed in the order filter answered them
     (kube-scheduler keeps the extender's order), then the best host by a C-speed max."""
     passing = FILTER_ANSWER.decode(timed("filter", args_body(pod.pod_json, pod.names_json)))
-    names = passing.NodeNames
-    if not names:
+    names = bytes(passing.NodeNames) if passing.NodeNames is not None else b"null"
+    if names in (b"null", b"[]"):
         return None
-    if len(names) == 1:
-        return names[0]
-    hosts = HOST_PRIORITIES.decode(timed("prioritize", args_body(
-        pod.pod_json, msgspec.json.encode(names))))
-    return max(hosts, key=BY_SCORE).Host if hosts else names[0]
+    if b'","' not in names:  # one name (DNS names hold no quotes)
+        one: str = msgspec.json.decode(names)[0]
+        return one
+    hosts = HOST_PRIORITIES.decode(timed("prioritize", args_body(pod.pod_json, names)))
+    if hosts:
+        return max(hosts, key=BY_SCORE).Host
+    first: str = msgspec.json.decode(names)[0]
+    return first
 
 
 def bind_body(pod: PodCall, node: str) -> bytes:

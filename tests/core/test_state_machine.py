@@ -166,6 +166,10 @@ class ClusterMachine(RuleBasedStateMachine):
         assert np.array_equal(np.where(ok, share, -1), s.free_milli)
 
     @invariant()
+    def the_change_count_moves_with_every_row_version(self) -> None:
+        assert self.state.changes == int(self.state.version.sum())
+
+    @invariant()
     def the_per_node_index_agrees_with_the_allocations(self) -> None:
         for name in NODES:
             expected = {k for k, a in self.state.allocations.items() if a.node == name}

@@ -71,6 +71,9 @@ class ClusterState:
         self.mem_free = np.zeros(n, np.int64)
         self.model_id = np.zeros(n, np.int64)
         self.version = np.zeros(n, np.int64)
+        self.changes = 0
+        """How many row changes this layout has seen (the sum of ``version``, kept as a
+        number: a stamp that moves whenever any node does, without reading every row)."""
         self.present = np.zeros((n, g), np.bool_)
         self.healthy = np.zeros((n, g), np.bool_)
         self.core_cap = np.zeros((n, g), np.int64)
@@ -195,6 +198,7 @@ class ClusterState:
         )
         self.free_milli[i] = np.where(ok, share, -1)
         self.version[i] += 1
+        self.changes += 1
 
     # -- lookups ----------------------------------------------------------------
     def node_index(self, name: str) -> int:

@@ -173,20 +173,23 @@ def parse_binding(body: Any) -> BindingArgs:
     return BindingArgs(str(values["podname"]), ns, uid, str(values["node"]))
 
 
+NO_NODES = b"{}"
+
+
 def filter_answer(args: ExtenderArgs, names_json: bytes, passing: Iterable[int] | None,
-                  failed: Mapping[str, str], unresolvable: Mapping[str, str]) -> bytes:
+                  failed: bytes = NO_NODES, unresolvable: bytes = NO_NODES) -> bytes:
     """``ExtenderFilterResult`` in the shape the scheduler reads for this configuration:
     ``NodeNames`` (``names_json``: only names it sent) when node-cache capable, else
-    ``Nodes`` (the sent node objects at positions ``passing``; None: all of them)."""
+    ``Nodes`` (the sent node objects at positions ``passing``; None: all of them).
+    ``failed`` and ``unresolvable`` are rendered JSON objects of node name -> reason."""
     if args.nodes is None:
         nodes = b'{"Nodes":null,"NodeNames":' + names_json
     else:
         items = args.nodes if passing is None else _pick(args.nodes, list(passing))
         nodes = b'{"Nodes":' + msgspec.json.encode(
             {"metadata": {}, "items": items}) + b',"NodeNames":null'
-    return b"".join((nodes, b',"FailedNodes":', msgspec.json.encode(failed),
-                     b',"FailedAndUnresolvableNodes":', msgspec.json.encode(unresolvable),
-                     b',"Error":""}'))
+    return b"".join((nodes, b',"FailedNodes":', failed, b',"FailedAndUnresolvableNodes":',
+                     unresolvable, b',"Error":""}'))
 
 
 def _pick(items: Sequence[T], positions: Sequence[int]) -> list[T]:

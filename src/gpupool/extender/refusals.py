@@ -5,33 +5,49 @@ layout) holds, for every node row, the sentence, whether it is permanent and
 the check that failed, with the node ``state.version`` it was computed at; a
 filter call explains again only the refused nodes whose version moved. So a
 busy cluster does not re-explain thousands of unchanged nodes for every pod.
+
+Each row's sentence is kept rendered as its JSON object member (``"node":"why"``),
+so an answer that refuses a thousand nodes is one join of bytes, not a dict of a
+thousand strings encoded again for every pod. The scheduler sends each node once;
+a name sent twice would be listed twice (Go's decoder keeps the last, the same).
 """
 
 from __future__ import annotations
 
-from collections import Counter, OrderedDict
-from collections.abc import Callable, Sequence
+from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+import msgspec
 import numpy as np
 
 from gpupool.core.fit import Constraints, explain
+from gpupool.core.reasons import Check
 from gpupool.core.request import PodRequest
 from gpupool.core.state import ClusterState, IntArray
 from gpupool.extender.metrics import Metrics
 
 UNKNOWN_NODE = "gpupool has no GPU inventory here (no GPUDevice objects name this node)"
 TABLES = 64
+CHECKS = [c.value for c in Check] + ["other"]  # failure labels by code
+OTHER = len(CHECKS) - 1
+CODE = {name: k for k, name in enumerate(CHECKS)}
 
 
 @dataclass(slots=True)
 class ReasonTable:
-    """Explanations of one request shape per node row, valid while the row's version holds."""
+    """Explanations of one request shape per node row, valid while the row's version holds:
+    the ``"node":"sentence"`` JSON member, whether it is permanent, the failed check's code."""
 
     version: IntArray
-    sentence: np.ndarray
+    member: np.ndarray
     permanent: np.ndarray
-    check: np.ndarray
+    check: IntArray
+
+
+def members_json(members: list[bytes]) -> bytes:
+    """A JSON object of rendered ``"key":"value"`` members."""
+    return b"{" + b",".join(members) + b"}"
 
 
 class Refusals:
@@ -46,26 +62,23 @@ class Refusals:
         self.tables.clear()
 
     def of(self, state: ClusterState, request: PodRequest, c: Constraints, catalogue_version: int,
-           names_of: Callable[[ClusterState], np.ndarray], node_names: Sequence[str],
-           idx: IntArray, ok: np.ndarray) -> tuple[dict[str, str], dict[str, str]]:
-        """(FailedNodes, FailedAndUnresolvableNodes) for the sent nodes not ``ok``
-        (``idx``: their state rows, -1 for nodes without GPU inventory)."""
+           node_names: Sequence[str],
+           idx: IntArray, ok: np.ndarray) -> tuple[bytes, bytes]:
+        """(FailedNodes, FailedAndUnresolvableNodes) as JSON objects, for the sent nodes
+        not ``ok`` (``idx``: their state rows, -1 for nodes without GPU inventory)."""
         fail = np.flatnonzero(~ok)
         rows = idx[fail]
-        unresolvable = {node_names[k]: f"node {node_names[k]}: {UNKNOWN_NODE}"
-                        for k in fail[rows < 0].tolist()}
+        unresolvable = [msgspec.json.encode(node_names[k]) + b":" + msgspec.json.encode(
+            f"node {node_names[k]}: {UNKNOWN_NODE}") for k in fail[rows < 0].tolist()]
         rows = rows[rows >= 0]
         table = self._table(state, request, c, catalogue_version)
         self._explain_stale(state, request, c, table, rows)
         perm = table.permanent[rows]
-        names = names_of(state)
-        failed = dict(zip(names[rows[~perm]].tolist(), table.sentence[rows[~perm]].tolist(),
-                          strict=True))
-        unresolvable.update(zip(names[rows[perm]].tolist(), table.sentence[rows[perm]].tolist(),
-                                strict=True))
-        for check, n in Counter(table.check[rows].tolist()).items():
-            self.metrics.failures.labels(check).inc(n)
-        return failed, unresolvable
+        unresolvable += table.member[rows[perm]].tolist()
+        counts = np.bincount(table.check[rows], minlength=len(CHECKS))
+        for code in np.flatnonzero(counts).tolist():
+            self.metrics.failures.labels(CHECKS[code]).inc(int(counts[code]))
+        return members_json(table.member[rows[~perm]].tolist()), members_json(unresolvable)
 
     def _table(self, state: ClusterState, request: PodRequest, c: Constraints,
                catalogue_version: int) -> ReasonTable:
@@ -78,7 +91,7 @@ class Refusals:
         if table is None:
             n = len(state.nodes)
             table = ReasonTable(np.full(n, -1, np.int64), np.empty(n, dtype=object),
-                                np.zeros(n, np.bool_), np.full(n, "", dtype=object))
+                                np.zeros(n, np.bool_), np.full(n, OTHER, np.int64))
             self.tables[key] = table
             while len(self.tables) > TABLES:
                 self.tables.popitem(last=False)
@@ -92,8 +105,9 @@ class Refusals:
         for i in np.unique(stale).tolist():
             reason = explain(state, request, i, c)
             name = state.nodes[i].name
-            table.sentence[i] = reason.sentence() if reason is not None else \
+            sentence = reason.sentence() if reason is not None else \
                 f"node {name}: {request.describe()} does not fit now"
+            table.member[i] = msgspec.json.encode(name) + b":" + msgspec.json.encode(sentence)
             table.permanent[i] = bool(reason is not None and reason.permanent)
-            table.check[i] = reason.check.value if reason is not None else "other"
+            table.check[i] = CODE[reason.check.value] if reason is not None else OTHER
             table.version[i] = state.version[i]

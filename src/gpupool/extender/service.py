@@ -153,7 +153,7 @@ class Extender:
                 return protocol.encode(self._filter_error(exc))
             idx = sent.rows
             if not request.gpus:
-                return protocol.filter_answer(args, args.names_json, None, {}, {})
+                return protocol.filter_answer(args, args.names_json, None)
             constraints = constraints_for(state, request, self.cache.catalogue)
             cands = self.placer.candidates(state, request, constraints)
             if sent.all_known:
@@ -161,15 +161,14 @@ class Extender:
             else:
                 ok = np.zeros(len(idx), np.bool_)
                 ok[idx >= 0] = cands.mask[idx[idx >= 0]]
-            failed: dict[str, str] = {}
-            unresolvable: dict[str, str] = {}
+            failed = unresolvable = protocol.NO_NODES
             passing: IntArray | None = None
             if ok.all():
                 names_json = args.names_json  # every sent node passed: echo the list
             else:
                 failed, unresolvable = self.refusals.of(
-                    state, request, constraints, self.cache.catalogue_version,
-                    self._state_names, sent.names, idx, ok)
+                    state, request, constraints, self.cache.catalogue_version, sent.names, idx,
+                    ok)
                 passing = np.flatnonzero(ok)
                 names_json = table.names_json(idx[passing])
                 table.remember(names_json, idx[passing])  # what prioritize is sent next
@@ -180,7 +179,7 @@ class Extender:
 
     def _stamp(self, state: ClusterState) -> tuple[object, ...]:
         """Changes whenever anything a decision reads changes (versions only grow)."""
-        return (state.layout, int(state.version.sum()), self.cache.catalogue_version)
+        return (state.layout, state.changes, self.cache.catalogue_version)
 
     def _remember(self, cycle: Cycle) -> None:
         self.cycles[cycle.key] = cycle
@@ -227,10 +226,6 @@ class Extender:
             self._names = NameTable([n.name for n in state.nodes], state.index)
             self._names_of = state.index
         return self._names
-
-    def _state_names(self, state: ClusterState) -> np.ndarray:
-        """Node names by state row (an object array), per layout."""
-        return self._table(state).names
 
     # -- prioritize ------------------------------------------------------------------------------
     def prioritize(self, body: Any) -> protocol.Priorities:
