@@ -270,7 +270,7 @@ class FilterAnswer(msgspec.Struct, gc=False):
     compact list of DNS names (no HTML escapes are needed in them), without a Python
     string per node (the scheduler's work, not the extender's)."""
 
-    NodeNames: msgspec.Raw | None = None
+    NodeNames: msgspec.Raw = msgspec.Raw(b"null")
     Error: str = ""
 
 
@@ -327,7 +327,7 @@ def pick_host(pod: PodCall, timed: Call) -> str | None:
     """filter, then prioritize the nodes that passed in the order filter answered them
     (kube-scheduler keeps the extender's order), then the best host by a C-speed max."""
     passing = FILTER_ANSWER.decode(timed("filter", args_body(pod.pod_json, pod.names_json)))
-    names = bytes(passing.NodeNames) if passing.NodeNames is not None else b"null"
+    names = bytes(passing.NodeNames)
     if names in (b"null", b"[]"):
         return None
     if b'","' not in names:  # one name (DNS names hold no quotes)

@@ -129,8 +129,12 @@ class FakeApiServer:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
+        # the pure-Python stack (h11 on asyncio) on purpose: the fake's answer times stay
+        # those earlier benchmarks measured, whatever HTTP extras are installed for the
+        # extender (uvloop, httptools), so before/after figures move with gpupool only
         config = uvicorn.Config(self.app, log_level="warning", lifespan="off",
-                                timeout_graceful_shutdown=1, access_log=False)
+                                timeout_graceful_shutdown=1, access_log=False, http="h11",
+                                loop="asyncio")
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
                                         name="fake-apiserver", daemon=True)
