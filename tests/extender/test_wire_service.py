@@ -129,6 +129,23 @@ def test_a_node_list_is_answered_with_the_nodes_sent(ext: Extender) -> None:
     assert answer["NodeNames"] is None and answer["Nodes"]["items"] == items[1:]
 
 
+def test_a_node_lists_names_are_looked_up_without_parsing_them_again(
+        ext: Extender, monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(self: object, raw: bytes) -> None:
+        raise AssertionError("the NodeList's names were rendered and parsed again")
+    monkeypatch.setattr(nodenames.NameTable, "match", refuse)
+    items = [node_obj(n) for n in (NARROW[1], "cpu-only", WIDE[3])]
+    raw = b'{"Pod":' + msgspec.json.encode(pod("2")) + b',"Nodes":{"items":' + \
+        msgspec.json.encode(items) + b'},"NodeNames":null}'
+    answer = msgspec.json.decode(ext.filter_json(raw))
+    assert answer["Nodes"]["items"] == items[2:]
+    refused = {**answer["FailedNodes"], **answer["FailedAndUnresolvableNodes"]}
+    assert sorted(refused) == sorted([NARROW[1], "cpu-only"])
+    assert "no GPU inventory" in refused["cpu-only"] and NARROW[1] in refused[NARROW[1]]
+    prioritized = ext.prioritize({"Pod": pod("2"), "Nodes": {"items": items[2:]}}).items()
+    assert [h["Host"] for h in prioritized] == [WIDE[3]]
+
+
 @pytest.mark.parametrize("names, error", [
     (b'"wide-0"', "must be a list of node names"),
     (b'{"a":1}', "must be a list of node names"),

@@ -38,11 +38,14 @@ def _folded(body: Any, what: str) -> dict[str, Any]:
 @dataclass(frozen=True, slots=True)
 class ExtenderArgs:
     """Filter / prioritize input: the pod, and the node names as a JSON array (or whole
-    node objects, whose names are then also rendered to ``names_json``)."""
+    node objects, whose names are then also rendered to ``names_json``). ``names`` holds
+    the names already decoded where they were (a NodeList's, a decoded body's), so they
+    are looked up as they are rather than parsed again from ``names_json``."""
 
     pod: Mapping[str, Any]
     names_json: bytes
     nodes: list[Mapping[str, Any]] | None  # the NodeList items when nodeCacheCapable is false
+    names: list[str] | None = None
 
     @property
     def cache_capable(self) -> bool:
@@ -54,8 +57,8 @@ def parse_args(body: Any) -> ExtenderArgs:
     args = _folded(body, "ExtenderArgs")
     names = args.get("nodenames")
     if names is not None:
-        return ExtenderArgs(_pod(args.get("pod")), msgspec.json.encode(checked_names(names)),
-                            None)
+        checked = checked_names(names)
+        return ExtenderArgs(_pod(args.get("pod")), msgspec.json.encode(checked), None, checked)
     return _with_nodes(_pod(args.get("pod")), args.get("nodes"))
 
 
@@ -94,7 +97,8 @@ def _with_nodes(pod: Mapping[str, Any], node_list: Any) -> ExtenderArgs:
     items = _folded(node_list, "ExtenderArgs.Nodes").get("items") or []
     if not isinstance(items, list) or len(items) > MAX_NODES:
         raise InvalidInput("ExtenderArgs.Nodes.items must be a list of nodes")
-    return ExtenderArgs(pod, msgspec.json.encode([_node_name(n) for n in items]), items)
+    names = [_node_name(n) for n in items]
+    return ExtenderArgs(pod, msgspec.json.encode(names), items, names)
 
 
 def _node_name(node: Any) -> str:

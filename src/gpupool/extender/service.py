@@ -45,7 +45,7 @@ from gpupool.extender import protocol
 from gpupool.extender.binder import Binder
 from gpupool.extender.cache import ClusterCache
 from gpupool.extender.metrics import Metrics
-from gpupool.extender.nodenames import MAX_SCORE, NameTable
+from gpupool.extender.nodenames import MAX_SCORE, Matched, NameTable
 from gpupool.extender.podspec import pod_id, pod_request
 from gpupool.extender.refusals import Refusals
 from gpupool.extender.workload import BUILTIN_WORKLOAD, observed_workload
@@ -148,7 +148,7 @@ class Extender:
             state = self.cache.state
             table = self._table(state)
             try:
-                sent = table.match(args.names_json)
+                sent = _sent(table, args)
             except InvalidInput as exc:
                 return protocol.encode(self._filter_error(exc))
             idx = sent.rows
@@ -262,7 +262,7 @@ class Extender:
             state = self.cache.state
             table = self._table(state)
             try:
-                sent = table.match(args.names_json)
+                sent = _sent(table, args)
             except InvalidInput as exc:
                 return self._prioritize_error(exc)
             rows = sent.rows if sent.all_known else sent.rows[sent.rows >= 0]
@@ -347,6 +347,12 @@ class Extender:
             raise InvalidInput(f"pod {args.namespace}/{args.name} has uid {who.uid}, "
                                f"the scheduler asked to bind {args.uid}")
         return pod_request(pod)
+
+def _sent(table: NameTable, args: protocol.ExtenderArgs) -> Matched:
+    """The rows of the nodes ``args`` sends (names decoded already are not parsed again)."""
+    return table.match(args.names_json) if args.names is None else \
+        table.match_names(args.names)
+
 
 def _revision(pod: Any) -> tuple[str, str] | None:
     """(uid, resourceVersion) of a pod that has both, else None."""
