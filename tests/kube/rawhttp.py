@@ -30,6 +30,7 @@ class Answer:
     headers: dict[str, str] = field(default_factory=lambda: {"Content-Type": "application/json"})
     close_after: bool = False  # close the connection after answering (no "Connection: close")
     drop: bool = False  # close the connection without answering
+    raw: bytes | None = None  # the whole answer, sent as it is (status, head and body)
 
 
 class RawServer:
@@ -70,10 +71,13 @@ class RawServer:
                 answer = self.handler(request)
                 if answer.drop:
                     return
-                head = [f"HTTP/1.1 {answer.status} X",
-                        f"Content-Length: {len(answer.body)}"]
-                head += [f"{k}: {v}" for k, v in answer.headers.items()]
-                conn.sendall(("\r\n".join(head) + "\r\n\r\n").encode() + answer.body)
+                if answer.raw is not None:
+                    conn.sendall(answer.raw)
+                else:
+                    head = [f"HTTP/1.1 {answer.status} X",
+                            f"Content-Length: {len(answer.body)}"]
+                    head += [f"{k}: {v}" for k, v in answer.headers.items()]
+                    conn.sendall(("\r\n".join(head) + "\r\n\r\n").encode() + answer.body)
                 if answer.close_after:
                     return
 

@@ -79,7 +79,7 @@ def _one_line_errors(parser: argparse.ArgumentParser) -> None:
     def error(message: str) -> NoReturn:
         parser.exit(2, f"{parser.prog}: {message} (see --help)\n")
 
-    parser.error = error  # type: ignore[method-assign,assignment]
+    parser.error = error  # type: ignore[method-assign]
 
 
 def read_pod(path: Path) -> Mapping[str, Any]:

@@ -127,8 +127,8 @@ def _one_line_errors(parser: argparse.ArgumentParser) -> None:
             error(f"unrecognized arguments: {' '.join(extras)}")
         return parsed, extras
 
-    parser.error = error  # type: ignore[method-assign,assignment]
-    parser.parse_known_args = strict  # type: ignore[method-assign,assignment]
+    parser.error = error  # type: ignore[method-assign]
+    parser.parse_known_args = strict  # type: ignore[method-assign]
 
 
 def load(args: argparse.Namespace) -> Scenario:

@@ -57,6 +57,7 @@ from lightkube.config.client_adapter import verify_cluster
 from lightkube.config.kubeconfig import SingleConfig
 from lightkube.config.models import User
 
+from gpupool.kube import http1
 from gpupool.kube.errors import KubeError, from_status
 
 JSON = "application/json"
@@ -163,6 +164,9 @@ class LeanTransport:
         self.host = parts.hostname or "localhost"
         self.port = parts.port or (443 if self.https else 80)
         self.prefix = parts.path.rstrip("/")
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        self.host_header = host if self.port == (443 if self.https else 80) else \
+            f"{host}:{self.port}"
         self.context = context
         self.token = token
         self.timeout_s = timeout_s
@@ -239,10 +243,21 @@ class LeanTransport:
 
     def _send(self, conn: http.client.HTTPConnection, method: str, path: str,
               body: bytes | None, headers: dict[str, str]) -> tuple[int, bytes]:
+        """One exchange by ``http1`` on the connection's socket (opened, or re-opened
+        after a ``Connection: close``, by ``http.client``)."""
         self.sent += 1
-        conn.request(method, self.prefix + path, body, headers)
-        resp = conn.getresponse()
-        return resp.status, resp.read()
+        if conn.sock is None:
+            conn.connect()
+        sock = conn.sock
+        reader = getattr(self._local, "reader", None)
+        if reader is None or reader.sock is not sock:
+            reader = self._local.reader = http1.Reader(sock)
+        sock.sendall(http1.request_bytes(method, self.host_header, self.prefix + path,
+                                         headers, body))
+        status, data, keep = http1.read_answer(reader, method)
+        if not keep:
+            _shut(conn)
+        return status, data
 
     def _failure(self, what: str, exc: BaseException) -> KubeError:
         if self._closed:
