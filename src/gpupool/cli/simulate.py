@@ -128,7 +128,7 @@ def _one_line_errors(parser: argparse.ArgumentParser) -> None:
         return parsed, extras
 
     parser.error = error  # type: ignore[method-assign]
-    parser.parse_known_args = strict  # type: ignore[method-assign]
+    parser.parse_known_args = strict  # type: ignore[method-assign,assignment]
 
 
 def load(args: argparse.Namespace) -> Scenario:
