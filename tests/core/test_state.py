@@ -4,6 +4,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
+import pytest
+
+from gpupool.core.errors import OverCommit
+
 from .builders import cluster, hold, hold_whole, node
 
 
@@ -48,3 +53,21 @@ def test_replacing_a_node_with_an_identical_one_keeps_the_layout() -> None:
     state.set_health("n", "GPU-n-0", False)
     state.replace_node(node("n", gpus=2))  # same value, but it brings GPU 0 back to healthy
     assert state.epoch > epoch and bool(state.healthy[0, 0])
+
+
+
+def test_deferred_reservations_end_in_the_state_one_by_one_reaches() -> None:
+    one_by_one, batched = (cluster(node("n0", 2), node("n1", 2)) for _ in range(2))
+    plan = [("a", "n0", (0, 1024, 10)), ("b", "n0", (0, 2048, 30)), ("c", "n1", (1, 512, 5))]
+    for key, name, piece in plan:
+        hold(one_by_one, key, name, piece)
+    untouched, before = batched.free_milli.copy(), batched.version.copy()
+    with batched.deferred():
+        for key, name, piece in plan:
+            hold(batched, key, name, piece)
+        with pytest.raises(OverCommit):  # checks stay exact inside: 40 % + 70 % > 100 %
+            hold(batched, "d", "n0", (0, 1024, 70))
+        assert np.array_equal(batched.free_milli, untouched)  # derived values lag inside
+    for name in ("free_milli", "unit_free", "core_free", "cpu_free"):
+        assert np.array_equal(getattr(batched, name), getattr(one_by_one, name)), name
+    assert (batched.version > before).all() and batched.changes == int(batched.version.sum())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from fractions import Fraction
+from functools import lru_cache
 
 from gpupool.core.errors import QuantityError
 
@@ -39,6 +40,13 @@ def parse_quantity(text: str | int | float) -> Fraction:
         return Fraction(str(text))
     if not isinstance(text, str):
         raise QuantityError(f"quantity must be a number or string, not {type(text).__name__}")
+    return _parse_text(text)
+
+
+@lru_cache(maxsize=4096)
+def _parse_text(text: str) -> Fraction:
+    """A quantity string parsed (remembered: a cluster's pods repeat a few dozen texts,
+    "2", "8Gi", "10240", and their Fractions are immutable; errors are not remembered)."""
     s = text.strip()
     if not s or len(s) > _MAX_LEN:
         raise QuantityError(f"quantity {text!r} is empty or longer than {_MAX_LEN} characters")

@@ -14,6 +14,7 @@ node's GPU count are absent (``present`` is False, free share is -1).
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,6 +55,7 @@ class ClusterState:
         self.allocations: dict[str, Allocation] = {}
         self._by_node: dict[str, dict[str, Allocation]] = {}
         self.epoch = 0
+        self._deferred: set[int] | None = None  # rows whose refresh waits (see deferred)
         self.models: list[str] = []
         self._model_ids: dict[str, int] = {}
         self._alloc_arrays(0, 1)
@@ -293,7 +295,28 @@ class ClusterState:
         for s in alloc.slices:
             self.unit_free[i, s.gpu_position] += sign * self.units_for(s.memory_mib)
             self.core_free[i, s.gpu_position] += sign * s.core_pct
-        self._refresh_row(i)
+        if self._deferred is None:
+            self._refresh_row(i)
+        else:
+            self._deferred.add(i)
+
+    @contextmanager
+    def deferred(self) -> Iterator[None]:
+        """Reserve and release many allocations, refreshing each touched row's derived
+        values (``free_milli``, ``version``) once at the end rather than after each one
+        (a scratch state checking a dozen ledger entries). Inside, only ``reserve`` and
+        ``release`` may be called: what they check (the free arrays) stays exact, what
+        the rows derive from it lags until the block ends."""
+        if self._deferred is not None:
+            yield
+            return
+        self._deferred = set()
+        try:
+            yield
+        finally:
+            rows, self._deferred = self._deferred, None
+            for i in sorted(rows):
+                self._refresh_row(i)
 
     # -- measures -------------------------------------------------------------------
     def usage(self) -> Usage:

@@ -56,11 +56,12 @@ class Binder:
     def bind(self, args: BindingArgs, request: PodRequest, placer: Placer,
              rng: random.Random) -> str:
         """'' when bound, else why not (the scheduler shows it and retries)."""
-        placed = self._commit(args, request, placer, rng)
+        stamp = self.now()  # one bind time, in the ledger entry and on the pod alike
+        placed = self._commit(args, request, placer, rng, stamp)
         if isinstance(placed, str):
             return placed
         alloc, group = placed
-        notes = records.encode(alloc, self.now(), names.PHASE_ALLOCATING)
+        notes = records.encode(alloc, stamp, names.PHASE_ALLOCATING)
         if group:
             notes[ANNOTATION_RESOURCE_GROUP] = group
         try:
@@ -73,14 +74,14 @@ class Binder:
         return ""
 
     def _commit(self, args: BindingArgs, request: PodRequest, placer: Placer,
-                rng: random.Random) -> tuple[Allocation, str | None] | str:
+                rng: random.Random, stamp: str) -> tuple[Allocation, str | None] | str:
         """Decide on the node and win the ledger's compare-and-swap; or say why not."""
         for _ in range(self.attempts):
             step = self._decide_on(args, request, placer, rng)
             if isinstance(step, str):
                 return step
             alloc, group, view, prune, node = step
-            entry = Entry(alloc, f"{args.namespace}/{args.name}", self.now(), request.tenant,
+            entry = Entry(alloc, f"{args.namespace}/{args.name}", stamp, request.tenant,
                           request.gpu_class, group)
             try:
                 held = [e.allocation for u, e in view.entries.items() if u not in prune]

@@ -146,14 +146,15 @@ def check_fits(node: Node, held: Iterable[Allocation], new: Allocation, memory_u
     """
     healthy = replace(node, gpus=tuple(replace(g, healthy=True) for g in node.gpus))
     scratch = ClusterState([healthy], memory_unit_mib)
-    for alloc in held:
-        if alloc.key == new.key:
-            continue
-        try:
-            scratch.reserve(gpu_only(alloc, healthy))
-        except UnknownName:
-            continue
-    scratch.reserve(gpu_only(new, healthy))
+    with scratch.deferred():
+        for alloc in held:
+            if alloc.key == new.key:
+                continue
+            try:
+                scratch.reserve(gpu_only(alloc, healthy))
+            except UnknownName:
+                continue
+        scratch.reserve(gpu_only(new, healthy))
 
 
 class Ledgers:
