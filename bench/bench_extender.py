@@ -19,6 +19,11 @@ kube-scheduler (``nodeCacheCapable: true``) does and prints:
 * sustained pods/s: one pod after another (pods/s), and with binds in flight
   while the next pods are filtered, as kube-scheduler's asynchronous binding
   cycle does (piped/s);
+* CPU ms: the extender process's CPU time per pod, every thread (the verbs, the
+  binds, the watch threads taking in each bind's events). Over HTTP that is the
+  extender alone (the client is another process), so 1000 / CPU ms is the most
+  pods/s one extender process can serve on one core; in-process it also holds the
+  scheduler stand-in's decoding of the answers;
 * the rebuild: a fresh process lists 5,000 nodes / 40,000 GPUDevices / 50,000 pods
   (``--rebuild-pods``) from the fake API and re-creates every allocation from
   annotations; its time and the process's resident memory.
@@ -374,8 +379,9 @@ def drive(call: Call, calls: list[PodCall]) -> tuple[list[Outcome], float]:
 
 def run_pods(call: Call, calls: list[PodCall], clock: ApiClock) -> dict[str, float]:
     clock.bind_waits.clear()
+    cpu = time.process_time()
     outcomes, wall = drive(call, calls)
-    return summary(outcomes, wall, clock.bind_waits)
+    return summary(outcomes, wall, clock.bind_waits, time.process_time() - cpu)
 
 
 def run_http(url: str, calls: list[PodCall], clock: ApiClock, client: str
@@ -384,19 +390,21 @@ def run_http(url: str, calls: list[PodCall], clock: ApiClock, client: str
     is) or on a thread of this one (``client="thread"``: it then competes with the
     server for this process's GIL)."""
     clock.bind_waits.clear()
+    cpu = time.process_time()
     if client == "thread":
         http_call = LoopbackClient(url)
         outcomes, wall = drive(http_call, calls)
         http_call.close()
-        return summary(outcomes, wall, clock.bind_waits)
+        return summary(outcomes, wall, clock.bind_waits, time.process_time() - cpu)
     with tempfile.NamedTemporaryFile(suffix=".msgpack") as f:
         f.write(msgspec.msgpack.encode(calls))
         f.flush()
         out = subprocess.run([sys.executable, __file__, "--http-client-child", url, f.name],
                              capture_output=True, check=True, timeout=600)
+    cpu = time.process_time() - cpu  # the extender's process only: the client is a child
     outcomes, wall = msgspec.json.decode(out.stdout.splitlines()[-1],
                                          type=tuple[list[Outcome], float])
-    return summary(outcomes, wall, clock.bind_waits)
+    return summary(outcomes, wall, clock.bind_waits, cpu)
 
 
 def http_client_child(url: str, path: str) -> None:
@@ -407,9 +415,10 @@ def http_client_child(url: str, path: str) -> None:
     client.close()
 
 
-def summary(outcomes: list[Outcome], wall: float, bind_waits: list[float]
+def summary(outcomes: list[Outcome], wall: float, bind_waits: list[float], cpu_s: float
             ) -> dict[str, float]:
-    """p50/p99 per verb, in all and without bind's waits on the API server (own)."""
+    """p50/p99 per verb, in all and without bind's waits on the API server (own); this
+    process's CPU time per pod (``cpu_ms``: every thread, the watches included)."""
     times: dict[str, list[float]] = {v: [] for v in (*VERBS, "total", "own", "bind_own")}
     waits = iter(bind_waits)
     for _, spent in outcomes:
@@ -421,7 +430,8 @@ def summary(outcomes: list[Outcome], wall: float, bind_waits: list[float]
         times["bind_own"].append(spent["bind"] - api)
     result = {f"{k}_{q}": pct(v, p) * 1e3 for k, v in times.items()
               for q, p in (("p50", 0.5), ("p99", 0.99))}
-    result.update(pods_per_s=len(outcomes) / wall, bound=sum(ok for ok, _ in outcomes))
+    result.update(pods_per_s=len(outcomes) / wall, bound=sum(ok for ok, _ in outcomes),
+                  cpu_ms=cpu_s * 1e3 / max(1, len(outcomes)))
     return result
 
 
@@ -591,11 +601,12 @@ def report(nodes: int, rows: list[tuple[str, dict[str, float]]], opts: Options) 
     print(f"\n{nodes} nodes × {GPUS} GPUs, node names {opts.order} — ms per pod, p50/p99 "
           "(own = without bind's waits on the API server)")
     print(f"{'run':32} " + " ".join(f"{title:>13}" for title, _ in COLUMNS) +
-          f" {'pods/s':>7} {'piped/s':>8} {'bound':>6}")
+          f" {'pods/s':>7} {'piped/s':>8} {'CPU ms':>7} {'bound':>6}")
     for name, r in rows:
         piped = f"{r['pipelined']:8.0f}" if "pipelined" in r else f"{'-':>8}"
         cells = " ".join(f"{r[key + '_p50']:6.2f}/{r[key + '_p99']:6.2f}" for _, key in COLUMNS)
-        print(f"{name:32} {cells} {r['pods_per_s']:7.0f} {piped} {r['bound']:6.0f}")
+        print(f"{name:32} {cells} {r['pods_per_s']:7.0f} {piped} {r['cpu_ms']:7.2f} "
+              f"{r['bound']:6.0f}")
     by = dict(rows)
     d_ip = by.get(f"{DEFAULT_POLICY} in-process")
     b_ip, d_http = by.get(f"{BASELINE} in-process"), by.get(f"{DEFAULT_POLICY} HTTP loopback")
