@@ -1,14 +1,14 @@
 """Benchmark of the HTTP stack under the extender: uvicorn's C parser and event loop
-(httptools, uvloop; what ``gpupool extender`` runs on when they are installed, and they
-are dependencies) against its pure-Python fallback (h11 on asyncio), same run.
+(httptools, uvloop; what ``gpupool extender`` runs on, they are dependencies) against
+its pure-Python fallback (h11 on asyncio), the baseline, in the same run.
 
     .venv/bin/python bench/bench_http_stack.py [--rounds 3] [--calls 3000]
 
 The extender app (no cluster behind it) serves a bind call that is refused at once
 (one small JSON body each way), so the figure is the stack's own cost per call. The
 client, lean HTTP/1.1 on one kept connection as kube-scheduler's, runs in a child
-process. The two stacks alternate round by round (the machine's speed drifts); p50 and
-p99 per round, and the ratio C stack / Python stack of the round's p50.
+process. The stacks alternate round by round (the machine's speed drifts); p50 and p99
+per round, the server process's CPU per call, and the ratio to the baseline's p50.
 """
 
 from __future__ import annotations
@@ -49,7 +49,8 @@ def client_child(url: str, calls: int) -> None:
     print(" ".join(f"{t * 1e6:.1f}" for t in times[WARM:]))
 
 
-def serve_and_measure(http: str, loop: str, calls: int) -> list[float]:
+def serve_and_measure(http: str, loop: str, calls: int) -> tuple[list[float], float]:
+    """(round trips in µs, the server process's CPU µs per call)."""
     app = build_app(Extender(ClusterCache(), Settings(DEFAULT_POLICY), Metrics()))
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -61,13 +62,18 @@ def serve_and_measure(http: str, loop: str, calls: int) -> list[float]:
     while not server.started:
         time.sleep(0.01)
     try:
-        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        out = subprocess.run([sys.executable, __file__, "--client-child", url, str(calls)],
-                             capture_output=True, text=True, check=True, timeout=600)
-        return [float(x) for x in out.stdout.split()]
+        return client_run(f"http://127.0.0.1:{sock.getsockname()[1]}", calls)
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+def client_run(url: str, calls: int) -> tuple[list[float], float]:
+    cpu = time.process_time()
+    out = subprocess.run([sys.executable, __file__, "--client-child", url, str(calls)],
+                         capture_output=True, text=True, check=True, timeout=600)
+    per_call = (time.process_time() - cpu) * 1e6 / (calls + WARM)
+    return [float(x) for x in out.stdout.split()], per_call
 
 
 def main() -> None:
@@ -80,15 +86,15 @@ def main() -> None:
     if args.client_child:
         client_child(args.client_child[0], int(args.client_child[1]))
         return
-    print(f"{'round':>5} {'stack':22} {'p50 µs':>8} {'p99 µs':>8}  ratio p50 (C / Python)")
+    print(f"{'round':>5} {'stack':22} {'p50 µs':>8} {'p99 µs':>8} {'server CPU µs':>14}  "
+          "p50 / h11's")
     for r in range(1, args.rounds + 1):
         p50 = {}
         for http, loop in STACKS:
-            times = serve_and_measure(http, loop, args.calls)
+            times, cpu = serve_and_measure(http, loop, args.calls)
             p50[http] = pct(times, 0.5)
-            print(f"{r:5} {http + ' + ' + loop:22} {p50[http]:8.0f} {pct(times, 0.99):8.0f}",
-                  end="")
-            print(f"  {p50['httptools'] / p50['h11']:.2f}" if http == "httptools" else "")
+            print(f"{r:5} {http + ' + ' + loop:22} {p50[http]:8.0f} {pct(times, 0.99):8.0f} "
+                  f"{cpu:14.0f}  {p50[http] / p50['h11']:.2f}")
 
 
 if __name__ == "__main__":
