@@ -188,10 +188,11 @@ class ClusterCache:
         with self.lock:
             facts = [facts_of(p) for p in pods]
             seen = {f.uid for f in facts}
-            for uid in [u for u in self.pods if u not in seen]:
-                self._forget_pod(uid)
-            for f in facts:
-                self._apply_pod(f)
+            with self.state.deferred():  # tens of thousands of holds: rows refresh once
+                for uid in [u for u in self.pods if u not in seen]:
+                    self._forget_pod(uid)
+                for f in facts:
+                    self._apply_pod(f)
             self.synced.add("pods")
 
     def pod_event(self, kind: str, pod: Any) -> None:
@@ -343,12 +344,13 @@ class ClusterCache:
         for key in list(self.charges):
             self.catalogue.quotas.refund(key)
         self.charges.clear()
-        for alloc, sources, charge in kept:
-            for source in sorted(sources):
-                self.hold(alloc, source, charge)
-        self._hold_all(self.pods.values(), self.ledgers.values())
-        for node in list(self.waiting):
-            self._retry(node)
+        with self.state.deferred():  # every holding again: rows refresh once
+            for alloc, sources, charge in kept:
+                for source in sorted(sources):
+                    self.hold(alloc, source, charge)
+            self._hold_all(self.pods.values(), self.ledgers.values())
+            for node in list(self.waiting):
+                self._retry(node)
 
     def _hold_all(self, pods: Iterable[PodFacts], views: Iterable[ledger.View]) -> None:
         for f in pods:
