@@ -52,6 +52,47 @@ def test_binds_and_ledger_writes_take_the_lean_path(fake: FakeApiServer, api: Ku
     assert ("POST", "/api/v1/namespaces/default/pods/a/binding") in fake.requests
 
 
+def test_lists_take_the_lean_path_and_read_the_same_objects(fake: FakeApiServer,
+                                                              api: KubeApi) -> None:
+    for name in ("a", "b"):
+        fake.seed("pods", pod(name))
+    slow = KubeApi.connect(server=fake.url, lean=False)
+    try:
+        expected = slow.list_pod_summaries()
+        real, api.client = api.client, NoLightkube()  # type: ignore[assignment]
+        try:
+            listed = api.list_pod_summaries()
+        finally:
+            api.client = real
+    finally:
+        slow.close()
+    assert [p.metadata.name for p in listed.items] == ["a", "b"]
+    assert listed.items == expected.items and listed.resource_version == \
+        expected.resource_version != ""
+
+
+def test_a_paged_list_follows_the_continue_tokens() -> None:
+    pages = iter([b'{"metadata":{"resourceVersion":"7","continue":"p2"},"items":['
+                  b'{"metadata":{"name":"a"}}]}',
+                  b'{"metadata":{"resourceVersion":"7"},"items":[{"metadata":{"name":"b"}}]}'])
+    with RawServer(lambda r: Answer(body=next(pages))) as server:
+        api = KubeApi.connect(server=server.url)
+        listed = api.list_ledgers()
+        assert [obj["metadata"]["name"] for obj in listed.items] == ["a", "b"]
+        assert listed.resource_version == "7"
+        path = "/apis/gpupool.io/v1alpha1/gpuledgers"
+        assert [r.path for r in server.requests] == [path, path + "?continue=p2"]
+        api.close()
+
+
+def test_a_list_answer_that_is_not_a_list_is_a_kube_error() -> None:
+    with RawServer(lambda r: Answer(body=b'{"items": 7}')) as server:
+        api = KubeApi.connect(server=server.url)
+        with pytest.raises(KubeError, match="list GPULedgers: the answer is not a list"):
+            api.list_ledgers()
+        api.close()
+
+
 def test_without_the_lean_flag_every_call_goes_through_lightkube(fake: FakeApiServer) -> None:
     api = KubeApi.connect(server=fake.url, lean=False)
     try:
