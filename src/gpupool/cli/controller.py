@@ -18,20 +18,11 @@ from typing import Any
 
 from rich.console import Console
 
+from gpupool.cli.args import bounded
 from gpupool.controller.loop import Controller, Outcome
 from gpupool.kube.controller_ops import ControllerApi
 
 log = logging.getLogger("gpupool.controller")
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not 1 <= value <= 86_400:
-        raise argparse.ArgumentTypeError(f"{text!r} must be between 1 and 86400 seconds")
-    return value
 
 
 def register(subparsers: Any) -> None:
@@ -40,7 +31,8 @@ def register(subparsers: Any) -> None:
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster service account)")
     p.add_argument("--server", help=argparse.SUPPRESS)  # a bare API URL (tests, fakes)
-    p.add_argument("--resync-seconds", type=_seconds, default=300.0, metavar="SECONDS",
+    p.add_argument("--resync-seconds", type=bounded(float, 1, 86_400), default=300.0,
+                   metavar="SECONDS",
                    help="reconcile at least this often even without events (default 300)")
     p.add_argument("--once", action="store_true", help="reconcile once, print, exit")
     p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")

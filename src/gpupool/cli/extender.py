@@ -17,7 +17,7 @@ from typing import Any
 
 import uvicorn
 
-from gpupool.cli.args import weight
+from gpupool.cli.args import bounded, weight
 from gpupool.core.policies import DEFAULT_POLICY, POLICIES, make_policy
 from gpupool.core.policies.config import PolicyConfig
 from gpupool.extender.app import build_app
@@ -31,14 +31,7 @@ from gpupool.kube.api import KubeApi
 log = logging.getLogger("gpupool.extender")
 
 
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
-    return value
+SECONDS = bounded(float, 0, above=True)
 
 
 def register(subparsers: Any) -> None:
@@ -53,15 +46,15 @@ def register(subparsers: Any) -> None:
                    help=f"placement policy (default {DEFAULT_POLICY})")
     p.add_argument("--weight", type=weight, action="append", default=[], metavar="NAME=X",
                    help="policy weight, repeatable (e.g. fgd-balance.lambda=0.5)")
-    p.add_argument("--stale-after", type=_positive, default=120.0, metavar="SECONDS",
+    p.add_argument("--stale-after", type=SECONDS, default=120.0, metavar="SECONDS",
                    help="a GPU whose GPUDevice heartbeat is older is unhealthy (default 120)")
-    p.add_argument("--ledger-grace", type=_positive, default=300.0, metavar="SECONDS",
+    p.add_argument("--ledger-grace", type=SECONDS, default=300.0, metavar="SECONDS",
                    help="ledger entries of pods never seen are dropped after this (default 300)")
     p.add_argument("--memory-unit", type=int, default=256, metavar="MIB",
                    help="GPU memory accounting unit in MiB (default 256)")
-    p.add_argument("--sweep-every", type=_positive, default=15.0, metavar="SECONDS",
+    p.add_argument("--sweep-every", type=SECONDS, default=15.0, metavar="SECONDS",
                    help="how often to re-check heartbeats (default 15)")
-    p.add_argument("--workload-every", type=_positive, default=600.0, metavar="SECONDS",
+    p.add_argument("--workload-every", type=SECONDS, default=600.0, metavar="SECONDS",
                    help="how often to re-derive FGD's target workload (default 600)")
     p.add_argument("--seed", type=int, default=0, help="seed for tie breaking (default 0)")
     p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")

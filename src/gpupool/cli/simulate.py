@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from gpupool.cli.args import weight
+from gpupool.cli.args import bounded, weight
 from gpupool.core.errors import InvalidInput, UnknownName
 from gpupool.core.policies import POLICIES
 from gpupool.sim.campaign import (
@@ -57,26 +57,6 @@ def seeds(spec: str) -> tuple[int, ...]:
     return tuple(out)
 
 
-def inflation(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--inflate must be a number, got {text!r}") from None
-    if not 1.0 <= value <= 10.0:
-        raise argparse.ArgumentTypeError(f"--inflate must be between 1.0 and 10, got {value}")
-    return value
-
-
-def positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
-    return value
-
-
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "simulate", help="replay a workload through the placement policies",
@@ -92,7 +72,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         f"known: {', '.join(sorted(POLICIES))})")
     p.add_argument("--seeds", type=seeds, default=seeds(DEFAULT_SEEDS), metavar="SEEDS",
                    help=f"seeds as a range or list, e.g. 42-51 or 1,2,5 (default {DEFAULT_SEEDS})")
-    p.add_argument("--inflate", type=inflation, default=1.3, metavar="X",
+    p.add_argument("--inflate", type=bounded(float, 1.0, 10.0), default=1.3, metavar="X",
                    help="protocol: resample the trace until its GPU demand reaches X times "
                         "the GPU capacity (default 1.3)")
     p.add_argument("--mode", choices=[m.value for m in SimMode], default="protocol",
@@ -101,9 +81,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--out", type=Path, default=Path("sim-out"), metavar="DIR",
                    help="output folder for summary.json, curves.csv, allocation.png "
                         "(default sim-out)")
-    p.add_argument("--workers", type=positive, metavar="N",
+    p.add_argument("--workers", type=bounded(int, 1), metavar="N",
                    help="processes to run (policy, seed) pairs in (default: one per core)")
-    p.add_argument("--synthetic-nodes", type=positive, default=DEFAULT_NODES, metavar="N",
+    p.add_argument("--synthetic-nodes", type=bounded(int, 1), default=DEFAULT_NODES, metavar="N",
                    help=f"size of the built-in synthetic cluster (default {DEFAULT_NODES})")
     p.add_argument("--weight", type=weight, action="append", default=[], metavar="NAME=X",
                    help="policy weight, e.g. fgd-balance.lambda=0.5 (repeatable)")
