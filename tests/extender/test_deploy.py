@@ -99,8 +99,7 @@ def test_the_scheduler_config_calls_the_extender_for_gpupool_resources() -> None
     assert managed[names.RESOURCE_MEMORY] is True and managed[names.RESOURCE_CORE] is True
     assert managed[names.RESOURCE_GPU] is False  # the node agent advertises it
     assert all(v for k, v in managed.items() if k.startswith(names.CLASS_RESOURCE_PREFIX))
-    routes = {r.path for r in build_app(Extender(ClusterCache(), Settings("best-fit"),
-                                                 Metrics())).routes}  # type: ignore[attr-defined]
+    routes = build_app(Extender(ClusterCache(), Settings("best-fit"), Metrics())).paths()
     verbs = ("filterVerb", "prioritizeVerb", "bindVerb", "preemptVerb")
     assert {"/" + ext[v] for v in verbs} <= routes
 
