@@ -44,7 +44,7 @@ PODS = {
         c("b", {"gpupool.io/gpu": 1, "gpupool.io/gpu-core": 10}),
         annotations={"gpupool.io/affinity": "pod"}),
     "init container larger": pod(c(requests={"cpu": "1"}), inits=(c("i", {"cpu": "3"}),)),
-    "limits over requests": pod(c(limits={"cpu": "2"}, requests={"cpu": "1"})),
+    "requests under limits": pod(c(limits={"cpu": "2"}, requests={"cpu": "1"})),
     "group label": pod(c(limits={"gpupool.io/gpu": 1}), labels={"gpupool.io/group": "team"}),
     "no namespace, no uid": pod(c(limits={"gpupool.io/gpu": 1}), ns=None, uid=""),
     "zero GPUs": pod(c(limits={"gpupool.io/gpu": 0})),
@@ -95,6 +95,13 @@ def test_the_translation_reads_the_documented_names() -> None:
     assert [(d.container, d.count, d.memory_mib, d.core_pct, d.mode) for d in req.gpus] == [
         ("a", 1, 1024, 0, Mode.SHARED), ("b", 1, 0, 10, Mode.SHARED)]
     assert pod_request(PODS["no namespace, no uid"]).key == "default/p"
+
+
+def test_cpu_and_memory_count_requests_as_the_scheduler_does() -> None:
+    both = pod_request(PODS["requests under limits"])
+    assert both.cpu_milli == 1000  # the request, not the limit of 2
+    only_limits = pod_request(pod(c(limits={"cpu": "2", "memory": "1Gi"})))
+    assert (only_limits.cpu_milli, only_limits.memory_mib) == (2000, 1024)  # API defaulting
 
 
 def test_the_class_of_a_pod_is_found_even_when_the_rest_is_broken() -> None:

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import pytest
+from lightkube.core.decoders import decode_object
 
 from gpupool.core.errors import InvalidInput
 from gpupool.core.request import Affinity, Mode
+from gpupool.extender.pods import facts_of
 from gpupool.extender.podspec import pod_request
+from gpupool.kube.summaries import PodSummary
 
 from .builders import pod_obj
 
@@ -90,3 +94,18 @@ def test_absurd_pods_are_refused_with_a_sentence(limits: dict[str, str],
 def test_malformed_pod_json_is_invalid_input(pod: dict[str, Any]) -> None:
     with pytest.raises(InvalidInput):
         pod_request(pod)
+
+
+def test_a_bound_pod_is_charged_the_cpu_and_memory_its_filter_asked_for() -> None:
+    """Filter (``pod_request``) and the cache's accounting of bound pods (``facts_of``)
+    count a container's requests, and its limits where it has no request."""
+    pod = pod_obj("p", {"gpupool.io/gpu": "1"})
+    main = pod["spec"]["containers"][0]["resources"]
+    main["requests"].update(cpu="1", memory="1Gi")
+    main["limits"].update(cpu="4", memory="4Gi")
+    pod["spec"]["containers"].append({"name": "side", "resources": {"limits": {
+        "cpu": "500m", "memory": "256Mi"}}})  # limits only: the API defaults requests
+    request = pod_request(pod)
+    facts = facts_of(decode_object(msgspec.json.encode(pod), PodSummary))
+    assert (request.cpu_milli, request.memory_mib) == (1500, 1280)
+    assert (facts.cpu_milli, facts.memory_mib) == (request.cpu_milli, request.memory_mib)

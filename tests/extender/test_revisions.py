@@ -21,7 +21,8 @@ def test_a_new_resource_version_of_the_pod_is_translated_again() -> None:
     pod["metadata"].update(uid="u1", resourceVersion="7")
     assert ext.filter({"Pod": pod, "NodeNames": ["n0"]})["NodeNames"] == ["n0"]
     assert ext.requests["u1"].gpus[0].count == 2
-    pod["spec"]["containers"][0]["resources"]["limits"]["gpupool.io/gpu"] = "3"
+    for kind in ("requests", "limits"):  # extended resources: both, equal (API validation)
+        pod["spec"]["containers"][0]["resources"].setdefault(kind, {})["gpupool.io/gpu"] = "3"
     pod["metadata"]["resourceVersion"] = "8"
     assert ext.filter({"Pod": pod, "NodeNames": ["n0"]})["NodeNames"] == []
     assert ext.requests["u1"].gpus[0].count == 3

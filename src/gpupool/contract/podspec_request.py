@@ -64,10 +64,12 @@ def pod_where(pod: Mapping[str, Any]) -> tuple[str, str, str]:
 
 
 def container_amounts(container: Mapping[str, Any], where: str) -> dict[str, Any]:
-    """The container's resources: requests, overridden by limits."""
+    """The container's resources as the scheduler counts them: its requests, and its
+    limits where a resource has no request (the API server defaults a missing request
+    to the limit; extended resources such as ``gpupool.io/*`` must have both equal)."""
     res = _obj(container.get("resources"), f"{where}: resources")
-    amounts = dict(_obj(res.get("requests"), f"{where}: resources.requests"))
-    amounts.update(_obj(res.get("limits"), f"{where}: resources.limits"))
+    amounts = dict(_obj(res.get("limits"), f"{where}: resources.limits"))
+    amounts.update(_obj(res.get("requests"), f"{where}: resources.requests"))
     return amounts
 
 
@@ -149,11 +151,17 @@ def _count(amounts: Mapping[str, Any], key: str, where: str) -> int | None:
         raise InvalidInput(f"{where}: {exc}") from None
 
 
+def gpu_numbers(amounts: Mapping[str, Any], where: str) -> tuple[int | None, int, int]:
+    """(``gpupool.io/gpu`` count or None when absent, GPU memory MiB, core %) of a
+    container's amounts (``container_amounts``); the node agent reads the same."""
+    return (_count(amounts, names.RESOURCE_GPU, where),
+            _count(amounts, names.RESOURCE_MEMORY, where) or 0,
+            _count(amounts, names.RESOURCE_CORE, where) or 0)
+
+
 def _demand(amounts: Mapping[str, Any], mode: Mode | None, where: str, container: str
             ) -> tuple[GpuDemand | None, str | None]:
-    count = _count(amounts, names.RESOURCE_GPU, where)
-    memory = _count(amounts, names.RESOURCE_MEMORY, where) or 0
-    core = _count(amounts, names.RESOURCE_CORE, where) or 0
+    count, memory, core = gpu_numbers(amounts, where)
     gpu_class, by_class = _class_count(amounts, where)
     if by_class is not None:
         if count is not None and count != by_class:

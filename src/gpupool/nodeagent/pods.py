@@ -14,8 +14,8 @@ from typing import Any
 
 from gpupool.contract import annotations as contract
 from gpupool.contract import names
+from gpupool.contract.podspec_request import container_amounts, gpu_numbers
 from gpupool.core.errors import InvalidInput
-from gpupool.core.quantity import to_int
 from gpupool.core.request import Affinity, GpuDemand, Mode, PodRequest
 
 ANNOTATION_DEVICES = names.ANNOTATION_DEVICES
@@ -139,16 +139,10 @@ def pod_from_json(obj: Mapping[str, Any]) -> Pod:
 
 
 def _gpu_container(ref: str, c: Mapping[str, Any]) -> GpuContainer | None:
-    res = c.get("resources") or {}
-    limits = {**(res.get("requests") or {}), **(res.get("limits") or {})}
-    if names.RESOURCE_GPU not in limits:
-        return None
+    """The container's ``gpupool.io/gpu`` request, read as the extender reads it (kubelet
+    calls Allocate only for containers that ask for the device plugin's resource)."""
     name = str(c.get("name", ""))
-    try:
-        count = to_int(limits[names.RESOURCE_GPU], names.RESOURCE_GPU)
-        memory = to_int(limits.get(names.RESOURCE_MEMORY, 0), names.RESOURCE_MEMORY)
-        core = to_int(limits.get(names.RESOURCE_CORE, 0), names.RESOURCE_CORE)
-    except InvalidInput as exc:
-        raise InvalidInput(f"pod {ref} container {name}: {exc}") from None
-    return GpuContainer(name, count, memory, core) if count > 0 else None
+    where = f"pod {ref} container {name}"
+    count, memory, core = gpu_numbers(container_amounts(c, where), where)
+    return GpuContainer(name, count, memory, core) if count else None
 
