@@ -6,14 +6,8 @@ import numpy as np
 import pytest
 
 from gpupool.core.errors import InvalidInput, UnknownName
-from gpupool.core.groups import (
-    DemandEstimate,
-    GroupCatalog,
-    GroupPlan,
-    ResourceGroup,
-    build_groups,
-    slug,
-)
+from gpupool.core.groupplan import DemandEstimate, GroupPlan, build_groups, slug
+from gpupool.core.groups import GroupCatalog, ResourceGroup
 from gpupool.core.model import Node
 from gpupool.core.quota import Amount, Charge, Limit, QuotaBook
 from gpupool.core.request import PodRequest

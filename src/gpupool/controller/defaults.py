@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gpupool.contract import names
-from gpupool.core.groups import slug
+from gpupool.core.groupplan import slug
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
 CONTROLLER = "gpupool-controller"

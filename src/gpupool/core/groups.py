@@ -4,8 +4,8 @@ A ``ResourceGroup`` holds whole nodes (every GPU on them) and/or single GPUs by
 uuid, so a group can take part of a machine and two groups may share GPUs. It
 names the tenants allowed to draw from it (none named: everyone) and the GPU
 models it is meant for (none named: any; otherwise only member GPUs of those
-models count). Groups are built by hand or by ``build_groups`` from GPU model
-and an estimated demand per tenant, and updated with ``ResourceGroup.updated``.
+models count). Groups are built by hand or by ``groupplan.build_groups`` from GPU
+model and an estimated demand per tenant, and updated with ``ResourceGroup.updated``.
 
 A pod names its group, or — when it names none and groups exist — the group is
 chosen by best fit (``GroupCatalog.choose``): among the groups the tenant may
@@ -16,7 +16,7 @@ above the demand, so big groups stay whole for big pods.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -24,7 +24,7 @@ import numpy as np
 from gpupool.core.classes import MaskCache
 from gpupool.core.errors import InvalidInput, UnknownName
 from gpupool.core.fit import Constraints, demand_of, gpu_fit_mask, need_milli
-from gpupool.core.model import Gpu, Node
+from gpupool.core.model import Gpu
 from gpupool.core.quota import Charge, QuotaBook
 from gpupool.core.request import PodRequest
 from gpupool.core.state import BoolArray, ClusterState, IntArray
@@ -340,101 +340,3 @@ class GroupCatalog:
 
 def _gpus(milli: int) -> str:
     return f"{milli / MILLI:g}"
-
-
-# -- building groups --------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class DemandEstimate:
-    """A tenant's estimated need: ``gpus`` GPUs of ``model`` (None: any model)."""
-
-    tenant: str
-    gpus: int
-    model: str | None = None
-
-    def __post_init__(self) -> None:
-        if not self.tenant:
-            raise InvalidInput("a demand estimate needs a tenant")
-        if self.gpus <= 0:
-            raise InvalidInput(f"tenant {self.tenant}: estimated GPUs must be > 0, got {self.gpus}")
-
-
-@dataclass(frozen=True, slots=True)
-class GroupPlan:
-    """Groups built automatically, and the GPUs per tenant that could not be found."""
-
-    groups: tuple[ResourceGroup, ...]
-    unmet: tuple[tuple[str, int], ...] = ()
-
-
-def slug(text: str) -> str:
-    """A lower-case DNS-label fragment of ``text`` (``A100-SXM4-80GB`` -> ``a100-sxm4-80gb``)."""
-    s = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
-    return s[:40].strip("-") or "any"
-
-
-def build_groups(
-    nodes: Sequence[Node],
-    estimates: Sequence[DemandEstimate],
-    permitted: Mapping[str, frozenset[str]] | None = None,
-    shared: bool = True,
-) -> GroupPlan:
-    """Group GPUs by model and estimated demand (seed 001's automatic mode).
-
-    Largest estimates first (then by tenant). Each tenant gets a group of whole
-    GPUs of its model, taken best fit: the node whose free GPUs cover the rest of
-    the estimate most tightly, else the node with the most free GPUs, repeatedly.
-    ``permitted`` limits, per tenant, the nodes its group may take (a tenant not
-    listed may take any). With ``shared``, the GPUs left over form one open group
-    per model, ``shared-<model>``. Unhealthy GPUs are not assigned.
-    """
-    free: dict[str, list[Gpu]] = {n.name: [g for g in n.gpus if g.healthy] for n in nodes}
-    groups: list[ResourceGroup] = []
-    unmet: list[tuple[str, int]] = []
-    for est in sorted(estimates, key=lambda e: (-e.gpus, e.tenant, e.model or "")):
-        allowed = permitted.get(est.tenant) if permitted is not None else None
-        taken = _take(free, est, allowed)
-        name = est.tenant if est.model is None else f"{est.tenant}-{slug(est.model)}"
-        models = frozenset() if est.model is None else frozenset({est.model})
-        groups.append(ResourceGroup(name, gpus=frozenset(taken), tenants=frozenset({est.tenant}),
-                                    models=models))
-        if len(taken) < est.gpus:
-            unmet.append((est.tenant, est.gpus - len(taken)))
-    if shared:
-        groups.extend(_shared_groups(free))
-    names = [g.name for g in groups]
-    if len(set(names)) != len(names):
-        dup = next(n for n in names if names.count(n) > 1)
-        raise InvalidInput(f"two estimates build the same group {dup}: give one per tenant "
-                           "and model")
-    return GroupPlan(tuple(groups), tuple(unmet))
-
-
-def _take(free: dict[str, list[Gpu]], est: DemandEstimate, allowed: frozenset[str] | None
-          ) -> list[str]:
-    """Remove and return the uuids of up to ``est.gpus`` GPUs for ``est``, best fit."""
-    taken: list[str] = []
-    while len(taken) < est.gpus:
-        pools = {name: [g for g in gpus if est.model is None or g.model == est.model]
-                 for name, gpus in free.items() if allowed is None or name in allowed}
-        pools = {name: gpus for name, gpus in pools.items() if gpus}
-        if not pools:
-            break
-        need = est.gpus - len(taken)
-        covering = [(len(g), name) for name, g in pools.items() if len(g) >= need]
-        name = min(covering)[1] if covering else min(pools, key=lambda n: (-len(pools[n]), n))
-        for gpu in pools[name][:need]:
-            taken.append(gpu.uuid)
-            free[name].remove(gpu)
-    return taken
-
-
-def _shared_groups(free: dict[str, list[Gpu]]) -> list[ResourceGroup]:
-    by_model: dict[str, set[str]] = {}
-    for gpus in free.values():
-        for g in gpus:
-            by_model.setdefault(g.model, set()).add(g.uuid)
-    return [ResourceGroup(f"shared-{slug(model)}", gpus=frozenset(uuids),
-                          models=frozenset({model}))
-            for model, uuids in sorted(by_model.items())]
