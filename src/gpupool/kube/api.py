@@ -12,11 +12,12 @@ stream (``timeout_s``); ``gpupool.kube.informer`` turns list + watch into a
 resilient feed. A ``KubeApi`` is not shared between threads that watch: use
 ``fork()`` to get a second connection with the same configuration.
 
-The calls on the bind path (the Binding, the GPULedger get / create / patch)
-and the watches go through ``gpupool.kube.transport.LeanTransport`` (stdlib
-``http.client``, kept-alive connections, msgspec) when it can serve the
-configuration faithfully, and through lightkube otherwise; the rule is in that
-module's docstring. Both decode into the same models and raise the same errors.
+The calls on the bind path (the Binding, the GPULedger get / create / patch),
+the lists and the watches go through ``gpupool.kube.transport.LeanTransport``
+(stdlib, kept-alive connections, msgspec; the calls' shapes are in ``kube.lean``)
+when it can serve the configuration faithfully, and through lightkube otherwise;
+the rule is in the transport's docstring. Both decode into the same models and
+raise the same errors.
 """
 
 from __future__ import annotations
@@ -25,19 +26,16 @@ import contextlib
 import logging
 import threading
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
-from urllib.parse import quote, urlencode
+from typing import Any, TypeVar
+from urllib.parse import quote
 
 import httpx2
 import lightkube
 import msgspec
 from lightkube.config.kubeconfig import KubeConfig
 from lightkube.config.models import Cluster, User
-from lightkube.core import resource as lk_resource
-from lightkube.core.decoders import decode_list, decode_object, decode_watch_event
+from lightkube.core.decoders import decode_list, decode_object
 from lightkube.core.exceptions import ConfigError
-from lightkube.core.selector import build_selector
 from lightkube.generic_resource import create_global_resource
 from lightkube.models.core_v1 import ObjectReference
 from lightkube.models.meta_v1 import ObjectMeta
@@ -45,9 +43,11 @@ from lightkube.resources.core_v1 import Node, Pod
 from lightkube.types import PatchType
 
 from gpupool.contract import names
+from gpupool.kube import lean
 from gpupool.kube.errors import KubeError, from_status
+from gpupool.kube.lean import Listing as Listing  # re-exported: callers list through KubeApi
 from gpupool.kube.summaries import PodSummary
-from gpupool.kube.transport import MERGE_PATCH, LeanTransport, proxied, status_error, unsupported
+from gpupool.kube.transport import MERGE_PATCH, LeanTransport, proxied, unsupported
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -62,14 +62,6 @@ GPULedger = create_global_resource(names.GROUP, _V, "GPULedger", "gpuledgers")
 FIELD_MANAGER = "gpupool"
 LABEL_NODE = names.LABEL_NODE  # GPUDevice label: the node the GPU is in
 LABEL_MODEL = names.LABEL_MODEL  # GPUDevice label: the GPU model
-
-
-@dataclass(frozen=True, slots=True)
-class Listing(Generic[T]):
-    """The objects of a list call and the resourceVersion to watch from."""
-
-    items: list[T]
-    resource_version: str
 
 
 @contextlib.contextmanager
@@ -171,7 +163,7 @@ class KubeApi:
               fields: Mapping[str, Any] | None = None, namespace: str | None = None
               ) -> Listing[Any]:
         if self.lean is not None and namespace is None:
-            return self._lean_list(res, f"list {what}", labels, fields)
+            return lean.list_objects(self.lean, res, f"list {what}", labels, fields)
         with _translated(f"list {what}"):
             kwargs: dict[str, Any] = {"labels": labels, "fields": fields}
             if res in (Pod, PodSummary):
@@ -184,53 +176,9 @@ class KubeApi:
                labels: Mapping[str, Any] | None = None, fields: Mapping[str, Any] | None = None
                ) -> Iterator[tuple[str, Any]]:
         if self.lean is not None:
-            return self._lean_watch(res, f"watch {what}", resource_version, timeout_s,
-                                    labels, fields)
+            return lean.watch_objects(self.lean, res, f"watch {what}", resource_version,
+                                      timeout_s, labels, fields)
         return self._lightkube_watch(res, what, resource_version, timeout_s, labels, fields)
-
-    def _lean_list(self, res: Any, what: str, labels: Mapping[str, Any] | None,
-                   fields: Mapping[str, Any] | None) -> Listing[Any]:
-        """Every object of ``res`` in every namespace, page after page while the server
-        hands out a ``continue`` token (the list lightkube would make, read without
-        httpx: a rebuild lists tens of MB)."""
-        assert self.lean is not None
-        params = {"labelSelector": build_selector(dict(labels)) if labels else None,
-                  "fieldSelector": build_selector(dict(fields), for_fields=True) if fields
-                  else None}
-        items: list[Any] = []
-        version, token = "", None
-        while True:
-            query = urlencode({k: v for k, v in {**params, "continue": token}.items() if v})
-            data = self.lean.request("GET", f"{_path(res)}?{query}" if query else _path(res),
-                                     what)
-            try:
-                token, page_version, page = decode_list(data, res)
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                raise KubeError(f"{what}: the answer is not a list ({exc})") from None
-            items.extend(page)
-            version = version or page_version or ""
-            if not token:
-                return Listing(items, version)
-
-    def _lean_watch(self, res: Any, what: str, resource_version: str, timeout_s: int | None,
-                    labels: Mapping[str, Any] | None, fields: Mapping[str, Any] | None
-                    ) -> Iterator[tuple[str, Any]]:
-        assert self.lean is not None
-        params = {"watch": "true", "resourceVersion": resource_version or None,
-                  "timeoutSeconds": timeout_s,
-                  "labelSelector": build_selector(dict(labels)) if labels else None,
-                  "fieldSelector": build_selector(dict(fields), for_fields=True) if fields
-                  else None}
-        query = urlencode({k: v for k, v in params.items() if v is not None})
-        for line in self.lean.stream(f"{_path(res)}?{query}", what, timeout_s):
-            try:
-                event = decode_watch_event(line)
-                if event.type == "ERROR":
-                    raise status_error(bytes(event.object), what)
-                obj = decode_object(event.object, res)
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                raise KubeError(f"{what}: an event that is not a watch event ({exc})") from None
-            yield event.type, obj
 
     def _lightkube_watch(self, res: Any, what: str, resource_version: str,
                          timeout_s: int | None, labels: Mapping[str, Any] | None,
@@ -380,7 +328,7 @@ class KubeApi:
 
     def get_ledger(self, node: str) -> KubeObject:
         if self.lean is not None:
-            return self._lean_object("GET", f"{_LEDGERS}/{quote(node, safe='')}",
+            return lean.object_call(self.lean, "GET", f"{_LEDGERS}/{quote(node, safe='')}",
                                      f"get GPULedger {node}")
         with _translated(f"get GPULedger {node}"):
             return dict(self.client.get(GPULedger, node))
@@ -388,7 +336,7 @@ class KubeApi:
     def create_ledger(self, obj: Mapping[str, Any]) -> KubeObject:
         if self.lean is not None:
             body = {"apiVersion": names.API_VERSION, "kind": "GPULedger", **obj}
-            return self._lean_object("POST", f"{_LEDGERS}?fieldManager={FIELD_MANAGER}",
+            return lean.object_call(self.lean, "POST", f"{_LEDGERS}?fieldManager={FIELD_MANAGER}",
                                      f"create GPULedger {_name(obj)}", _ENCODE(body))
         with _translated(f"create GPULedger {_name(obj)}"):
             return dict(self.client.create(GPULedger.from_dict(dict(obj))))
@@ -402,38 +350,17 @@ class KubeApi:
             meta["resourceVersion"] = resource_version
             body["metadata"] = meta
         if self.lean is not None:
-            return self._lean_object(
+            return lean.object_call(self.lean,
                 "PATCH", f"{_LEDGERS}/{quote(node, safe='')}?fieldManager={FIELD_MANAGER}",
                 f"update GPULedger {node}", _ENCODE(body), MERGE_PATCH)
         with _translated(f"update GPULedger {node}"):
             return dict(self.client.patch(GPULedger, node, body, patch_type=PatchType.MERGE))
 
-    def _lean_object(self, method: str, path: str, what: str, body: bytes | None = None,
-                     content_type: str = "application/json") -> KubeObject:
-        assert self.lean is not None
-        data = self.lean.request(method, path, what, body, content_type)
-        try:
-            obj = _DECODE(data)
-        except msgspec.DecodeError as exc:
-            raise KubeError(f"{what}: the answer is not JSON ({exc})") from None
-        if not isinstance(obj, dict):
-            raise KubeError(f"{what}: the answer is not an object")
-        return obj
-
 
 _ENCODE = msgspec.json.Encoder().encode
-_DECODE = msgspec.json.Decoder().decode
 
 
-def _path(res: Any) -> str:
-    """The URL path of ``res``'s objects in every namespace."""
-    info = lk_resource.api_info(res)
-    base = info.resource
-    root = f"/api/{base.version}" if not base.group else f"/apis/{base.group}/{base.version}"
-    return f"{root}/{info.plural}"
-
-
-_LEDGERS = _path(GPULedger)
+_LEDGERS = lean.path_of(GPULedger)
 
 
 def _name(obj: Mapping[str, Any]) -> str:
