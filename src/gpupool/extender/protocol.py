@@ -38,9 +38,9 @@ def _folded(body: Any, what: str) -> dict[str, Any]:
 @dataclass(frozen=True, slots=True)
 class ExtenderArgs:
     """Filter / prioritize input: the pod, and the node names as a JSON array (or whole
-    node objects, whose names are then also rendered to ``names_json``). ``names`` holds
-    the names already decoded where they were (a NodeList's, a decoded body's), so they
-    are looked up as they are rather than parsed again from ``names_json``."""
+    node objects: ``nodes``, and ``names_json`` is empty). ``names`` holds the names
+    already decoded where they were (a NodeList's, a decoded body's), so they are looked
+    up as they are rather than parsed again from ``names_json``."""
 
     pod: Mapping[str, Any]
     names_json: bytes
@@ -97,8 +97,7 @@ def _with_nodes(pod: Mapping[str, Any], node_list: Any) -> ExtenderArgs:
     items = _folded(node_list, "ExtenderArgs.Nodes").get("items") or []
     if not isinstance(items, list) or len(items) > MAX_NODES:
         raise InvalidInput("ExtenderArgs.Nodes.items must be a list of nodes")
-    names = [_node_name(n) for n in items]
-    return ExtenderArgs(pod, msgspec.json.encode(names), items, names)
+    return ExtenderArgs(pod, b"", items, [_node_name(n) for n in items])
 
 
 def _node_name(node: Any) -> str:

@@ -170,8 +170,10 @@ class Extender:
                     state, request, constraints, self.cache.catalogue_version, sent.names, idx,
                     ok)
                 passing = np.flatnonzero(ok)
-                names_json = table.names_json(idx[passing])
-                table.remember(names_json, idx[passing])  # what prioritize is sent next
+                names_json = b""  # a NodeList is answered with its node objects
+                if args.cache_capable:
+                    names_json = table.names_json(idx[passing])
+                    table.remember(names_json, idx[passing])  # what prioritize is sent next
             self._remember(Cycle(request.key, self._stamp(state), constraints, cands))
         self.metrics.decisions.labels(
             "filter", "fits" if passing is None or passing.size else "unschedulable").inc()
