@@ -4,10 +4,12 @@ leaves to lightkube."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -235,29 +237,33 @@ def test_a_static_token_is_sent() -> None:
         wrong.close()
 
 
-def test_a_token_file_is_read_again_when_it_changes(tmp_path: Path) -> None:
+@contextlib.contextmanager
+def token_file_client(tmp_path: Path, text: str
+                      ) -> Iterator[tuple[Path, list[str], RawServer, KubeApi]]:
+    """A token file holding ``text``, a server that accepts its token (``expected[0]``,
+    changeable), and a client that has made one call with it."""
     token = tmp_path / "token"
-    token.write_text("one\n")
-    expected = ["one"]
+    token.write_text(text)
+    expected = [text.strip()]
     with authorised(expected) as server:
         api = KubeApi(token_config(server.url, token_file=str(token)), trust_env=False)
         api.get_ledger("n1")
+        yield token, expected, server, api
+        api.close()
+
+
+def test_a_token_file_is_read_again_when_it_changes(tmp_path: Path) -> None:
+    with token_file_client(tmp_path, "one\n") as (token, expected, server, api):
         expected[0] = "two"
         token.write_text("two\n")
         os.utime(token, ns=(time.time_ns() + 10**9, time.time_ns() + 10**9))
         api.get_ledger("n1")
         assert [r.headers["authorization"] for r in server.requests] == [
             "Bearer one", "Bearer two"]
-        api.close()
 
 
 def test_a_401_reads_the_token_file_again_even_if_it_looks_unchanged(tmp_path: Path) -> None:
-    token = tmp_path / "token"
-    token.write_text("one")
-    expected = ["one"]
-    with authorised(expected) as server:
-        api = KubeApi(token_config(server.url, token_file=str(token)), trust_env=False)
-        api.get_ledger("n1")
+    with token_file_client(tmp_path, "one") as (token, expected, server, api):
         stamp = token.stat()
         with open(token, "r+") as f:  # same inode, size and modification time
             f.write("two")
@@ -266,7 +272,6 @@ def test_a_401_reads_the_token_file_again_even_if_it_looks_unchanged(tmp_path: P
         api.get_ledger("n1")
         assert [r.headers["authorization"] for r in server.requests] == [
             "Bearer one", "Bearer one", "Bearer two"]
-        api.close()
 
 
 def test_a_missing_token_file_is_a_kube_error(tmp_path: Path) -> None:
