@@ -128,16 +128,38 @@ def test_rows_of_any_sent_list_equal_a_dict_lookup(layout: list[str], extra: lis
     assert t.match(spaced).rows.tolist() == expected_rows(layout, sent)
 
 
-def test_colliding_hash_slots_are_probed_until_the_right_name() -> None:
-    names = [f"node-{i}" for i in range(5000)]
-    t = table(names)
+def slots_of(t: NameTable, names: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """The two slots of each of ``names`` in ``t``."""
     utf8 = [n.encode() for n in names]
     lens = np.array([len(n) for n in utf8])
-    words = _words(b"".join(utf8), np.cumsum(lens) - lens, lens, t.width)
-    home = (_hash(words) >> np.uint64(64 - t.bits)).astype(np.int64)
-    assert (t.slots[home] != np.arange(len(names))).any()  # some names were displaced
+    return nodenames._slots(_hash(_words(b"".join(utf8), np.cumsum(lens) - lens, lens,
+                                          t.width)), t.bits)
+
+
+def test_names_not_in_their_first_slot_are_found_in_their_second() -> None:
+    names = [f"node-{i}" for i in range(5000)]
+    t = table(names)
+    first, second = slots_of(t, names)
+    rows = np.arange(len(names))
+    in_first = t.slots["row"][first] == rows
+    assert (~in_first).any()  # some names were moved to their second slot
+    assert (in_first | (t.slots["row"][second] == rows)).all() and not t.overflow
     sent = [*random.Random(5).sample(names, 5000), "node-5000", "node-"]
     assert t.match(msgspec.json.encode(sent)).rows.tolist() == expected_rows(names, sent)
+
+
+def test_names_in_no_slot_are_found_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every name hashing alike (the same two slots for all) leaves all but two out of the
+    table, and a name too long for the words kept has no slot: all are still found."""
+    monkeypatch.setattr(nodenames, "_hash", lambda words: np.ones(words.shape[1], np.uint64))
+    names = [f"node-{i}" for i in range(50)] + ["q" * 600]
+    t = table(names)
+    assert len(t.overflow) == len(names) - 2
+    sent = [*random.Random(6).sample(names, len(names)), "node-50", "q" * 599]
+    matched = t.match(msgspec.json.encode(sent))
+    assert matched.rows.tolist() == expected_rows(names, sent)
+    assert {matched.names[k] for k in np.flatnonzero(matched.rows < 0).tolist()} == {
+        "node-50", "q" * 599}
 
 
 def test_a_name_equal_but_for_trailing_zero_bytes_is_not_taken_for_the_name() -> None:
@@ -156,19 +178,16 @@ def test_passing_names_of_one_length_render_by_gather_in_row_order() -> None:
 
 @pytest.mark.parametrize("pattern", ["n{:05d}", "node-{}", "ip-10-0-{}.ec2.internal", "gpu{}"])
 @pytest.mark.parametrize("count", [100, 1000, 5000])
-def test_names_a_digit_apart_sit_near_their_home_slots(pattern: str, count: int) -> None:
-    """Numbered node names must not pile up in long runs of neighbouring slots (each
-    step of a run is one more vectorised probe round for every name in it)."""
+def test_names_a_digit_apart_mostly_sit_in_their_first_slot(pattern: str, count: int) -> None:
+    """Numbered node names must spread over the table (each name not in its first slot
+    costs a second gather), and every name must sit in one of its two slots."""
     names = [pattern.format(i) for i in range(count)]
     t = table(names)
-    utf8 = [n.encode() for n in names]
-    lens = np.array([len(n) for n in utf8])
-    home = (_hash(_words(b"".join(utf8), np.cumsum(lens) - lens, lens, t.width))
-            >> np.uint64(64 - t.bits)).astype(np.int64)
-    where = np.empty(count, np.int64)
-    taken = np.flatnonzero(t.slots >= 0)
-    where[t.slots[taken]] = taken
-    assert ((where - home) & (len(t.slots) - 1)).max() <= 16
+    first, second = slots_of(t, names)
+    rows = np.arange(count)
+    in_first = t.slots["row"][first] == rows
+    assert in_first.mean() >= 0.8
+    assert (in_first | (t.slots["row"][second] == rows)).all() and not t.overflow
 
 
 def test_short_lists_are_decoded_and_long_ones_tokenised(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -181,8 +200,8 @@ def test_short_lists_are_decoded_and_long_ones_tokenised(monkeypatch: pytest.Mon
         return tokens(raw)
 
     monkeypatch.setattr(nodenames, "tokens", counted)
-    short = msgspec.json.encode(names[:1000])
-    assert t.match(short).rows.tolist() == list(range(1000))
+    short = msgspec.json.encode(names[:500])
+    assert t.match(short).rows.tolist() == list(range(500))
     assert seen == []
     whole = msgspec.json.encode(names[::-1])
     assert t.match(whole).rows.tolist() == list(range(2999, -1, -1))

@@ -11,12 +11,19 @@ as the decision itself. So a list stays the JSON array it came in as, and a
   rows after one ``memcmp``;
 * a list in the form Go's encoder writes (``["a","b"]``: compact, no escapes) is
   tokenised with numpy (the positions of its quotes) and looked up in a hash table
-  of the layout's names, read as little-endian 8-byte words. The hash only narrows
-  the search: a row is taken only when every word of the name equals the row's;
+  of the layout's names, read as little-endian 8-byte words. The table is a
+  two-choice (cuckoo) table: every name sits in one of two slots picked by its hash,
+  each slot holding the row, the length and the words of its name, so a lookup is
+  one gather of slot records for every name, and a second for the few (~8 %) not in
+  their first slot: no probe rounds. The hash only narrows the search: a row is
+  taken only when the length and every word of the name equal the slot's;
 * anything else (whitespace between tokens, escapes, malformed lists), and lists of
-  fewer than about 2,000 names (where numpy's fixed costs outweigh it: 1,000 names
-  take ~0.09 ms this way, ~0.15 ms the other), is decoded by msgspec, checked and
-  looked up in a dict (5,000 shuffled names: ~0.3 ms by numpy, ~0.5 ms by the dict).
+  fewer than about 1,000 names (where numpy's fixed costs outweigh it: 500 names
+  take ~0.07-0.1 ms this way, ~0.15 ms the other), is decoded by msgspec, checked and
+  looked up in a dict (5,000 shuffled names: ~0.2 ms by numpy, ~0.45 ms by the dict).
+* names that found no slot (names over 512 bytes; rows the cuckoo table could not
+  place, which needs a freak run of hash collisions) are looked up by name among
+  those the table did not find, so a lookup is exact whatever the hashes do.
 
 Answers are rendered from per-layout entries gathered by row: a filter's passing
 names (compact, so prioritize's copy of it is byte-identical) and a prioritize
@@ -39,7 +46,7 @@ from gpupool.core.state import IntArray
 MAX_NODES = 100_000
 MAX_SCORE = 10  # MaxExtenderPriority
 RECENT_LISTS = 8
-SHORT_LIST = 2000  # names: below, decoding and a dict cost less than numpy's fixed costs
+SHORT_LIST = 1000  # names: below, decoding and a dict cost less than numpy's fixed costs
 QUOTE, COMMA, SPACE = ord('"'), ord(","), ord(" ")
 NOT_A_LIST = "ExtenderArgs.NodeNames must be a list of node names"
 NOT_A_NAME = "ExtenderArgs.NodeNames holds something that is not a node name"
@@ -141,17 +148,19 @@ def checked_names(names: object) -> list[str]:
 
 def _words(data: bytes, starts: IntArray, lens: IntArray, width: int) -> np.ndarray:
     """``(width, names)`` uint64: word ``j`` of a name holds its bytes ``8j..8j+7``,
-    little-endian, zero past its end."""
+    little-endian, zero past its end (one gather for all the words, one mask for the
+    words that names end in)."""
     padded = data + bytes(8 * width)
     view = np.ndarray((len(padded) - 7,), "<u8", buffer=padded, strides=(1,))
     words = np.zeros((width, len(starts)), "<u8")
-    shortest, longest = (int(lens.min()), int(lens.max())) if len(lens) else (0, 0)
-    for j in range(min(width, (longest + 7) // 8)):  # the words past every name stay 0
-        if 8 * (j + 1) <= shortest:  # every name fills this word
-            words[j] = view[starts + 8 * j]
-        else:
-            np.bitwise_and(view[starts + 8 * j], _MASKS.take(np.clip(lens - 8 * j, 0, 8)),
-                           out=words[j])
+    if not len(starts):
+        return words
+    used = min(width, (int(lens.max()) + 7) // 8)  # the words past every name stay 0
+    words[:used] = view[starts + np.arange(0, 8 * used, 8)[:, None]]
+    full = int(lens.min()) // 8  # every name fills the words before this one
+    if full < used:
+        left = np.clip(lens - np.arange(8 * full, 8 * used, 8)[:, None], 0, 8)
+        words[full:used] &= _MASKS.take(left)
     return words
 
 
@@ -174,8 +183,45 @@ def _fmix64(h: np.ndarray) -> np.ndarray:
     return mixed
 
 
+def _slots(hashes: np.ndarray, bits: int) -> tuple[IntArray, IntArray]:
+    """A name's two slots: the top and the bottom ``bits`` bits of its hash."""
+    first = (hashes >> np.uint64(64 - bits)).astype(np.int64)
+    second = (hashes & np.uint64((1 << bits) - 1)).astype(np.int64)
+    return first, second
+
+
+def _cuckoo(first: list[int], second: list[int], size: int, skip: list[bool]
+            ) -> tuple[list[int], list[int]]:
+    """(the row in each slot, -1 when empty; the rows in no slot). Each row goes to one
+    of its two slots; a row finding both taken evicts the occupant of one, which moves
+    to its own other slot, and so on (cuckoo hashing; a quarter full, the chains are
+    short). A row still homeless after ``MAX_MOVES`` moves, and every row of ``skip``
+    (names too long for the words kept), is left out: those are found by name."""
+    occupant = [-1] * size
+    homeless = [row for row, s in enumerate(skip) if s]
+    for row in range(len(first)):
+        if skip[row]:
+            continue
+        moving, slot = row, first[row]
+        for _ in range(MAX_MOVES):
+            if occupant[slot] < 0:
+                occupant[slot] = moving
+                break
+            occupant[slot], moving = moving, occupant[slot]
+            slot = second[moving] if slot == first[moving] else first[moving]
+        else:
+            homeless.append(moving)
+    return occupant, homeless
+
+
+def _slot_dtype(width: int) -> np.dtype:
+    """A slot: the row of the name in it (-1: empty), its length and its words."""
+    return np.dtype([("row", "<i8"), ("len", "<i8"), ("words", "<u8", (width,))])
+
+
 _MASKS = np.array([(1 << (8 * b)) - 1 for b in range(9)], np.uint64)  # the low b bytes
 MAX_WORDS = 64  # names of up to 512 bytes (DNS subdomains have 253 at most)
+MAX_MOVES = 500  # cuckoo moves before a row is left to the lookup by name
 
 
 class NameTable:
@@ -191,19 +237,19 @@ class NameTable:
         self.short_list_bytes = int(SHORT_LIST * (mean_quoted + 1))  # about SHORT_LIST names
         self.width = min(MAX_WORDS, max(1, (max(map(len, utf8), default=0) + 7) // 8))
         blob = b"".join(utf8)
-        self.lens = np.array([len(b) for b in utf8], np.int64)
-        starts = np.cumsum(self.lens) - self.lens
-        self.words = _words(blob, starts, self.lens, self.width)
-        hashes = _hash(self.words)
-        self.bits = max(4, (4 * len(names)).bit_length())
-        self.slots = np.full(1 << self.bits, -1, np.int32)  # row per slot, -1: none
-        mask = (1 << self.bits) - 1
-        for row, slot in enumerate((hashes >> np.uint64(64 - self.bits)).tolist()):
-            if self.lens[row] > 8 * self.width:
-                continue
-            while self.slots[slot] >= 0:  # linear probing (once per layout)
-                slot = (slot + 1) & mask
-            self.slots[slot] = row
+        lens = np.array([len(b) for b in utf8], np.int64)
+        words = _words(blob, np.cumsum(lens) - lens, lens, self.width)
+        self.bits = max(4, (4 * len(names)).bit_length())  # a quarter full at most
+        first, second = _slots(_hash(words), self.bits)
+        occupant, self.overflow = _cuckoo(first.tolist(), second.tolist(), 1 << self.bits,
+                                          (lens > 8 * self.width).tolist())
+        self.slots = np.zeros(1 << self.bits, _slot_dtype(self.width))
+        rows = np.array(occupant, np.int64)
+        filled = np.flatnonzero(rows >= 0)
+        self.slots["row"] = -1
+        self.slots["row"][filled] = rows[filled]
+        self.slots["len"][filled] = lens[rows[filled]]  # 0 in an empty slot: no name is ""
+        self.slots["words"][filled] = words.T[rows[filled]]
         quoted = self.quoted.tolist()
         self.items = _fixed([q + b"," for q in quoted]) \
             if len(set(map(len, quoted))) == 1 else None  # names of one length: a gather
@@ -246,38 +292,45 @@ class NameTable:
         rows = np.full(count, -1, np.int64)
         if count and len(self.names):
             fits = np.flatnonzero(found.lens <= 8 * self.width)
-            self._probe(rows, fits, found.lens[fits],
-                        _words(raw, found.starts[fits], found.lens[fits], self.width))
-        rows.flags.writeable = False
+            self._find(rows, fits, found.lens[fits],
+                       _words(raw, found.starts[fits], found.lens[fits], self.width))
         unknown = np.flatnonzero(rows < 0)
         if not unknown.size:
+            rows.flags.writeable = False
             return Matched(rows, SentNames(count, {}))
         pieces = [raw[s - 1:s + n + 1] for s, n in zip(found.starts[unknown].tolist(),
                                                           found.lens[unknown].tolist(),
                                                           strict=True)]
         names = decode_names(b"[" + b",".join(pieces) + b"]")  # checks them (UTF-8)
-        return Matched(rows, SentNames(count, dict(zip(unknown.tolist(), names, strict=True))))
+        missing: dict[int, str] = {}
+        for k, name in zip(unknown.tolist(), names, strict=True):
+            row = self.index.get(name, -1) if self.overflow else -1  # rows in no slot
+            if row >= 0:
+                rows[k] = row
+            else:
+                missing[k] = name
+        rows.flags.writeable = False
+        return Matched(rows, SentNames(count, missing))
 
-    def _probe(self, rows: IntArray, todo: IntArray, lens: IntArray, words: np.ndarray
-               ) -> None:
-        """Fill ``rows[todo]`` with the rows whose length and words equal the sent
-        names' (vectorised linear probing: each round tries the next slot of the
-        names not settled yet, until an empty slot says a name is unknown)."""
-        slot = (_hash(words) >> np.uint64(64 - self.bits)).astype(np.int64)
-        mask = (1 << self.bits) - 1
-        while todo.size:
-            cand = self.slots.take(slot)
-            same = self.lens.take(cand) == lens
+    def _find(self, rows: IntArray, todo: IntArray, lens: IntArray, words: np.ndarray
+              ) -> None:
+        """Fill ``rows[todo]`` with the rows whose slot holds the sent name: its first
+        slot for all of them, its second for those the first did not hold."""
+        hashes = _hash(words)
+        held = self.slots.take((hashes >> np.uint64(64 - self.bits)).astype(np.intp))
+        same = held["len"] == lens
+        for j in range(self.width):
+            same &= held["words"][:, j] == words[j]
+        found = np.where(same, held["row"], -1)
+        other = np.flatnonzero(~same)
+        if other.size:
+            second = hashes[other] & np.uint64((1 << self.bits) - 1)
+            held = self.slots.take(second.astype(np.intp))
+            same = held["len"] == lens[other]
             for j in range(self.width):
-                same &= self.words[j].take(cand) == words[j]
-            occupied = cand >= 0
-            same &= occupied
-            rows[todo[same]] = cand[same]
-            more = occupied & ~same
-            if not more.any():
-                return
-            todo, slot = todo[more], (slot[more] + 1) & mask
-            lens, words = lens[more], words[:, more]
+                same &= held["words"][:, j] == words[j][other]
+            found[other] = np.where(same, held["row"], -1)
+        rows[todo] = found
 
     # -- rows -> answers ---------------------------------------------------------------------
     def names_json(self, rows: IntArray) -> bytes:
