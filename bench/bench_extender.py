@@ -55,6 +55,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -267,6 +268,28 @@ class LoopbackClient:
         self.sock.close()
 
 
+class ClientPerThread:
+    """One ``LoopbackClient`` per thread: the binds in flight each on a connection of
+    their own, as kube-scheduler's binding goroutines are."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self.local = threading.local()
+        self.made: list[LoopbackClient] = []
+
+    def __call__(self, verb: str, body: bytes) -> bytes:
+        client = getattr(self.local, "client", None)
+        if client is None:
+            client = self.local.client = LoopbackClient(self.url)
+            self.made.append(client)
+        answer: bytes = client(verb, body)
+        return answer
+
+    def close(self) -> None:
+        for client in self.made:
+            client.close()
+
+
 # -- the scheduler stand-in ------------------------------------------------------------------
 class FilterAnswer(msgspec.Struct, gc=False):
     """What kube-scheduler reads of a filter answer (node-cache capable). The names stay
@@ -396,22 +419,42 @@ def run_http(url: str, calls: list[PodCall], clock: ApiClock, client: str
         outcomes, wall = drive(http_call, calls)
         http_call.close()
         return summary(outcomes, wall, clock.bind_waits, time.process_time() - cpu)
-    with tempfile.NamedTemporaryFile(suffix=".msgpack") as f:
-        f.write(msgspec.msgpack.encode(calls))
-        f.flush()
-        out = subprocess.run([sys.executable, __file__, "--http-client-child", url, f.name],
-                             capture_output=True, check=True, timeout=600)
+    out = http_child(url, calls, "drive")
     cpu = time.process_time() - cpu  # the extender's process only: the client is a child
-    outcomes, wall = msgspec.json.decode(out.stdout.splitlines()[-1],
-                                         type=tuple[list[Outcome], float])
+    outcomes, wall = msgspec.json.decode(out, type=tuple[list[Outcome], float])
     return summary(outcomes, wall, clock.bind_waits, cpu)
 
 
-def http_client_child(url: str, path: str) -> None:
-    """In a child process: schedule the pods in ``path`` over HTTP, print the outcomes."""
+def run_http_pipelined(url: str, calls: list[PodCall]) -> dict[str, float]:
+    """``run_pipelined`` by a client in its own process: filter and prioritize on one
+    connection, each bind in flight on a connection of its own."""
+    cpu = time.process_time()
+    result: dict[str, float] = msgspec.json.decode(http_child(url, calls, "piped"))
+    result["cpu_ms"] = (time.process_time() - cpu) * 1e3 / max(1, len(calls))
+    return result
+
+
+def http_child(url: str, calls: list[PodCall], mode: str) -> bytes:
+    """Run ``http_client_child`` in a child process; its last line of output."""
+    with tempfile.NamedTemporaryFile(suffix=".msgpack") as f:
+        f.write(msgspec.msgpack.encode(calls))
+        f.flush()
+        out = subprocess.run([sys.executable, __file__, "--http-client-child", url, f.name,
+                              mode], capture_output=True, check=True, timeout=600)
+    return out.stdout.splitlines()[-1]
+
+
+def http_client_child(url: str, path: str, mode: str) -> None:
+    """In a child process: schedule the pods in ``path`` over HTTP one after another
+    (``drive``: print the outcomes) or with binds in flight (``piped``: print pods/s)."""
     calls = msgspec.msgpack.decode(Path(path).read_bytes(), type=list[PodCall])
     client = LoopbackClient(url)
-    print(msgspec.json.encode(drive(client, calls)).decode())
+    if mode == "piped":
+        binds = ClientPerThread(url)
+        print(msgspec.json.encode(run_pipelined(client, calls, binds)).decode())
+        binds.close()
+    else:
+        print(msgspec.json.encode(drive(client, calls)).decode())
     client.close()
 
 
@@ -435,10 +478,13 @@ def summary(outcomes: list[Outcome], wall: float, bind_waits: list[float], cpu_s
     return result
 
 
-def run_pipelined(call: Call, calls: list[PodCall]) -> dict[str, float]:
+def run_pipelined(call: Call, calls: list[PodCall], bind_call: Call | None = None
+                  ) -> dict[str, float]:
     """Sustained pods/s with binds in flight while the next pods are filtered, as
-    kube-scheduler runs its binding cycle asynchronously (8 binds at most in flight).
-    A bind refused because an earlier bind took the room is retried from filter."""
+    kube-scheduler runs its binding cycle asynchronously (8 binds at most in flight,
+    through ``bind_call``: by default ``call``). A bind refused because an earlier bind
+    took the room is retried from filter."""
+    binder = bind_call or call
     queue, retries, bound = list(reversed(calls)), 0, 0
     start = time.perf_counter()
     with ThreadPoolExecutor(max_workers=8) as pool:
@@ -448,7 +494,7 @@ def run_pipelined(call: Call, calls: list[PodCall]) -> dict[str, float]:
                 pod = queue.pop()
                 node = pick_host(pod, call)
                 if node is not None:
-                    inflight.append((pod, pool.submit(bind_to, call, pod, node)))
+                    inflight.append((pod, pool.submit(bind_to, binder, pod, node)))
             if inflight and (not queue or len(inflight) >= 8 or inflight[0][1].done()):
                 pod, future = inflight.pop(0)
                 if future.result():
@@ -536,6 +582,10 @@ def measure_policy(api: FakeApi, policy: str, opts: Options
         with ThreadedServer(build_app(ext)) as server:
             rows.append((f"{policy} HTTP loopback", run_http(server.url, pods("http"), clock,
                                                              opts.http_client)))
+            if opts.pipelined and opts.http_client == "process":
+                piped = run_http_pipelined(server.url, pods("hpl"))
+                rows[-1][1].update(pipelined=piped["pods_per_s"],
+                                   pipelined_cpu_ms=piped["cpu_ms"])
     feeds.stop(timeout_s=0.0)
     kube.close()
     return rows
@@ -607,6 +657,11 @@ def report(nodes: int, rows: list[tuple[str, dict[str, float]]], opts: Options) 
         cells = " ".join(f"{r[key + '_p50']:6.2f}/{r[key + '_p99']:6.2f}" for _, key in COLUMNS)
         print(f"{name:32} {cells} {r['pods_per_s']:7.0f} {piped} {r['cpu_ms']:7.2f} "
               f"{r['bound']:6.0f}")
+    for name, r in rows:
+        if "pipelined_cpu_ms" in r:
+            print(f"{name}, binds in flight: the extender's CPU {r['pipelined_cpu_ms']:.2f} "
+                  f"ms per pod, so one core serves {1e3 / r['pipelined_cpu_ms']:.0f} pods/s "
+                  "at most")
     by = dict(rows)
     d_ip = by.get(f"{DEFAULT_POLICY} in-process")
     b_ip, d_http = by.get(f"{BASELINE} in-process"), by.get(f"{DEFAULT_POLICY} HTTP loopback")
@@ -639,7 +694,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
     parser.add_argument("--rebuild-child", help=argparse.SUPPRESS)
-    parser.add_argument("--http-client-child", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--http-client-child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rebuild_child:
         rebuild_child(args.rebuild_child)
