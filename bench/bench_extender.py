@@ -563,6 +563,7 @@ def measure_policy(api: FakeApi, policy: str, opts: Options
     clock = ApiClock(kube)
     clock.follow(ext)
     ext.refresh_policy()
+    ext.warm()
     gc.freeze()  # as `gpupool extender` does after the rebuild
     names = sorted(cache.state.index)
     rng = random.Random(opts.seed)

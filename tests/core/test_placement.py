@@ -52,3 +52,12 @@ def test_among_restricts_the_candidate_nodes() -> None:
     hold_whole(s, "a", "n0", 0)
     p = placer().decide(s, pod("p", whole(1)), random.Random(1), among=np.array([1, 2]))
     assert p.allocation is not None and p.allocation.node in ("n1", "n2")
+
+
+def test_among_with_rows_repeated_and_unordered_counts_each_node_once() -> None:
+    s = cluster(node("n0", 2), node("n1", 2), node("n2", 2), node("n3", 2))
+    hold_whole(s, "a", "n2", 0, 1)
+    p = placer().decide(s, pod("p", whole(1)), random.Random(1),
+                        among=np.array([2, 3, 1, 3, 2, 1]))
+    assert p.feasible_nodes == 2
+    assert p.allocation is not None and p.allocation.node in ("n1", "n3")

@@ -170,3 +170,19 @@ def test_malformed_node_names_get_a_clear_error(ext: Extender, names: bytes, err
 ])
 def test_malformed_bodies_keep_their_error_texts(ext: Extender, raw: bytes, error: str) -> None:
     assert error in msgspec.json.decode(ext.filter_json(raw))["Error"]
+
+
+def test_warm_lays_out_the_name_table_the_first_filter_then_uses(
+        ext: Extender, monkeypatch: pytest.MonkeyPatch) -> None:
+    built: list[int] = []
+    real = nodenames.NameTable
+
+    def counted(names: list[str], index: dict[str, int]) -> nodenames.NameTable:
+        built.append(len(names))
+        return real(names, index)
+
+    monkeypatch.setattr("gpupool.extender.service.NameTable", counted)
+    ext.warm()
+    assert built == [len(WIDE + NARROW)]
+    answer = msgspec.json.decode(ext.filter_json(body(pod("1"), msgspec.json.encode(WIDE))))
+    assert answer["NodeNames"] == WIDE and built == [len(WIDE + NARROW)]  # not built again

@@ -72,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
     feeds = start_feeds(api, cache)
     log.info("cluster view rebuilt: %d GPU nodes, %d allocations; workload: %s",
              len(cache.state.nodes), len(cache.state.allocations), extender.refresh_policy())
+    extender.warm()
     gc.freeze()  # the rebuilt cache is long-lived: keep it out of every full collection
     stop = threading.Event()
     threading.Thread(target=_housekeeping, args=(extender, args, stop), daemon=True,

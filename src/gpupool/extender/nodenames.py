@@ -360,10 +360,8 @@ def _fixed(entries: Sequence[bytes]) -> np.ndarray:
     """``entries`` padded with spaces to one width, as a 1-d array of that many bytes each
     (``take`` gathers such rows several times faster than a 2-d uint8 array's)."""
     width = max(map(len, entries), default=1)
-    table = np.full((len(entries), width), SPACE, np.uint8)
-    for i, entry in enumerate(entries):
-        table[i, :len(entry)] = np.frombuffer(entry, np.uint8)
-    return table.view(np.dtype((np.void, width))).reshape(len(entries))
+    padded = b"".join([entry.ljust(width, b" ") for entry in entries])
+    return np.frombuffer(bytearray(padded), np.dtype((np.void, width)))  # writable
 
 
 TAILS = _fixed([b"%2d}," % s for s in range(MAX_SCORE + 1)])  # " 0}," .. "10},"

@@ -102,7 +102,7 @@ class Refusals:
     def _explain_stale(state: ClusterState, request: PodRequest, c: Constraints,
                        table: ReasonTable, rows: IntArray) -> None:
         stale = rows[table.version[rows] != state.version[rows]]
-        for i in np.unique(stale).tolist():
+        for i in sorted(set(stale.tolist())):
             reason = explain(state, request, i, c)
             name = state.nodes[i].name
             sentence = reason.sentence() if reason is not None else \
