@@ -29,6 +29,12 @@ REST behaviour:
   the pod is already bound or the Binding's ``metadata.uid`` is not the pod's.
 * ``.../status``: ``GET``/``PUT``/``PATCH`` touch only ``status``.
 * Errors are ``Status`` objects with ``Content-Type: application/json``.
+* ``commit_delay_s``: every write waits that long (on a thread: event-loop
+  timers round to whole milliseconds) before it applies, standing for the
+  trip to etcd; 0 by default. Benchmarks set it so the fake's answer time is
+  a chosen model rather than a side effect of its own CPU cost, which they
+  keep small (uvicorn's C stack, msgspec copies, each event line rendered once,
+  only the watches of the written kind woken).
 
 Python handle (thread-safe, for tests)::
 
@@ -50,9 +56,11 @@ import contextlib
 import json
 import socket
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator
 
+import msgspec
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -64,8 +72,10 @@ from gpupool.kube.fake_store import (  # re-exported for tests that seed or patc
     KINDS,
     ApiFailure,
     Kind,
+    Listener,
     Obj,
     Store,
+    event_line,
     merge_patch,
     status_body,
 )
@@ -78,7 +88,8 @@ __all__ = ["HISTORY", "KINDS", "ApiFailure", "FakeApiServer", "Kind", "Obj", "St
 class FakeApiServer:
     """The fake API server: an in-memory ``Store`` behind a Kubernetes-shaped REST app."""
 
-    def __init__(self) -> None:
+    def __init__(self, commit_delay_s: float = 0.0) -> None:
+        self.commit_delay_s = commit_delay_s
         self.store = Store()
         self.requests: list[tuple[str, str]] = []
         self._failures: list[tuple[str, str, int, str]] = []
@@ -129,12 +140,12 @@ class FakeApiServer:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-        # the pure-Python stack (h11 on asyncio) on purpose: the fake's answer times stay
-        # those earlier benchmarks measured, whatever HTTP extras are installed for the
-        # extender (uvloop, httptools), so before/after figures move with gpupool only
+        # uvicorn's C stack: in a benchmark the fake shares the machine's cores with the
+        # extender, so it should cost as little CPU as it can; how long a write takes to
+        # answer is modelled by ``commit_delay_s`` instead
         config = uvicorn.Config(self.app, log_level="warning", lifespan="off",
-                                timeout_graceful_shutdown=1, access_log=False, http="h11",
-                                loop="asyncio")
+                                timeout_graceful_shutdown=1, access_log=False, http="httptools",
+                                loop="uvloop")
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
                                         name="fake-apiserver", daemon=True)
@@ -149,8 +160,8 @@ class FakeApiServer:
     def stop(self) -> None:
         self._closing = True
         with self.store.lock:
-            for loop, event in self.store.listeners:
-                loop.call_soon_threadsafe(event.set)
+            for listener in self.store.listeners:
+                listener.loop.call_soon_threadsafe(listener.event.set)
         if self._server is not None:
             self._server.should_exit = True
         if self._thread is not None:
@@ -205,6 +216,10 @@ class FakeApiServer:
     async def _dispatch(self, request: Request, plural: str, ns: str | None, name: str | None,
                         sub: str) -> Response:
         m = request.method
+        if m != "GET" and self.commit_delay_s > 0:  # the write reaching etcd; then it applies
+            # on a thread: the event loop's timers round to whole milliseconds
+            await asyncio.get_running_loop().run_in_executor(None, time.sleep,
+                                                             self.commit_delay_s)
         if name is None:
             if m == "GET":
                 return await self._collection(request, plural, ns)
@@ -241,14 +256,14 @@ class FakeApiServer:
                      rv_text: str | None, timeout: float) -> AsyncIterator[bytes]:
         loop = asyncio.get_running_loop()
         event = asyncio.Event()
-        entry = (loop, event)
+        entry = Listener(loop, event, plural)
         with self.store.lock:
             self.store.listeners.append(entry)
         try:
             if rv_text in (None, "", "0"):
                 items, rv_now = self.store.select(plural, ns, labels, fields)
                 for obj in items:
-                    yield _line("ADDED", obj)
+                    yield event_line("ADDED", obj)
                 rv = int(rv_now)
             else:
                 rv = int(rv_text)
@@ -271,10 +286,10 @@ class FakeApiServer:
                 yield json.dumps({"type": "ERROR", "object": status_body(
                     exc.code, exc.reason, exc.message)}).encode() + b"\n"
                 return
-            for erv, etype, obj in events:
+            for erv, _, obj, line in events:
                 rv = erv
                 if Store._selected(obj, ns, labels, fields):
-                    yield _line(etype, obj)
+                    yield line
             if not events:
                 try:
                     await asyncio.wait_for(event.wait(), max(0.0, deadline - loop.time()))
@@ -282,19 +297,14 @@ class FakeApiServer:
                     return
 
 
-def _line(kind: str, obj: Obj) -> bytes:
-    return json.dumps({"type": kind, "object": obj}, separators=(",", ":")).encode() + b"\n"
-
-
 def _json(obj: Obj, code: int = 200) -> Response:
-    return Response(json.dumps(obj, separators=(",", ":")), status_code=code,
-                    media_type="application/json")
+    return Response(msgspec.json.encode(obj), status_code=code, media_type="application/json")
 
 
 async def _body(request: Request) -> Obj:
     try:
-        body = json.loads(await request.body())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        body = msgspec.json.decode(await request.body())
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise ApiFailure(400, "BadRequest", f"body is not JSON: {exc}") from None
     if not isinstance(body, dict):
         raise ApiFailure(400, "BadRequest", "body must be a JSON object")
@@ -323,12 +333,19 @@ def load_seed(server: FakeApiServer, path: str) -> int:
 
 
 def main() -> None:
-    """``python -m gpupool.kube.fake_apiserver [SEED.jsonl]``: serve on 127.0.0.1 (for
-    benchmarks that keep the fake out of the measured process); prints the URL."""
+    """``python -m gpupool.kube.fake_apiserver [SEED.jsonl] [--commit-delay-ms MS]``: serve
+    on 127.0.0.1 (for benchmarks that keep the fake out of the measured process); prints
+    the URL and the number of objects loaded."""
+    import argparse
     import sys
 
-    server = FakeApiServer()
-    count = load_seed(server, sys.argv[1]) if len(sys.argv) > 1 else 0
+    parser = argparse.ArgumentParser(prog="python -m gpupool.kube.fake_apiserver")
+    parser.add_argument("seed", nargs="?", help="JSON lines of {kind, object} to load")
+    parser.add_argument("--commit-delay-ms", type=float, default=0.0,
+                        help="how long every write waits before it applies (default 0)")
+    args = parser.parse_args()
+    server = FakeApiServer(args.commit_delay_ms / 1e3)
+    count = load_seed(server, args.seed) if args.seed else 0
     print(server.start(), count, flush=True)
     try:
         sys.stdin.read()  # until the parent closes our stdin
