@@ -1,39 +1,18 @@
-"""The FAKE API server's own rules: the modelled commit delay, which watches a write wakes,
-and the event lines it renders once for every watcher."""
+"""The FAKE API server's own rules: which watches a write wakes, and the event lines it
+renders once for every watcher."""
 
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 import msgspec
 
-from gpupool.kube.api import KubeApi
-from gpupool.kube.fake_apiserver import FakeApiServer
 from gpupool.kube.fake_store import Listener, Store, copied, event_line
 
 
 def node(name: str) -> dict[str, Any]:
     return {"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}}}
-
-
-def test_writes_wait_the_commit_delay_and_reads_do_not() -> None:
-    with FakeApiServer(commit_delay_s=0.05) as fake:
-        api = KubeApi.connect(server=fake.url)
-        try:
-            fake.seed("pods", {"metadata": {"name": "p", "namespace": "default"},
-                               "spec": {"containers": []}})
-            t0 = time.perf_counter()
-            api.bind_pod("default", "p", "", "n1")
-            wrote = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            pod = api.get_pod_json("default", "p")
-            read = time.perf_counter() - t0
-        finally:
-            api.close()
-    assert pod["spec"]["nodeName"] == "n1"
-    assert wrote >= 0.05 > read
 
 
 class RecordingLoop:

@@ -29,12 +29,10 @@ REST behaviour:
   the pod is already bound or the Binding's ``metadata.uid`` is not the pod's.
 * ``.../status``: ``GET``/``PUT``/``PATCH`` touch only ``status``.
 * Errors are ``Status`` objects with ``Content-Type: application/json``.
-* ``commit_delay_s``: every write waits that long (on a thread: event-loop
-  timers round to whole milliseconds) before it applies, standing for the
-  trip to etcd; 0 by default. Benchmarks set it so the fake's answer time is
-  a chosen model rather than a side effect of its own CPU cost, which they
-  keep small (uvicorn's C stack, msgspec copies, each event line rendered once,
-  only the watches of the written kind woken).
+* Cheap in CPU (uvicorn's C stack, msgspec copies, each event line rendered
+  once for all watchers, only the watches of the written kind woken): in a
+  benchmark it shares the machine's cores with the extender, where a real API
+  server would run elsewhere.
 
 Python handle (thread-safe, for tests)::
 
@@ -56,7 +54,6 @@ import contextlib
 import json
 import socket
 import threading
-import time
 import uuid
 from collections.abc import AsyncIterator
 
@@ -88,8 +85,7 @@ __all__ = ["HISTORY", "KINDS", "ApiFailure", "FakeApiServer", "Kind", "Obj", "St
 class FakeApiServer:
     """The fake API server: an in-memory ``Store`` behind a Kubernetes-shaped REST app."""
 
-    def __init__(self, commit_delay_s: float = 0.0) -> None:
-        self.commit_delay_s = commit_delay_s
+    def __init__(self) -> None:
         self.store = Store()
         self.requests: list[tuple[str, str]] = []
         self._failures: list[tuple[str, str, int, str]] = []
@@ -141,8 +137,7 @@ class FakeApiServer:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
         # uvicorn's C stack: in a benchmark the fake shares the machine's cores with the
-        # extender, so it should cost as little CPU as it can; how long a write takes to
-        # answer is modelled by ``commit_delay_s`` instead
+        # extender, so it should cost as little CPU as it can
         config = uvicorn.Config(self.app, log_level="warning", lifespan="off",
                                 timeout_graceful_shutdown=1, access_log=False, http="httptools",
                                 loop="uvloop")
@@ -216,10 +211,6 @@ class FakeApiServer:
     async def _dispatch(self, request: Request, plural: str, ns: str | None, name: str | None,
                         sub: str) -> Response:
         m = request.method
-        if m != "GET" and self.commit_delay_s > 0:  # the write reaching etcd; then it applies
-            # on a thread: the event loop's timers round to whole milliseconds
-            await asyncio.get_running_loop().run_in_executor(None, time.sleep,
-                                                             self.commit_delay_s)
         if name is None:
             if m == "GET":
                 return await self._collection(request, plural, ns)
@@ -333,19 +324,13 @@ def load_seed(server: FakeApiServer, path: str) -> int:
 
 
 def main() -> None:
-    """``python -m gpupool.kube.fake_apiserver [SEED.jsonl] [--commit-delay-ms MS]``: serve
-    on 127.0.0.1 (for benchmarks that keep the fake out of the measured process); prints
-    the URL and the number of objects loaded."""
-    import argparse
+    """``python -m gpupool.kube.fake_apiserver [SEED.jsonl]``: serve on 127.0.0.1 (for
+    benchmarks that keep the fake out of the measured process); prints the URL and the
+    number of objects loaded."""
     import sys
 
-    parser = argparse.ArgumentParser(prog="python -m gpupool.kube.fake_apiserver")
-    parser.add_argument("seed", nargs="?", help="JSON lines of {kind, object} to load")
-    parser.add_argument("--commit-delay-ms", type=float, default=0.0,
-                        help="how long every write waits before it applies (default 0)")
-    args = parser.parse_args()
-    server = FakeApiServer(args.commit_delay_ms / 1e3)
-    count = load_seed(server, args.seed) if args.seed else 0
+    server = FakeApiServer()
+    count = load_seed(server, sys.argv[1]) if len(sys.argv) > 1 else 0
     print(server.start(), count, flush=True)
     try:
         sys.stdin.read()  # until the parent closes our stdin
