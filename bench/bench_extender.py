@@ -42,8 +42,8 @@ not counted in the latencies (it is in pods/s, so it is kept cheap).
 
 The fake API server runs on uvicorn's C stack and copies and renders objects with
 msgspec, so that it takes as little as it can of the two cores it shares with the
-extender here (a real API server runs on other machines): 0.8-1.8 ms of CPU per pod,
-against 2.5-3.6 ms for the fake before it. It also answers sooner (a write 0.31-0.40 ms
+extender here (a real API server runs on other machines): 0.65-1.8 ms of CPU per pod,
+against 1.5-3.6 ms for the fake before it. It also answers sooner (a write 0.31-0.40 ms
 p50 in isolation, against 0.52-0.66), so bind's waits on the API ("total" minus "own")
 are about 0.45 ms shorter than in figures taken before; a real API server answers after
 etcd commits, in milliseconds, which is why "own" is reported beside "total".
