@@ -1,6 +1,7 @@
-"""Watch events that bring nothing new cost the cache little: a GPULedger version it
-already took in is not decoded again, and a pod update that changes none of the facts it
-keeps (a status update) does not wait for the cache lock."""
+"""Watch events cost the cache little: a GPULedger version it already took in is not
+decoded again, a pod update that changes none of the facts it keeps (a status update) is
+dropped, and no pod event waits for the cache lock (a decision holding it applies the
+queued events at its next flush)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from lightkube.core.decoders import decode_object
 from lightkube.resources.core_v1 import Node
 
 from gpupool.contract import annotations as records
+from gpupool.contract import names
 from gpupool.core.allocation import Allocation, Slice
 from gpupool.extender.cache import ClusterCache
 from gpupool.extender.ledger import Entry
@@ -65,21 +67,65 @@ def bound_pod(phase: str) -> dict[str, Any]:
     return pod
 
 
-def test_a_status_update_that_changes_no_fact_does_not_wait_for_the_lock() -> None:
+class LockHolder:
+    """Holds the cache lock on another thread (a decision in progress) until released."""
+
+    def __init__(self, cache: ClusterCache):
+        self.held, self.release = threading.Event(), threading.Event()
+        self.thread = threading.Thread(target=self._hold, args=(cache,))
+
+    def _hold(self, cache: ClusterCache) -> None:
+        with cache.lock:
+            self.held.set()
+            self.release.wait(5)
+
+    def __enter__(self) -> LockHolder:
+        self.thread.start()
+        assert self.held.wait(5)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release.set()
+        self.thread.join(5)
+
+
+def test_a_pod_event_never_waits_for_the_lock_and_the_next_flush_applies_it() -> None:
     cache = cache_with_node()
-    cache.pod_event("MODIFIED", summary(bound_pod("Pending")))
+    cache.pod_event("MODIFIED", summary(bound_pod("Pending")))  # lock free: applied at once
     assert cache.state.allocations["u1"].slices[0].gpu_position == 1
     running, finished = summary(bound_pod("Running")), summary(bound_pod("Succeeded"))
-    done = {name: threading.Event() for name in ("running", "finished")}
+    with LockHolder(cache):
+        done = threading.Event()
+        threading.Thread(target=lambda: (cache.pod_event("MODIFIED", running),
+                                         cache.pod_event("MODIFIED", finished),
+                                         done.set())).start()
+        assert done.wait(5)  # neither event waited for the decision's lock
+        assert "u1" in cache.state.allocations and len(cache.pending) == 1  # running: no news
+    assert "u1" in cache.state.allocations  # queued until the state is next read
+    with cache.lock:
+        cache.flush()
+    assert "u1" not in cache.state.allocations and not cache.pending
 
-    def deliver(name: str, pod: PodSummary) -> None:
-        cache.pod_event("MODIFIED", pod)
-        done[name].set()
 
-    with cache.lock:  # a decision in progress on another thread
-        threading.Thread(target=deliver, args=("running", running)).start()
-        threading.Thread(target=deliver, args=("finished", finished)).start()
-        assert done["running"].wait(5)
-        assert not done["finished"].wait(0.2)  # a fact changed: it waits for the lock
-    assert done["finished"].wait(5)
-    assert "u1" not in cache.state.allocations  # the finished pod released its GPU
+def test_queued_pod_events_apply_in_order_and_none_is_dropped_as_old_news() -> None:
+    cache = cache_with_node()
+    cache.pod_event("MODIFIED", summary(bound_pod("Pending")))
+    failed = bound_pod("Pending")
+    failed["metadata"]["annotations"] = records.encode(alloc("u1", 1), "2026-01-01T00:00:00Z",
+                                                       names.PHASE_FAILED)
+    with LockHolder(cache):
+        cache.pod_event("MODIFIED", summary(failed))  # queued: the decision failed
+        cache.pod_event("MODIFIED", summary(bound_pod("Pending")))  # equals the cache's
+        # facts, but an event is queued before it: queued too, not dropped
+        assert len(cache.pending) == 2
+    with cache.lock:
+        cache.flush()
+    assert cache.state.allocations["u1"].slices[0].gpu_position == 1  # the last word wins
+
+
+def test_a_relisting_applies_the_queued_events_first() -> None:
+    cache = cache_with_node()
+    with LockHolder(cache):
+        cache.pod_event("MODIFIED", summary(bound_pod("Pending")))  # queued
+    cache.sync_pods([summary(bound_pod("Succeeded"))])  # the newer listing wins
+    assert "u1" not in cache.state.allocations and not cache.pending

@@ -15,8 +15,12 @@ handler and every decision takes ``lock``. It keeps
 
 Layout changes arrive from watches at any rate; they are applied lazily
 (``flush``) before each decision so a burst of GPUDevice events costs one
-re-layout, not one per event. GPU health follows GPUDevice status and the
-heartbeat age (``sweep``).
+re-layout, not one per event. A pod event is applied at once when the lock is
+free; when a decision holds it (most of the time under load) the event is
+queued and the next ``flush`` applies it, in order, so the watch thread goes
+back to its socket instead of sleeping on the lock (each such wait cost the
+thread and the decision a futex round trip). GPU health follows GPUDevice
+status and the heartbeat age (``sweep``).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -58,6 +63,7 @@ class ClusterCache(Holdings):
         self.devices: dict[str, DeviceFacts] = {}
         self.pods: dict[str, PodFacts] = {}
         self.pods_on: dict[str, set[str]] = {}
+        self.pending: deque[tuple[str, PodFacts]] = deque()  # pod events not applied yet
         self.ledgers: dict[str, ledger.View] = {}
         self.dirty: set[str] = set()
         self.synced: set[str] = set()
@@ -67,6 +73,7 @@ class ClusterCache(Holdings):
     # -- pods -----------------------------------------------------------------------------------
     def sync_pods(self, pods: Iterable[Any]) -> None:
         with self.lock:
+            self._apply_pending()  # events of an earlier watch: older than this listing
             facts = [facts_of(p) for p in pods]
             seen = {f.uid for f in facts}
             with self.state.deferred():  # tens of thousands of holds: rows refresh once
@@ -78,9 +85,19 @@ class ClusterCache(Holdings):
 
     def pod_event(self, kind: str, pod: Any) -> None:
         f = facts_of(pod)  # pure: outside the lock the next decision waits for
-        if kind != "DELETED" and self.pods.get(f.uid) == f:
+        if kind != "DELETED" and not self.pending and self.pods.get(f.uid) == f:
             return  # nothing the cache keeps changed (e.g. a status update by the kubelet)
-        with self.lock:
+        self.pending.append((kind, f))
+        if self.lock.acquire(blocking=False):  # else the holder's next flush applies it
+            try:
+                self._apply_pending()
+            finally:
+                self.lock.release()
+
+    def _apply_pending(self) -> None:
+        """Apply the queued pod events, oldest first (under ``lock``)."""
+        while self.pending:
+            kind, f = self.pending.popleft()
             if kind == "DELETED":
                 self._forget_pod(f.uid)
             else:
@@ -180,6 +197,7 @@ class ClusterCache(Holdings):
         """Mark GPUs whose heartbeat went stale unhealthy (and fresh ones healthy again);
         release ledger-only holdings of unknown pods past the grace period."""
         with self.lock:
+            self._apply_pending()  # a pod deleted meanwhile releases its entries
             now = self.clock()
             for dev in self.devices.values():  # touch the state only where freshness flipped
                 fresh = inventory.is_fresh(dev, now, self.stale_after_s)
@@ -193,7 +211,9 @@ class ClusterCache(Holdings):
 
     # -- layout ------------------------------------------------------------------------------------
     def flush(self) -> None:
-        """Apply pending layout changes (call under ``lock`` before deciding)."""
+        """Apply queued pod events and pending layout changes (call under ``lock`` before
+        reading the state)."""
+        self._apply_pending()
         if not self.dirty:
             return
         self.freshness.clear()  # health was re-derived: the next sweep checks every GPU

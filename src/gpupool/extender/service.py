@@ -106,6 +106,7 @@ class Extender:
     def refresh_policy(self) -> str:
         """Re-derive the target workload from what the cluster runs; returns where from."""
         with self.cache.lock:
+            self.cache.flush()
             workload, note = observed_workload(self.cache.state, list(self.requests.values()))
             self.placer = Placer(make_policy(self.settings.policy,
                                              PolicyConfig(workload, self.settings.weights)))
@@ -340,6 +341,7 @@ class Extender:
     def usage_gpus(self) -> tuple[float, int]:
         """(allocated GPU share in whole GPUs, GPUs known) for the metrics scrape."""
         with self.cache.lock:
+            self.cache.flush()
             usage = self.cache.state.usage()
         return usage.allocated_milli / 1000, usage.gpus
 
