@@ -17,10 +17,11 @@ Layout changes arrive from watches at any rate; they are applied lazily
 (``flush``) before each decision so a burst of GPUDevice events costs one
 re-layout, not one per event. A pod event is applied at once when the lock is
 free; when a decision holds it (most of the time under load) the event is
-queued and the next ``flush`` applies it, in order, so the watch thread goes
-back to its socket instead of sleeping on the lock (each such wait cost the
-thread and the decision a futex round trip). GPU health follows GPUDevice
-status and the heartbeat age (``sweep``).
+queued and applied, in order, by whoever next reads the state (every reader
+flushes first), by the next event that finds the lock free, or by the periodic
+``sweep``. The watch thread goes back to its socket instead of sleeping on the
+lock (each such wait cost the thread and the decision a futex round trip).
+GPU health follows GPUDevice status and the heartbeat age (``sweep``).
 """
 
 from __future__ import annotations
