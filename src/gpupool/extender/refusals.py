@@ -45,6 +45,11 @@ class ReasonTable:
     check: IntArray
 
 
+def member(node: str, sentence: str) -> bytes:
+    """One rendered ``"node":"sentence"`` JSON object member."""
+    return msgspec.json.encode(node) + b":" + msgspec.json.encode(sentence)
+
+
 def members_json(members: list[bytes]) -> bytes:
     """A JSON object of rendered ``"key":"value"`` members."""
     return b"{" + b",".join(members) + b"}"
@@ -68,8 +73,8 @@ class Refusals:
         not ``ok`` (``idx``: their state rows, -1 for nodes without GPU inventory)."""
         fail = np.flatnonzero(~ok)
         rows = idx[fail]
-        unresolvable = [msgspec.json.encode(node_names[k]) + b":" + msgspec.json.encode(
-            f"node {node_names[k]}: {UNKNOWN_NODE}") for k in fail[rows < 0].tolist()]
+        unresolvable = [member(node_names[k], f"node {node_names[k]}: {UNKNOWN_NODE}")
+                        for k in fail[rows < 0].tolist()]
         rows = rows[rows >= 0]
         table = self._table(state, request, c, catalogue_version)
         self._explain_stale(state, request, c, table, rows)
@@ -107,7 +112,7 @@ class Refusals:
             name = state.nodes[i].name
             sentence = reason.sentence() if reason is not None else \
                 f"node {name}: {request.describe()} does not fit now"
-            table.member[i] = msgspec.json.encode(name) + b":" + msgspec.json.encode(sentence)
+            table.member[i] = member(name, sentence)
             table.permanent[i] = bool(reason is not None and reason.permanent)
             table.check[i] = CODE[reason.check.value] if reason is not None else OTHER
             table.version[i] = state.version[i]
