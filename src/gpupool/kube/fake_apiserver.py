@@ -274,8 +274,7 @@ class FakeApiServer:
             try:
                 events = self.store.events_after(rv, plural)
             except ApiFailure as exc:
-                yield json.dumps({"type": "ERROR", "object": status_body(
-                    exc.code, exc.reason, exc.message)}).encode() + b"\n"
+                yield event_line("ERROR", status_body(exc.code, exc.reason, exc.message))
                 return
             for erv, _, obj, line in events:
                 rv = erv
