@@ -359,6 +359,7 @@ class Extender:
                                f"the scheduler asked to bind {args.uid}")
         return pod_request(pod)
 
+
 def _sent(table: NameTable, args: protocol.ExtenderArgs) -> Matched:
     """The rows of the nodes ``args`` sends (names decoded already are not parsed again)."""
     return table.match(args.names_json) if args.names is None else \

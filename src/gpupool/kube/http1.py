@@ -1,11 +1,11 @@
 """One HTTP/1.1 request and its answer on an open socket: the lean transport's exchange.
 
-``http.client`` costs about 0.4 ms of CPU per call on the 2-core development machine,
-most of it building headers one ``putheader`` at a time and parsing the answer's
-headers through ``email.parser``; this exchange costs about 0.2 ms (both measured on
-one loopback server, ``docs/benchmarks.md``). It is used for the extender's writes (the
-GPULedger compare-and-swap and the Binding of every pod), where that difference is
-about a tenth of a pod's CPU. Connections (TCP, TLS) are still opened and closed by
+``http.client`` costs 0.14-0.16 ms of client CPU per write on the 2-core development
+machine, most of it building headers one ``putheader`` at a time and parsing the
+answer's headers through ``email.parser``; this exchange costs 0.06-0.07 ms (both
+measured by ``bench/bench_kube_writes.py`` on one loopback server; lightkube: 0.42-0.45).
+It is used for the extender's writes (the GPULedger compare-and-swap and the Binding of
+every pod): two per pod. Connections (TCP, TLS) are still opened and closed by
 ``http.client``; watches, which stream, still read through it.
 
 The answer is read as RFC 9112 says: informational (1xx) heads are skipped, the body
