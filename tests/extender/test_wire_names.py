@@ -141,9 +141,9 @@ def test_names_not_in_their_first_slot_are_found_in_their_second() -> None:
     t = table(names)
     first, second = slots_of(t, names)
     rows = np.arange(len(names))
-    in_first = t.slots["row"][first] == rows
+    in_first = t.slot_rows[first] == rows
     assert (~in_first).any()  # some names were moved to their second slot
-    assert (in_first | (t.slots["row"][second] == rows)).all() and not t.overflow
+    assert (in_first | (t.slot_rows[second] == rows)).all() and not t.overflow
     sent = [*random.Random(5).sample(names, 5000), "node-5000", "node-"]
     assert t.match(msgspec.json.encode(sent)).rows.tolist() == expected_rows(names, sent)
 
@@ -185,9 +185,9 @@ def test_names_a_digit_apart_mostly_sit_in_their_first_slot(pattern: str, count:
     t = table(names)
     first, second = slots_of(t, names)
     rows = np.arange(count)
-    in_first = t.slots["row"][first] == rows
+    in_first = t.slot_rows[first] == rows
     assert in_first.mean() >= 0.8
-    assert (in_first | (t.slots["row"][second] == rows)).all() and not t.overflow
+    assert (in_first | (t.slot_rows[second] == rows)).all() and not t.overflow
 
 
 def test_short_lists_are_decoded_and_long_ones_tokenised(monkeypatch: pytest.MonkeyPatch) -> None:
