@@ -24,7 +24,7 @@ from typing import Any
 
 from gpupool.contract import annotations as records
 from gpupool.contract import names
-from gpupool.core.allocation import Allocation
+from gpupool.core.allocation import Allocation, Slice
 from gpupool.core.errors import InvalidInput, UnknownName
 from gpupool.core.model import Node
 from gpupool.core.state import ClusterState
@@ -142,19 +142,24 @@ def check_fits(node: Node, held: Iterable[Allocation], new: Allocation, memory_u
     """Raise ``OverCommit`` unless ``held`` plus ``new`` fit the GPUs of ``node``.
 
     Health is ignored here (a GPU that turned unhealthy keeps its holders);
-    entries naming a GPU the node no longer has are skipped.
+    entries naming a GPU the node no longer has are skipped. Every slice is reserved
+    at once, as one allocation: the state adds up the slices of each GPU before it
+    compares them with the room, so the whole fits exactly when reserving the
+    entries one after another would (and costs one reservation, not one per entry).
     """
-    healthy = replace(node, gpus=tuple(replace(g, healthy=True) for g in node.gpus))
-    scratch = ClusterState([healthy], memory_unit_mib)
-    with scratch.deferred():
-        for alloc in held:
-            if alloc.key == new.key:
-                continue
-            try:
-                scratch.reserve(gpu_only(alloc, healthy))
-            except UnknownName:
-                continue
-        scratch.reserve(gpu_only(new, healthy))
+    if not all(g.healthy for g in node.gpus):
+        node = replace(node, gpus=tuple(replace(g, healthy=True) for g in node.gpus))
+    slices: list[Slice] = []
+    for alloc in held:
+        if alloc.key == new.key:
+            continue
+        try:
+            slices.extend(gpu_only(alloc, node).slices)
+        except UnknownName:
+            continue
+    mine = gpu_only(new, node)
+    together = replace(mine, slices=(*slices, *mine.slices))
+    ClusterState([node], memory_unit_mib).reserve(together)
 
 
 class Ledgers:
