@@ -3,16 +3,22 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
+from lightkube.core.decoders import decode_object
 
+from gpupool.contract import annotations as records
+from gpupool.contract import names
 from gpupool.contract.podspec_request import gpu_class_of, pod_request
-from gpupool.controller.observed import ANNOTATION_RESOURCE_GROUP
+from gpupool.controller.observed import holding_of
+from gpupool.core.allocation import Allocation, Slice
 from gpupool.core.errors import InvalidInput
 from gpupool.core.request import Affinity, Mode
 from gpupool.extender import pods as extender_pods
 from gpupool.extender import podspec as extender_podspec
+from gpupool.kube.summaries import PodSummary
 
 
 def pod(*containers: dict[str, Any], inits: tuple[dict[str, Any], ...] = (),
@@ -110,5 +116,35 @@ def test_the_class_of_a_pod_is_found_even_when_the_rest_is_broken() -> None:
     assert gpu_class_of({"spec": {"containers": "nonsense"}}) is None
 
 
-def test_the_controller_reads_the_group_annotation_the_extender_writes() -> None:
-    assert ANNOTATION_RESOURCE_GROUP == extender_pods.ANNOTATION_RESOURCE_GROUP
+def held_pod(notes: dict[str, str], labels: dict[str, str] | None = None, node: str = "n7",
+             phase: str = "Running") -> dict[str, Any]:
+    return {"metadata": {"name": "p", "namespace": "lab", "uid": "u1", "annotations": notes,
+                         "labels": labels or {}},
+            "spec": {"nodeName": node, "containers": [{"name": "main"}]},
+            "status": {"phase": phase}}
+
+
+def test_the_controller_and_the_extender_count_the_same_holdings_and_groups() -> None:
+    alloc = Allocation("u1", "n7", 1000, 1024, (Slice("GPU-a", 0, 4096, 20, "main"),))
+    decided = records.encode(alloc, "2026-01-02T03:04:05Z")
+    group = {names.ANNOTATION_RESOURCE_GROUP: "team-a"}
+    cases = {
+        "decided": held_pod(decided),
+        "decided, charged to a group": held_pod({**decided, **group}, {names.LABEL_GROUP: "x"}),
+        "decided, group by label": held_pod(decided, {names.LABEL_GROUP: "team-b"}),
+        "failed": held_pod({**decided, **records.phase_patch(names.PHASE_FAILED, "no GPU")}),
+        "bound elsewhere": held_pod(decided, node="n8"),
+        "not bound yet": held_pod(decided, node=""),
+        "finished": held_pod(decided, phase="Succeeded"),
+        "no decision": held_pod({}),
+    }
+    seen = set()
+    for case, obj in cases.items():
+        facts = extender_pods.facts_of(decode_object(json.dumps(obj).encode(), PodSummary))
+        held = holding_of(obj)
+        extender_held = None if facts.terminal else facts.decision
+        assert (held.allocation if held else None) == extender_held, case
+        if held is not None:
+            assert held.group == facts.group, case
+        seen.add((held is not None, held.group if held else None))
+    assert seen == {(True, None), (True, "team-a"), (True, "team-b"), (False, None)}

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from gpupool.contract import names
+from gpupool.contract.devices import read_device
 from gpupool.controller.defaults import ANNOTATION_MODELS, MANAGED_BY, class_name_for
 from gpupool.controller.observed import observe
 from gpupool.controller.reconcile import (
@@ -21,6 +22,7 @@ from gpupool.controller.reconcile import (
     reconcile,
 )
 from gpupool.controller.status import Verdict, condition, merge_diff
+from gpupool.core.errors import InvalidInput
 from gpupool.kube.fake_apiserver import merge_patch
 from tests.controller.builders import (
     GIB,
@@ -261,6 +263,23 @@ def test_a_broken_gpudevice_is_a_note_and_the_rest_reconciles() -> None:
     plan = plan_of([device("n1", 0), bad])
     assert [a.obj["metadata"]["name"] for a in actions(plan, CreateClass)] == ["a100-sxm4-80gb"]
     assert any("GPUDevice gpu-n1-1" in n and "memoryMiB" in n for n in plan.notes)
+
+
+
+def test_the_controller_sees_a_device_as_the_extender_does() -> None:
+    """One reader for both: a device the extender takes in is never one the controller
+    refuses (a memoryMiB of 0 or an index of true used to split them)."""
+    sick = device("n1", 0)
+    sick["status"] = {"health": "Unhealthy"}
+    seen = observe([device("n1", 1), sick], [], [], [])
+    assert [(p.gpu.index, p.gpu.healthy) for p in seen.gpus] == [(1, True), (0, False)]
+    assert seen.gpus[0].gpu == read_device(device("n1", 1)).gpu
+    for field, value in (("memoryMiB", 0), ("index", True)):
+        bad = device("n1", 2)
+        bad["spec"][field] = value
+        with pytest.raises(InvalidInput, match=field) as refused:
+            read_device(bad)
+        assert [p.message for p in observe([bad], [], [], []).problems] == [str(refused.value)]
 
 
 # -- idempotence ----------------------------------------------------------------

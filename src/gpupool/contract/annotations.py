@@ -105,6 +105,30 @@ def decode(key: str, annotations: Mapping[str, str]) -> Decision:
                     annotations.get(names.ANNOTATION_REASON, ""))
 
 
+def holding(key: str, annotations: Mapping[str, str] | None, node: str | None
+            ) -> Allocation | None:
+    """What a live pod holds by its decision: None when it has none, when the node agent
+    marked it ``failed``, or when it names another node than the one the pod is bound to
+    (``node``; empty or None: not bound yet). ``InvalidInput`` when it cannot be read.
+    (The extender's cache and the controller both count holdings by this rule.)"""
+    if not has_decision(annotations):
+        return None
+    decision = decode(key, annotations or {})
+    if decision.phase == names.PHASE_FAILED or (node and decision.allocation.node != node):
+        return None
+    return decision.allocation
+
+
+def group_of(annotations: Any, labels: Any) -> str | None:
+    """The resource group a pod is charged to: the one bind recorded
+    (``gpupool.io/resource-group``), else the one its ``gpupool.io/group`` label names
+    (a pod's annotations and labels as given; anything but a map counts as empty)."""
+    group = (annotations.get(names.ANNOTATION_RESOURCE_GROUP)
+             if isinstance(annotations, Mapping) else None) or \
+        (labels.get(names.LABEL_GROUP) if isinstance(labels, Mapping) else None)
+    return str(group) if group else None
+
+
 def phase_patch(phase: str, reason: str = "") -> dict[str, str]:
     """Annotations that advance the phase (the node agent's write)."""
     if phase not in names.PHASES:

@@ -10,21 +10,18 @@ names the object and what is wrong with it.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gpupool.contract import annotations as records
 from gpupool.contract import names
+from gpupool.contract.devices import read_device
 from gpupool.contract.podspec_request import gpu_class_of
 from gpupool.core.allocation import Allocation
 from gpupool.core.errors import InvalidInput
-from gpupool.core.model import Gpu, freeze_labels
+from gpupool.core.model import Gpu
 
 Obj = dict[str, Any]
-
-ANNOTATION_RESOURCE_GROUP = names.ANNOTATION_RESOURCE_GROUP
-"""Written by the extender at bind: the group the pod was charged to (chosen or named).
-The same key as ``gpupool.extender.pods.ANNOTATION_RESOURCE_GROUP`` (a test holds them equal)."""
 
 TERMINAL_PHASES = names.POD_TERMINAL_PHASES
 
@@ -76,39 +73,15 @@ def name_of(obj: Mapping[str, Any]) -> str:
 
 
 def gpu_of_device(obj: Mapping[str, Any]) -> PlacedGpu:
-    """The GPU a GPUDevice publishes; ``InvalidInput`` names the field that is wrong."""
-    name = name_of(obj) or "?"
-    spec = obj.get("spec")
-    if not isinstance(spec, Mapping):
-        raise InvalidInput(f"GPUDevice {name}: spec must be an object")
-    node, uuid, model = spec.get("node"), spec.get("uuid"), spec.get("model")
-    index, memory = spec.get("index"), spec.get("memoryMiB")
-    for field, value in (("node", node), ("uuid", uuid), ("model", model)):
-        if not isinstance(value, str) or not value:
-            raise InvalidInput(f"GPUDevice {name}: spec.{field} must be a non-empty string")
-    if not _whole(index) or not _whole(memory) or memory == 0:
-        raise InvalidInput(f"GPUDevice {name}: spec.index and spec.memoryMiB must be whole "
-                           f"numbers (memoryMiB > 0), got {index!r} and {memory!r}")
-    labels = spec.get("labels") or {}
-    if not isinstance(labels, Mapping):
-        raise InvalidInput(f"GPUDevice {name}: spec.labels must be a map of strings")
-    arch = spec.get("architecture")
-    if isinstance(arch, str) and arch:
-        labels = {"gpupool.io/architecture": arch, **labels}
-    numa = spec.get("numaNode")
-    healthy = _map(obj.get("status")).get("health", "Healthy") == "Healthy"
-    gpu = Gpu(str(uuid), int(str(index)), str(model), int(str(memory)),
-              int(str(numa)) if _whole(numa) else 0, healthy,
-              freeze_labels({str(k): str(v) for k, v in labels.items()}))
-    return PlacedGpu(str(node), gpu)
+    """The GPU a GPUDevice publishes, healthy as its status reports (read by the
+    contract's reader, as the extender reads it); ``InvalidInput`` names the field."""
+    dev = read_device(obj)
+    gpu = dev.gpu if dev.reported_healthy else replace(dev.gpu, healthy=False)
+    return PlacedGpu(dev.node, gpu)
 
 
 def _map(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
-
-
-def _whole(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def holding_of(pod: Mapping[str, Any]) -> PodHolding | None:
@@ -118,20 +91,17 @@ def holding_of(pod: Mapping[str, Any]) -> PodHolding | None:
     """
     meta = _map(pod.get("metadata"))
     notes = _map(meta.get("annotations"))
-    if not records.has_decision(notes):
-        return None
-    spec = _map(pod.get("spec"))
-    if _map(pod.get("status")).get("phase") in TERMINAL_PHASES:
+    if not records.has_decision(notes) or \
+            _map(pod.get("status")).get("phase") in TERMINAL_PHASES:
         return None
     ns, name = str(meta.get("namespace") or "default"), str(meta.get("name") or "")
     key = str(meta.get("uid") or f"{ns}/{name}")
-    decision = records.decode(key, {str(k): str(v) for k, v in notes.items()})
-    node = spec.get("nodeName")
-    if decision.phase == names.PHASE_FAILED or (node and decision.allocation.node != node):
+    held = records.holding(key, {str(k): str(v) for k, v in notes.items()},
+                           _map(pod.get("spec")).get("nodeName"))
+    if held is None:
         return None
-    group = notes.get(ANNOTATION_RESOURCE_GROUP) or _map(meta.get("labels")).get(names.LABEL_GROUP)
-    return PodHolding(key, f"{ns}/{name}", ns, gpu_class_of(pod), str(group) if group else None,
-                      decision.allocation)
+    return PodHolding(key, f"{ns}/{name}", ns, gpu_class_of(pod),
+                      records.group_of(notes, meta.get("labels")), held)
 
 
 def observe(devices: Iterable[Mapping[str, Any]], classes: Iterable[Mapping[str, Any]],

@@ -22,11 +22,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpupool.contract import names
+from gpupool.contract import annotations as records
 from gpupool.contract.podspec_request import gpu_class_of
 from gpupool.controller.defaults import ANNOTATION_MODELS, default_classes, is_owned
 from gpupool.controller.observed import (
-    ANNOTATION_RESOURCE_GROUP,
     Obj,
     Observed,
     PodHolding,
@@ -304,9 +303,7 @@ def _describe_limit(limit: Limit) -> str:
 
 
 def _group_named(pod: Mapping[str, Any]) -> str | None:
-    meta = pod.get("metadata") if isinstance(pod.get("metadata"), Mapping) else {}
-    notes = (meta or {}).get("annotations") or {}
-    labels = (meta or {}).get("labels") or {}
-    found = (notes.get(ANNOTATION_RESOURCE_GROUP) if isinstance(notes, Mapping) else None) or (
-        labels.get(names.LABEL_GROUP) if isinstance(labels, Mapping) else None)
-    return str(found) if found else None
+    meta = pod.get("metadata")
+    if not isinstance(meta, Mapping):
+        return None
+    return records.group_of(meta.get("annotations"), meta.get("labels"))

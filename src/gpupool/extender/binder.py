@@ -30,7 +30,6 @@ from gpupool.core.request import PodRequest
 from gpupool.extender.cache import ClusterCache
 from gpupool.extender.ledger import Entry, Ledgers, View, check_fits
 from gpupool.extender.metrics import Metrics
-from gpupool.extender.pods import ANNOTATION_RESOURCE_GROUP
 from gpupool.extender.protocol import BindingArgs
 from gpupool.extender.refusals import UNKNOWN_NODE
 from gpupool.kube.api import KubeApi
@@ -63,7 +62,7 @@ class Binder:
         alloc, group = placed
         notes = records.encode(alloc, stamp, names.PHASE_ALLOCATING)
         if group:
-            notes[ANNOTATION_RESOURCE_GROUP] = group
+            notes[names.ANNOTATION_RESOURCE_GROUP] = group
         try:
             self.kube.bind_pod(args.namespace, args.name, args.uid, args.node, notes)
         except KubeError as exc:

@@ -33,6 +33,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from gpupool.contract.devices import DeviceRecord, read_device
 from gpupool.core.eligibility import Catalogue
 from gpupool.core.errors import InvalidInput, UnknownName
 from gpupool.core.model import Node
@@ -40,7 +41,7 @@ from gpupool.core.quota import Charge, amount_of_allocation
 from gpupool.core.state import ClusterState
 from gpupool.extender import inventory, ledger
 from gpupool.extender.holdings import Holdings
-from gpupool.extender.inventory import DeviceFacts, NodeFacts
+from gpupool.extender.inventory import NodeFacts
 from gpupool.extender.pods import PodFacts, facts_of
 
 log = logging.getLogger(__name__)
@@ -61,7 +62,7 @@ class ClusterCache(Holdings):
         super().__init__(ClusterState([], memory_unit_mib), Catalogue())
         self.catalogue_version = 0
         self.nodes: dict[str, NodeFacts] = {}
-        self.devices: dict[str, DeviceFacts] = {}
+        self.devices: dict[str, DeviceRecord] = {}
         self.pods: dict[str, PodFacts] = {}
         self.pods_on: dict[str, set[str]] = {}
         self.pending: deque[tuple[str, PodFacts]] = deque()  # pod events not applied yet
@@ -171,16 +172,16 @@ class ClusterCache(Holdings):
             else:
                 self._refresh_health(new)
 
-    def _put_device(self, obj: dict[str, Any]) -> DeviceFacts | None:
+    def _put_device(self, obj: dict[str, Any]) -> DeviceRecord | None:
         try:
-            dev = inventory.device_facts(obj)
+            dev = read_device(obj)
         except InvalidInput as exc:
             log.warning("%s", exc)
             return None
         self.devices[dev.name] = dev
         return dev
 
-    def _refresh_health(self, dev: DeviceFacts) -> None:
+    def _refresh_health(self, dev: DeviceRecord) -> None:
         self.freshness.pop(dev.name, None)  # the next sweep looks at it again
         i = self.state.index.get(dev.node)
         if i is None:
@@ -226,7 +227,7 @@ class ClusterCache(Holdings):
         self.dirty.clear()
 
     def _core_nodes(self) -> dict[str, Node]:
-        by_node: dict[str, list[DeviceFacts]] = {}
+        by_node: dict[str, list[DeviceRecord]] = {}
         for dev in self.devices.values():
             by_node.setdefault(dev.node, []).append(dev)
         now = self.clock()

@@ -1,7 +1,8 @@
 """Kubernetes objects -> core values: v1 Nodes + GPUDevices -> ``Node``; CRs -> catalogue.
 
 * A node's CPU and memory are its ``status.allocatable``; its GPUs are the
-  GPUDevice objects whose ``spec.node`` names it, ordered by ``spec.index``.
+  GPUDevice objects whose ``spec.node`` names it, ordered by ``spec.index``
+  (read by ``gpupool.contract.devices``, as the controller reads them).
 * A GPU is healthy when ``status.health`` is ``Healthy`` and its
   ``status.heartbeatTime`` is at most ``stale_after_s`` old (no heartbeat at
   all counts as fresh only while the object is younger than that).
@@ -14,9 +15,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
+from gpupool.contract.devices import DeviceRecord
 from gpupool.core.classes import ResourceClass
 from gpupool.core.errors import InvalidInput, QuantityError
 from gpupool.core.groups import ResourceGroup
@@ -36,18 +37,6 @@ class NodeFacts:
     labels: tuple[tuple[str, str], ...]
 
 
-@dataclass(frozen=True, slots=True)
-class DeviceFacts:
-    """What the extender keeps of a GPUDevice (``heartbeat_s``: epoch seconds or None)."""
-
-    name: str
-    node: str
-    gpu: Gpu
-    reported_healthy: bool
-    heartbeat_s: float | None
-    created_s: float | None
-
-
 def node_facts(node: Any) -> NodeFacts:
     """From a lightkube ``Node`` model; unparsable allocatable counts as 0."""
     meta = node.metadata
@@ -65,45 +54,7 @@ def _quiet(parse: Any, value: Any) -> int:
         return 0
 
 
-def parse_time(text: Any) -> float | None:
-    """RFC 3339 -> epoch seconds (None when absent or unreadable)."""
-    if not isinstance(text, str) or not text:
-        return None
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
-def device_facts(obj: Mapping[str, Any]) -> DeviceFacts:
-    """From a GPUDevice dict; ``InvalidInput`` names the object and the field."""
-    meta = obj.get("metadata") or {}
-    name = str(meta.get("name") or "?")
-    spec = obj.get("spec") or {}
-    status = obj.get("status") or {}
-    if not isinstance(spec, Mapping) or not isinstance(status, Mapping):
-        raise InvalidInput(f"GPUDevice {name}: spec and status must be objects")
-    node, uuid, model = spec.get("node"), spec.get("uuid"), spec.get("model") or "unknown"
-    index, memory = spec.get("index"), spec.get("memoryMiB")
-    if not isinstance(node, str) or not node or not isinstance(uuid, str) or not uuid:
-        raise InvalidInput(f"GPUDevice {name}: spec.node and spec.uuid are required")
-    if not isinstance(index, int) or not isinstance(memory, int):
-        raise InvalidInput(f"GPUDevice {name}: spec.index and spec.memoryMiB must be integers")
-    labels = spec.get("labels") or {}
-    if not isinstance(labels, Mapping):
-        raise InvalidInput(f"GPUDevice {name}: spec.labels must be a map")
-    numa_raw = spec.get("numaNode")
-    numa = numa_raw if isinstance(numa_raw, int) else 0
-    arch = spec.get("architecture")
-    if isinstance(arch, str) and arch:
-        labels = {"gpupool.io/architecture": arch, **labels}
-    gpu = Gpu(uuid, index, str(model), memory, max(int(numa), 0), True, freeze_labels(labels))
-    return DeviceFacts(name, node, gpu, status.get("health", "Healthy") == "Healthy",
-                       parse_time(status.get("heartbeatTime")),
-                       parse_time(meta.get("creationTimestamp")))
-
-
-def is_fresh(dev: DeviceFacts, now_s: float, stale_after_s: float) -> bool:
+def is_fresh(dev: DeviceRecord, now_s: float, stale_after_s: float) -> bool:
     """Reported healthy and heard from within ``stale_after_s``."""
     if not dev.reported_healthy:
         return False
@@ -111,7 +62,7 @@ def is_fresh(dev: DeviceFacts, now_s: float, stale_after_s: float) -> bool:
     return seen is None or now_s - seen <= stale_after_s
 
 
-def build_node(facts: NodeFacts, devices: Iterable[DeviceFacts], now_s: float,
+def build_node(facts: NodeFacts, devices: Iterable[DeviceRecord], now_s: float,
                stale_after_s: float) -> Node:
     """The core ``Node``: GPUs by index, each healthy only if fresh."""
     gpus = sorted(devices, key=lambda d: (d.gpu.index, d.gpu.uuid))

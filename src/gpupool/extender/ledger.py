@@ -24,11 +24,11 @@ from typing import Any
 
 from gpupool.contract import annotations as records
 from gpupool.contract import names
+from gpupool.contract.devices import parse_time
 from gpupool.core.allocation import Allocation, Slice
 from gpupool.core.errors import InvalidInput, UnknownName
 from gpupool.core.model import Node
 from gpupool.core.state import ClusterState
-from gpupool.extender.inventory import parse_time
 from gpupool.kube.api import KubeApi
 from gpupool.kube.errors import NotFound
 

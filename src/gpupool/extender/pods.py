@@ -23,9 +23,6 @@ from gpupool.core.quota import Charge, amount_of_allocation
 
 log = logging.getLogger(__name__)
 
-ANNOTATION_RESOURCE_GROUP = names.ANNOTATION_RESOURCE_GROUP
-"""Written at bind: the resource group the pod was charged to (chosen or named)."""
-
 TERMINAL_PHASES = names.POD_TERMINAL_PHASES
 
 
@@ -62,24 +59,17 @@ def facts_of(pod: Any) -> PodFacts:
     node = (spec.nodeName if spec is not None else None) or ""
     cpu, mem, gpu_class = _load(spec)
     phase = status.phase if status is not None else None
-    group = notes.get(ANNOTATION_RESOURCE_GROUP) or (meta.labels or {}).get(names.LABEL_GROUP)
     return PodFacts(uid, meta.namespace or "default", meta.name or "", node,
                     phase in TERMINAL_PHASES, cpu, mem, _decision(uid, notes, node),
-                    gpu_class, group or None)
+                    gpu_class, records.group_of(notes, meta.labels))
 
 
 def _decision(uid: str, notes: dict[str, str], node: str) -> Allocation | None:
-    if not records.has_decision(notes):
-        return None
     try:
-        decision = records.decode(uid, notes)
+        return records.holding(uid, notes, node)
     except InvalidInput as exc:
         log.warning("ignoring a broken decision: %s", exc)
         return None
-    if decision.phase == names.PHASE_FAILED or (node and decision.allocation.node != node):
-        return None
-    alloc: Allocation = decision.allocation
-    return alloc
 
 
 def _load(spec: Any) -> tuple[int, int, str | None]:
