@@ -56,6 +56,21 @@ def test_trace_files_and_timed_mode(tmp_path: Path) -> None:
     assert "time_s" in (tmp_path / "curves.csv").read_text().splitlines()[0]
 
 
+def test_a_kube_scheduler_window_is_named_and_its_bounced_pods_counted(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["simulate", "--seeds", "3", "--synthetic-nodes", "300", "--out", str(tmp_path),
+                 "--policy", "best-fit", "--workers", "1", "--nodes-to-score", "0"])
+    assert code == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["nodes_to_score"] == 0
+    run = summary["runs"][0]
+    assert run["nodes_to_score"] == 0
+    assert summary["policies"]["best-fit"]["mean_bounced_pods"] == run["bounced_pods"]
+    shown = capsys.readouterr().out
+    assert "kube-scheduler window 144 nodes" in shown  # 50 - 300/125 = 48 % of 300
+    assert "bounced" in shown
+
+
 def test_csv_trace_runs_the_protocol(tmp_path: Path) -> None:
     code = main(["simulate", "--nodes", str(DATA / "one_gpu_nodes.csv"),
                  "--pods", str(DATA / "two_shares_pods.csv"), "--inflate", "1.0",
@@ -79,6 +94,8 @@ def test_csv_trace_runs_the_protocol(tmp_path: Path) -> None:
         (["--mode", "sideways"], "invalid choice"),
         (["--workers", "0"], "--workers: expected a whole number of at least 1, got 0"),
         (["--weight", "lambda"], "--weight takes NAME=NUMBER"),
+        (["--nodes-to-score", "101"],
+         "--nodes-to-score: expected a whole number from 0 to 100, got 101"),
         (["--frobnicate"], "unrecognized arguments: --frobnicate"),
     ],
 )

@@ -33,6 +33,7 @@ from gpupool.sim.report import write_all
 from gpupool.sim.scenario import Scenario
 from gpupool.sim.sources import scenario_from_files
 from gpupool.sim.synthetic import DEFAULT_NODES, synthetic_scenario
+from gpupool.sim.window import ALL_NODES, nodes_to_find
 
 DEFAULT_POLICIES = ("fgd", "fgd-balance", "best-fit", "random")
 DEFAULT_SEEDS = "42-46"
@@ -85,6 +86,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="processes to run (policy, seed) pairs in (default: one per core)")
     p.add_argument("--synthetic-nodes", type=bounded(int, 1), default=DEFAULT_NODES, metavar="N",
                    help=f"size of the built-in synthetic cluster (default {DEFAULT_NODES})")
+    p.add_argument("--nodes-to-score", type=bounded(int, 0, 100), default=100, metavar="PCT",
+                   help="model kube-scheduler's percentageOfNodesToScore: each pod is decided "
+                        "among the window of nodes kube-scheduler would send the extender "
+                        "(0: kube-scheduler's adaptive default; default 100: every node)")
     p.add_argument("--weight", type=weight, action="append", default=[], metavar="NAME=X",
                    help="policy weight, e.g. fgd-balance.lambda=0.5 (repeatable)")
     p.set_defaults(func=simulate)
@@ -132,7 +137,7 @@ def simulate(args: argparse.Namespace) -> int:
     policies = check_policies(args.policy or DEFAULT_POLICIES)
     started = time.perf_counter()
     campaign = Campaign(load(args), policies, args.seeds, SimMode(args.mode), args.inflate,
-                        dict(args.weight))
+                        dict(args.weight), args.nodes_to_score)
     workers = args.workers or default_workers(len(campaign.jobs))
     runs = _with_progress(campaign, workers)
     stats = aggregate(runs)
@@ -163,18 +168,24 @@ def _table(campaign: Campaign, stats: Sequence[PolicyStats], wall: float) -> Tab
     s = campaign.scenario
     title = (f"{s.name}: {len(s.nodes)} nodes, {s.gpu_capacity_milli // 1000} GPUs, "
              f"{len(s.pods)} pods, {len(campaign.seeds)} seed(s), {campaign.mode.value} mode")
+    if campaign.nodes_to_score < ALL_NODES:
+        title += (f", kube-scheduler window {nodes_to_find(len(s.nodes), campaign.nodes_to_score)}"
+                  f" nodes")
     table = Table(title=title, caption=f"mean ± std over seeds; failed pods: mean per run; "
                                        f"decision: median; total wall time {wall:.1f} s")
     table.add_column("policy")
     protocol = campaign.mode is SimMode.PROTOCOL
     table.add_column("unallocated GPU %" if protocol else "peak GPU alloc. %", justify="right")
-    for name in ("failed pods", "decision ms", "wall s"):
+    windowed = campaign.nodes_to_score < ALL_NODES
+    for name in ("failed pods", *(("bounced pods",) if windowed else ()), "decision ms",
+                 "wall s"):
         table.add_column(name, justify="right")
     for p in stats:
         headline = (f"{p.mean_unallocated_gpu_pct:.2f} ± {p.std_unallocated_gpu_pct:.2f}"
                     if p.mean_unallocated_gpu_pct is not None
                     else f"{p.mean_peak_allocation_pct or 0.0:.2f}")
-        table.add_row(p.policy, headline, f"{p.mean_failed_pods:.1f}",
+        bounced = (f"{p.mean_bounced_pods:.1f}",) if windowed else ()
+        table.add_row(p.policy, headline, f"{p.mean_failed_pods:.1f}", *bounced,
                       f"{p.decision_median_ms:.3f}", f"{p.wall_s:.1f}")
     return table
 

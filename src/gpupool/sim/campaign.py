@@ -22,6 +22,7 @@ from gpupool.core.workload import TargetWorkload
 from gpupool.sim.protocol import ProtocolRun, arrival_order, run_protocol
 from gpupool.sim.scenario import Scenario
 from gpupool.sim.timed import TimedRun, run_timed
+from gpupool.sim.window import ALL_NODES, nodes_to_find
 
 Run = ProtocolRun | TimedRun
 Progress = Callable[[int], None]
@@ -42,10 +43,12 @@ class Campaign:
     mode: SimMode = SimMode.PROTOCOL
     inflate: float = 1.3
     weights: dict[str, float] = field(default_factory=dict)
+    nodes_to_score: int = ALL_NODES  # kube-scheduler's percentageOfNodesToScore (0: adaptive)
 
     def __post_init__(self) -> None:
         if not self.policies or not self.seeds:
             raise InvalidInput("a simulation needs at least one policy and one seed")
+        nodes_to_find(len(self.scenario.nodes), self.nodes_to_score)  # refuses a bad share
 
     @property
     def jobs(self) -> list[tuple[str, int]]:
@@ -68,8 +71,10 @@ class Campaign:
 def run_one(campaign: Campaign, config: PolicyConfig, policy: str, seed: int,
             progress: Progress | None = None) -> Run:
     if campaign.mode is SimMode.TIMED:
-        return run_timed(campaign.scenario, policy, seed, config, progress)
-    return run_protocol(campaign.scenario, policy, seed, campaign.inflate, config, progress)
+        return run_timed(campaign.scenario, policy, seed, config, progress,
+                         campaign.nodes_to_score)
+    return run_protocol(campaign.scenario, policy, seed, campaign.inflate, config, progress,
+                        campaign.nodes_to_score)
 
 
 def run_campaign(campaign: Campaign, workers: int = 1,
@@ -124,6 +129,7 @@ class PolicyStats:
     mean_peak_allocation_pct: float | None
     wall_s: float
     decision_median_ms: float
+    mean_bounced_pods: float = 0.0
 
 
 def aggregate(runs: Sequence[Run]) -> list[PolicyStats]:
@@ -148,4 +154,5 @@ def _stats(policy: str, runs: list[Run]) -> PolicyStats:
     return PolicyStats(
         policy, len(runs), mean, std, round(statistics.fmean(r.failed_pods for r in runs), 2),
         _mean_std(peaks)[0], round(sum(r.wall_s for r in runs), 3),
-        round(statistics.median(r.decision_median_ms for r in runs), 4))
+        round(statistics.median(r.decision_median_ms for r in runs), 4),
+        round(statistics.fmean(r.bounced_pods for r in runs), 2))

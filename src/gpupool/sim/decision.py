@@ -3,6 +3,11 @@
 A pod that names a resource class (``class``) or a GPU selector may only use
 the GPUs they match; the masks come from ``gpupool.core.eligibility.class_mask``
 (cached per cluster layout). Tenant groups and quotas are not simulated.
+
+With ``nodes_to_score`` below 100 a pod is decided among the nodes of
+kube-scheduler's window only (``gpupool.sim.window``), as the extender would see
+them; a pod placed only after its first window was refused is counted in
+``bounced``.
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ from gpupool.core.placement import Placer
 from gpupool.core.policies import make_policy
 from gpupool.core.policies.config import PolicyConfig
 from gpupool.core.request import PodRequest
-from gpupool.core.state import ClusterState
+from gpupool.core.state import ClusterState, IntArray
+from gpupool.sim.window import ALL_NODES, NodeWindow
 
 
 def policy_seed(seed: int) -> int:
@@ -30,16 +36,28 @@ class Decider:
     """Decides placements on ``state`` with one named policy and a seeded generator."""
 
     def __init__(self, state: ClusterState, policy: str, config: PolicyConfig, seed: int,
-                 classes: Iterable[ResourceClass] = ()):
+                 classes: Iterable[ResourceClass] = (), nodes_to_score: int = ALL_NODES):
         self.state = state
+        self.window = NodeWindow(len(state.nodes), nodes_to_score)
+        self.bounced = 0
         self.placer = Placer(make_policy(policy, config))
         self.rng = random.Random(policy_seed(seed))
         self.catalog = ClassCatalog(classes)
 
     def decide(self, request: PodRequest) -> Allocation | None:
         """The allocation the policy picks, or None when no node fits (never explained)."""
+        if self.window.whole:
+            return self._decide(request, None)
+        for attempt, among in enumerate(self.window.rounds()):
+            allocation = self._decide(request, among)
+            if allocation is not None:
+                self.bounced += attempt > 0
+                return allocation
+        return None
+
+    def _decide(self, request: PodRequest, among: IntArray | None) -> Allocation | None:
         return self.placer.decide(self.state, request, self.rng, self.constraints(request),
-                                  explain_limit=0).allocation
+                                  among, explain_limit=0).allocation
 
     def constraints(self, request: PodRequest) -> Constraints:
         if request.gpu_class is None and request.selector is None:

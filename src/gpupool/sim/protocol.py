@@ -40,6 +40,7 @@ from gpupool.core.state import ClusterState
 from gpupool.sim.decision import Decider
 from gpupool.sim.failure import FailureTally
 from gpupool.sim.scenario import Scenario, demand_milli
+from gpupool.sim.window import ALL_NODES
 
 FloatArray = npt.NDArray[np.float64]
 Progress = Callable[[int], None]
@@ -68,6 +69,8 @@ class ProtocolRun:
     decision_median_ms: float
     decision_p99_ms: float
     decision_total_s: float  # Σ Placer.decide; wall_s minus this is the simulator's own cost
+    nodes_to_score: int = ALL_NODES  # kube-scheduler's percentageOfNodesToScore (0: adaptive)
+    bounced_pods: int = 0  # placed only after kube-scheduler's first window was refused
 
     def summary(self) -> dict[str, object]:
         """The run's line in summary.json (the curve goes to the CSV)."""
@@ -106,13 +109,15 @@ def node_order(scenario: Scenario, seed: int) -> list[Node]:
 
 
 def run_protocol(scenario: Scenario, policy: str, seed: int, inflate: float,
-                 config: PolicyConfig, progress: Progress | None = None) -> ProtocolRun:
-    """One run of the protocol; ``progress`` is told how many pods were placed since last call."""
+                 config: PolicyConfig, progress: Progress | None = None,
+                 nodes_to_score: int = ALL_NODES) -> ProtocolRun:
+    """One run of the protocol; ``progress`` is told how many pods were placed since last
+    call; ``nodes_to_score`` < 100: each pod sees kube-scheduler's window of nodes only."""
     rng = random.Random(seed)
     state = ClusterState(node_order(scenario, seed))
     capacity = state.usage().capacity_milli
     order = arrival_order(scenario.requests, capacity, inflate, rng)
-    decider = Decider(state, policy, config, seed, scenario.classes)
+    decider = Decider(state, policy, config, seed, scenario.classes, nodes_to_score)
     demands = [demand_milli(r) for r in order]
     started = time.perf_counter()
     allocated, decision_s, tally = _place_all(decider, order, demands, progress)
@@ -126,7 +131,8 @@ def run_protocol(scenario: Scenario, policy: str, seed: int, inflate: float,
         policy, seed, len(order), round(100.0 - float(allocated_pct[full]), 6), tally.total,
         tally.before(full + 1), tally.by_kind(), tally.by_reason(), xs, ys, round(wall, 4),
         round(float(np.median(decision_s)) * 1e3, 4),
-        round(float(np.percentile(decision_s, 99)) * 1e3, 4), round(float(decision_s.sum()), 4))
+        round(float(np.percentile(decision_s, 99)) * 1e3, 4), round(float(decision_s.sum()), 4),
+        decider.window.percentage, decider.bounced)
 
 
 def _place_all(decider: Decider, order: Sequence[PodRequest], demands: Sequence[int],

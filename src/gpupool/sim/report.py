@@ -46,6 +46,7 @@ def summary(campaign: Campaign, runs: Sequence[Run], stats: Sequence[PolicyStats
         "inflate": campaign.inflate if campaign.mode is SimMode.PROTOCOL else None,
         "seeds": list(campaign.seeds),
         "weights": dict(campaign.weights),
+        "nodes_to_score": campaign.nodes_to_score,
         "wall_s": round(wall_s, 3),
         "policies": {p.policy: {k: v for k, v in dataclasses.asdict(p).items() if k != "policy"}
                      for p in stats},

@@ -28,6 +28,7 @@ from gpupool.sim.decision import Decider
 from gpupool.sim.failure import FailureTally
 from gpupool.sim.protocol import PROGRESS_EVERY, FloatArray, Progress, asks_no_gpu_memory
 from gpupool.sim.scenario import Scenario, TracePod, demand_milli
+from gpupool.sim.window import ALL_NODES
 
 CURVE_POINTS = 1000
 LEAVE, ARRIVE, LEAVE_AT_ONCE = 0, 1, 2
@@ -52,6 +53,8 @@ class TimedRun:
     wall_s: float
     decision_median_ms: float
     decision_p99_ms: float
+    nodes_to_score: int = ALL_NODES  # kube-scheduler's percentageOfNodesToScore (0: adaptive)
+    bounced_pods: int = 0  # placed only after kube-scheduler's first window was refused
 
     def summary(self) -> dict[str, object]:
         row = dataclasses.asdict(self)
@@ -75,9 +78,9 @@ def events(pods: Sequence[TracePod]) -> list[tuple[float, int, int]]:
 
 
 def run_timed(scenario: Scenario, policy: str, seed: int, config: PolicyConfig,
-              progress: Progress | None = None) -> TimedRun:
+              progress: Progress | None = None, nodes_to_score: int = ALL_NODES) -> TimedRun:
     """Replay ``scenario`` with its creation and deletion times."""
-    replay = _Replay(scenario, policy, seed, config)
+    replay = _Replay(scenario, policy, seed, config, nodes_to_score)
     started = time.perf_counter()
     replay.run(events(scenario.pods), progress)
     return replay.result(time.perf_counter() - started)
@@ -86,13 +89,15 @@ def run_timed(scenario: Scenario, policy: str, seed: int, config: PolicyConfig,
 class _Replay:
     """State of one timed replay; ``run`` is the hot loop."""
 
-    def __init__(self, scenario: Scenario, policy: str, seed: int, config: PolicyConfig):
+    def __init__(self, scenario: Scenario, policy: str, seed: int, config: PolicyConfig,
+                 nodes_to_score: int = ALL_NODES):
         self.scenario, self.policy, self.seed = scenario, policy, seed
         self.state = ClusterState(scenario.nodes)
         self.capacity = self.state.usage().capacity_milli
         if self.capacity <= 0:
             raise InvalidInput("the cluster has no GPU")
-        self.decider = Decider(self.state, policy, config, seed, scenario.classes)
+        self.decider = Decider(self.state, policy, config, seed, scenario.classes,
+                               nodes_to_score)
         self.tally = FailureTally(self.state)
         self.additive = all(asks_no_gpu_memory(p.request) for p in scenario.pods)
         self.times: list[float] = []
@@ -151,7 +156,8 @@ class _Replay:
             round(time_mean(times, pct, self.last_arrival), 6),
             self.peak_live, xs, ys, round(wall_s, 4),
             round(float(np.median(decisions)) * 1e3, 4),
-            round(float(np.percentile(decisions, 99)) * 1e3, 4))
+            round(float(np.percentile(decisions, 99)) * 1e3, 4),
+            self.decider.window.percentage, self.decider.bounced)
 
 
 def time_mean(times: FloatArray, pct: FloatArray, until: float) -> float:
