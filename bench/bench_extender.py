@@ -667,12 +667,12 @@ COLUMNS = (("total", "total"), ("own", "own"), ("filter", "filter"),
 def report(nodes: int, rows: list[tuple[str, dict[str, float]]], opts: Options) -> None:
     print(f"\n{nodes} nodes × {GPUS} GPUs, node names {opts.order} — ms per pod, p50/p99 "
           "(own = without bind's waits on the API server)")
-    print(f"{'run':32} " + " ".join(f"{title:>13}" for title, _ in COLUMNS) +
+    print(f"{'run':37} " + " ".join(f"{title:>13}" for title, _ in COLUMNS) +
           f" {'pods/s':>7} {'piped/s':>8} {'CPU ms':>7} {'bound':>6}")
     for name, r in rows:
         piped = f"{r['pipelined']:8.0f}" if "pipelined" in r else f"{'-':>8}"
         cells = " ".join(f"{r[key + '_p50']:6.2f}/{r[key + '_p99']:6.2f}" for _, key in COLUMNS)
-        print(f"{name:32} {cells} {r['pods_per_s']:7.0f} {piped} {r['cpu_ms']:7.2f} "
+        print(f"{name:37} {cells} {r['pods_per_s']:7.0f} {piped} {r['cpu_ms']:7.2f} "
               f"{r['bound']:6.0f}")
     for name, r in rows:
         if "pipelined_cpu_ms" in r:
