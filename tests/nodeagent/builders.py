@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,14 @@ from gpupool.core.allocation import Allocation, Slice
 
 NODE = "node-a"
 BIND_TIME = "2026-01-01T00:00:00Z"
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 5.0) -> None:
+    """Poll until ``predicate()`` holds (the agent's watches run on threads of their own)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.02)
 
 
 def uuid_of(i: int) -> str:

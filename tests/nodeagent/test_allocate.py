@@ -17,7 +17,7 @@ from gpupool.kube.fake_apiserver import FakeApiServer
 from gpupool.nodeagent.kubeview import KubePods
 from gpupool.nodeagent.pods import ANNOTATION_DEVICES
 
-from .builders import decision, pod, uuid_of
+from .builders import NODE, decision, pod, uuid_of, wait_for
 from .conftest import AgentFactory
 from .kubelet_standin import FakeKubelet
 
@@ -208,13 +208,17 @@ def test_allocate_with_no_waiting_pod_says_so(kubelet: FakeKubelet,
 
 def test_prestart_refuses_a_container_whose_devices_were_served_to_another_pod(
         kubelet: FakeKubelet, make_agent: AgentFactory, apiserver: FakeApiServer) -> None:
-    make_agent(gpus=2, split=2)
+    agent = make_agent(gpus=2, split=2)
     ready(kubelet, 4)
     p = pod("p1", [("main", 1, 1024, 10)], ann=decision("p1", [(uuid_of(0), 0, 1024, 10, "main")]))
     apiserver.seed("pods", p)
     got = kubelet.admit(p, random.Random(1))
+    elsewhere = {"main": {"vgpu-0003": uuid_of(1)}}
     apiserver.patch("pods", "p1", {"metadata": {"annotations": {
-        ANNOTATION_DEVICES: json.dumps({"main": {"vgpu-0003": uuid_of(1)}})}}}, "default")
+        ANNOTATION_DEVICES: json.dumps(elsewhere)}}}, "default")
+    # the agent's watch-fed cache may lag the write (it trusts a cache that agrees)
+    wait_for(lambda: [q.served() for q in agent.pods.node_pods(NODE, fresh=False)]
+             == [elsewhere])
     from gpupool.nodeagent.proto import deviceplugin_pb2 as dp
     with pytest.raises(grpc.RpcError) as err:
         kubelet.stub().PreStartContainer(dp.PreStartContainerRequest(

@@ -2,22 +2,14 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from gpupool.kube.fake_apiserver import FakeApiServer
 from gpupool.nodeagent.fakegpus import FakeGpuBackend
 from gpupool.nodeagent.inventory import device_name
 
-from .builders import NODE, uuid_of
+from .builders import NODE, uuid_of, wait_for
 from .conftest import AgentFactory
-
-
-def wait_for(predicate: Any, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.02)
 
 
 def devices(api: FakeApiServer) -> dict[str, dict[str, Any]]:
