@@ -87,6 +87,7 @@ from gpupool.extender.metrics import Metrics
 from gpupool.extender.server import ThreadedServer
 from gpupool.extender.service import Extender, Settings
 from gpupool.kube.api import KubeApi
+from gpupool.sim.window import ADAPTIVE, nodes_to_find
 
 GPUS = 8
 GPU_MIB = 81920
@@ -521,11 +522,6 @@ def bind_to(call: Call, pod: PodCall, node: str) -> bool:
     return BIND_ANSWER.decode(call("bind", bind_body(pod, node))).Error == ""
 
 
-def adaptive_percentage(nodes: int) -> int:
-    """kube-scheduler's default percentageOfNodesToScore: 50 − nodes/125, at least 5."""
-    return max(5, 50 - nodes // 125)
-
-
 def warm_up(ext: Extender, api: FakeApi, names: list[str], policy: str, order: str) -> None:
     """Three pods of every shape: the first pod of a shape fills the policy's and the
     reasons' per-node caches (a one-off cost per shape and layout, reported apart)."""
@@ -584,7 +580,7 @@ def measure_policy(api: FakeApi, policy: str, opts: Options
 
     window = 0
     if policy == DEFAULT_POLICY and len(names) >= 1000:
-        window = max(100, len(names) * adaptive_percentage(len(names)) // 100)
+        window = nodes_to_find(len(names), ADAPTIVE)
     shares = [("", 0), *([(f", {window} sent", window)] if window else [])]
     rows = []
     for suffix, sent in shares:
