@@ -168,7 +168,8 @@ def _table(campaign: Campaign, stats: Sequence[PolicyStats], wall: float) -> Tab
     s = campaign.scenario
     title = (f"{s.name}: {len(s.nodes)} nodes, {s.gpu_capacity_milli // 1000} GPUs, "
              f"{len(s.pods)} pods, {len(campaign.seeds)} seed(s), {campaign.mode.value} mode")
-    if campaign.nodes_to_score < ALL_NODES:
+    windowed = campaign.nodes_to_score < ALL_NODES
+    if windowed:
         title += (f", kube-scheduler window {nodes_to_find(len(s.nodes), campaign.nodes_to_score)}"
                   f" nodes")
     table = Table(title=title, caption=f"mean ± std over seeds; failed pods: mean per run; "
@@ -176,7 +177,6 @@ def _table(campaign: Campaign, stats: Sequence[PolicyStats], wall: float) -> Tab
     table.add_column("policy")
     protocol = campaign.mode is SimMode.PROTOCOL
     table.add_column("unallocated GPU %" if protocol else "peak GPU alloc. %", justify="right")
-    windowed = campaign.nodes_to_score < ALL_NODES
     for name in ("failed pods", *(("bounced pods",) if windowed else ()), "decision ms",
                  "wall s"):
         table.add_column(name, justify="right")

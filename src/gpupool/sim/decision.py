@@ -46,18 +46,20 @@ class Decider:
 
     def decide(self, request: PodRequest) -> Allocation | None:
         """The allocation the policy picks, or None when no node fits (never explained)."""
+        constraints = self.constraints(request)
         if self.window.whole:
-            return self._decide(request, None)
+            return self._decide(request, constraints, None)
         for attempt, among in enumerate(self.window.rounds()):
-            allocation = self._decide(request, among)
+            allocation = self._decide(request, constraints, among)
             if allocation is not None:
                 self.bounced += attempt > 0
                 return allocation
         return None
 
-    def _decide(self, request: PodRequest, among: IntArray | None) -> Allocation | None:
-        return self.placer.decide(self.state, request, self.rng, self.constraints(request),
-                                  among, explain_limit=0).allocation
+    def _decide(self, request: PodRequest, constraints: Constraints, among: IntArray | None
+                ) -> Allocation | None:
+        return self.placer.decide(self.state, request, self.rng, constraints, among,
+                                  explain_limit=0).allocation
 
     def constraints(self, request: PodRequest) -> Constraints:
         if request.gpu_class is None and request.selector is None:
