@@ -20,11 +20,10 @@ as the decision itself. So a list stays the JSON array it came in as, and a
   hold 4-byte rows and the words are kept once per name, so the whole table is
   small enough to stay in the CPU's caches between two pods (the slots are at most
   a quarter full): 0.2 MB for 5,000 names of up to 8 bytes, 0.35 MB for 5,000 names
-  of 40 bytes, 6.5 MB for 100,000 of those.
-  Slot records that held the words themselves (as before) were 4-5 times larger;
-  in an alternating A/B over 5,000 shuffled names, with the caches warm or flushed,
-  this layout took 0.87-0.97 of their time for 6-byte names and 0.96-1.00 for
-  40-byte names, and 100,000 names of 40 bytes take 6.5 MB instead of 29;
+  of 40 bytes, 6.5 MB for 100,000 of those (slot records holding the words
+  themselves took 29 MB there). In an alternating A/B over 5,000 shuffled names,
+  with the caches warm or flushed, this layout took 0.87-0.97 of those records'
+  time for 6-byte names and 0.96-1.00 for 40-byte names;
 * anything else (whitespace between tokens, escapes, malformed lists), and lists of
   fewer than about 1,000 names (where numpy's fixed costs outweigh it: 500 names
   take ~0.07-0.1 ms this way, ~0.15 ms the other), is decoded by msgspec, checked and
