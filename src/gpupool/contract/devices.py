@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeGuard
 
+from gpupool.contract import names
 from gpupool.core.errors import InvalidInput
 from gpupool.core.model import Gpu, freeze_labels
 
@@ -83,7 +84,8 @@ def read_device(obj: Mapping[str, Any]) -> DeviceRecord:
     if isinstance(arch, str) and arch:
         labels = {ARCHITECTURE_LABEL: arch, **labels}
     gpu = Gpu(uuid, index, model, memory, numa, True, freeze_labels(labels))
-    return DeviceRecord(name, node, gpu, status.get("health", "Healthy") == "Healthy",
+    healthy = status.get("health", names.DEVICE_HEALTHY) == names.DEVICE_HEALTHY
+    return DeviceRecord(name, node, gpu, healthy,
                         parse_time(status.get("heartbeatTime")),
                         parse_time(meta.get("creationTimestamp")))
 

@@ -24,6 +24,11 @@ ANNOTATION_REASON = "gpupool.io/reason"
 ANNOTATION_RESOURCE_GROUP = "gpupool.io/resource-group"  # the group the pod was charged to
 ANNOTATION_DEVICES = "gpupool.io/devices"  # node agent's claim: {container: {logical ID: uuid}}
 
+# GPUDevice status.health (the node agent writes them, the extender and controller read
+# them; the same words as the kubelet device plugin API's device health)
+DEVICE_HEALTHY = "Healthy"
+DEVICE_UNHEALTHY = "Unhealthy"
+
 # labels gpupool puts on GPUDevice objects (and GPU label facts selectors see)
 LABEL_NODE = "gpupool.io/node"
 LABEL_MODEL = "gpupool.io/model"

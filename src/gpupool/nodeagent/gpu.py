@@ -6,10 +6,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from gpupool.contract import names
 from gpupool.core.model import Gpu, freeze_labels
 
-HEALTHY = "Healthy"
-UNHEALTHY = "Unhealthy"
+HEALTHY = names.DEVICE_HEALTHY  # GPUDevice status.health, and the device plugin API's
+UNHEALTHY = names.DEVICE_UNHEALTHY
 
 
 @dataclass(frozen=True, slots=True)
