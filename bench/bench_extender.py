@@ -57,7 +57,6 @@ RSS ≤ 300 MiB and rebuild ≤ 5 s at 5,000 nodes / 50,000 pods.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import random
 import resource
@@ -82,7 +81,7 @@ from gpupool.core.allocation import Allocation, Slice
 from gpupool.core.policies import DEFAULT_POLICY
 from gpupool.extender.app import build_app, verb_handlers
 from gpupool.extender.cache import ClusterCache
-from gpupool.extender.feeds import start_feeds
+from gpupool.extender.feeds import long_lived, start_feeds
 from gpupool.extender.metrics import Metrics
 from gpupool.extender.server import ThreadedServer
 from gpupool.extender.service import Extender, Settings
@@ -564,13 +563,13 @@ def measure_policy(api: FakeApi, policy: str, opts: Options
                    ) -> list[tuple[str, dict[str, float]]]:
     kube = KubeApi.connect(server=api.url)
     cache = ClusterCache()
-    feeds = start_feeds(kube, cache, watch_timeout_s=30)
     ext = Extender(cache, Settings(policy, seed=opts.seed), Metrics(), kube)
+    with long_lived():  # as `gpupool extender` starts
+        feeds = start_feeds(kube, cache, watch_timeout_s=30)
+        ext.refresh_policy()
+        ext.warm()
     clock = ApiClock(kube)
     clock.follow(ext)
-    ext.refresh_policy()
-    ext.warm()
-    gc.freeze()  # as `gpupool extender` does after the rebuild
     names = sorted(cache.state.index)
     rng = random.Random(opts.seed)
     warm_up(ext, api, names, policy, opts.order)
@@ -632,7 +631,8 @@ def rebuild_child(url: str) -> None:
     for name in ("sync_nodes", "sync_devices", "sync_classes", "sync_groups", "sync_ledgers",
                  "sync_pods"):
         setattr(cache, name, _timed_into(handlers, getattr(cache, name)))
-    feeds = start_feeds(kube, cache, watch_timeout_s=60, sync_timeout_s=300)
+    with long_lived():  # as `gpupool extender` starts
+        feeds = start_feeds(kube, cache, watch_timeout_s=60, sync_timeout_s=300)
     took = time.perf_counter() - start
     rss_mib = peak_rss_mib()
     print(json.dumps({"seconds": took, "rss_mib": rss_mib, "cache_seconds": handlers[0],

@@ -10,7 +10,6 @@ seconds and re-derives FGD's target workload every ``--workload-every``.
 from __future__ import annotations
 
 import argparse
-import gc
 import logging
 import threading
 from typing import Any
@@ -22,7 +21,7 @@ from gpupool.core.policies import DEFAULT_POLICY, POLICIES, make_policy
 from gpupool.core.policies.config import PolicyConfig
 from gpupool.extender.app import build_app
 from gpupool.extender.cache import ClusterCache
-from gpupool.extender.feeds import start_feeds
+from gpupool.extender.feeds import long_lived, start_feeds
 from gpupool.extender.metrics import Metrics
 from gpupool.extender.service import Extender, Settings
 from gpupool.extender.workload import BUILTIN_WORKLOAD
@@ -69,11 +68,12 @@ def run(args: argparse.Namespace) -> int:
     api = KubeApi.connect(kubeconfig=args.kubeconfig, server=args.server)
     cache = ClusterCache(args.memory_unit, args.stale_after, args.ledger_grace)
     extender = Extender(cache, Settings(args.policy, weights, seed=args.seed), Metrics(), api)
-    feeds = start_feeds(api, cache)
-    log.info("cluster view rebuilt: %d GPU nodes, %d allocations; workload: %s",
-             len(cache.state.nodes), len(cache.state.allocations), extender.refresh_policy())
-    extender.warm()
-    gc.freeze()  # the rebuilt cache is long-lived: keep it out of every full collection
+    with long_lived():  # the rebuilt cache lives as long as the process
+        feeds = start_feeds(api, cache)
+        log.info("cluster view rebuilt: %d GPU nodes, %d allocations; workload: %s",
+                 len(cache.state.nodes), len(cache.state.allocations),
+                 extender.refresh_policy())
+        extender.warm()
     stop = threading.Event()
     threading.Thread(target=_housekeeping, args=(extender, args, stop), daemon=True,
                      name="housekeeping").start()

@@ -4,11 +4,19 @@ Order matters only for speed at start: nodes and GPUDevices first (the
 layout), then classes, groups and ledgers, then pods, whose decision
 annotations re-create every allocation (the rebuild). Each informer is
 started once the previous one has listed, so the state is laid out once.
+
+``long_lived`` is for the process that owns the cache: the rebuild creates about a
+million objects that live as long as the process, and Python's cyclic garbage
+collector, left on, walks the growing heap again and again while they arrive (at
+5,000 nodes / 50,000 pods: 1.0-1.3 s of a 3.3-3.8 s rebuild, ``bench_extender``).
 """
 
 from __future__ import annotations
 
+import gc
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,3 +67,20 @@ def start_feeds(api: KubeApi, cache: ClusterCache, watch_timeout_s: int = 300,
             Feeds(tuple(started)).stop()
             raise TimeoutError(f"could not list {feed.name} within {sync_timeout_s:.0f}s")
     return Feeds(tuple(started))
+
+
+@contextmanager
+def long_lived() -> Iterator[None]:
+    """The cyclic garbage collector paused while the block builds what the process keeps
+    (the cache's rebuild, warmed tables), and all of it then frozen (``gc.freeze``) so
+    that no later full collection walks it again. Objects still go as soon as nothing
+    refers to them; only cycles made inside the block are never collected. The collector
+    is enabled again after the block if it was before, whatever the block raised."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()
+        if was_enabled:
+            gc.enable()
