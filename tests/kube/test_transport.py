@@ -283,6 +283,25 @@ def test_a_missing_token_file_is_a_kube_error(tmp_path: Path) -> None:
         api.close()
 
 
+def test_lightkube_is_set_up_only_when_a_call_needs_it(fake: FakeApiServer) -> None:
+    api = KubeApi.connect(server=fake.url)
+    api.create_ledger(ledger("n1"))  # a lean call
+    assert api._client is None  # no lightkube client (nor its TLS context) was made
+    fake.seed("pods", pod("a"))
+    assert api.get_pod("default", "a").metadata.name == "a"  # a call that takes lightkube
+    assert api._client is not None
+    api.close()
+
+
+def test_a_lightkube_call_after_close_fails_like_any_call_on_a_closed_client(
+        fake: FakeApiServer) -> None:
+    api = KubeApi.connect(server=fake.url)
+    api.close()  # before lightkube was ever needed
+    with pytest.raises(KubeError, match=r"^get pod default/a: "):
+        api.get_pod("default", "a")
+    assert ("GET", "/api/v1/namespaces/default/pods/a") not in fake.requests
+
+
 # -- what stays on lightkube -------------------------------------------------------------------
 @pytest.mark.parametrize("user", [
     User(exec=UserExec(apiVersion="client.authentication.k8s.io/v1beta1", command="true")),

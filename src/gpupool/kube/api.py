@@ -114,9 +114,36 @@ class KubeApi:
         self._timeout_s = timeout_s
         self._trust_env = trust_env
         self._want_lean = lean
-        self.client = lightkube.Client(config, timeout=httpx2.Timeout(timeout_s),
-                                       field_manager=FIELD_MANAGER, trust_env=trust_env)
+        self._client: lightkube.Client | None = None
+        self._client_lock = threading.Lock()
+        self._closed = False
         self.lean: LeanTransport | None = self._lean_transport() if lean else None
+        if self.lean is None:  # lightkube serves every call: a configuration it refuses
+            _ = self.client    # fails here, at the start, as it would on the first call
+
+    @property
+    def client(self) -> lightkube.Client:
+        """lightkube's client, made on first use: with ``lean`` most processes never need
+        it, and making one costs about 25 ms (httpx reads a CA bundle for it even for an
+        ``http://`` server), once per watch thread. Made after ``close``, it is closed at
+        once, so that the call fails as it would on a client closed under it."""
+        client = self._client
+        if client is None:
+            with self._client_lock:
+                client = self._client
+                if client is None:
+                    client = lightkube.Client(self._config,
+                                              timeout=httpx2.Timeout(self._timeout_s),
+                                              field_manager=FIELD_MANAGER,
+                                              trust_env=self._trust_env)
+                    if self._closed:
+                        client.close()
+                    self._client = client
+        return client
+
+    @client.setter
+    def client(self, value: lightkube.Client) -> None:  # tests put a stand-in here
+        self._client = value
 
     def _lean_transport(self) -> LeanTransport | None:
         with _translated("load the Kubernetes configuration"):
@@ -153,10 +180,14 @@ class KubeApi:
 
     def close(self) -> None:
         """Close the connections; a watch blocked on one ends with a ``KubeError``."""
+        self._closed = True
         if self.lean is not None:
             self.lean.close()
-        with contextlib.suppress(Exception):
-            self.client.close()
+        with self._client_lock:
+            client = self._client
+        if client is not None:
+            with contextlib.suppress(Exception):
+                client.close()
 
     # -- generic helpers -------------------------------------------------------------------
     def _list(self, res: Any, what: str, *, labels: Mapping[str, Any] | None = None,
