@@ -119,6 +119,26 @@ def test_explain_names_the_failed_check_with_its_numbers(
     assert not feasible(s, request_, c)[0][0]
 
 
+COMMON = {  # what nodes in the same situation share: the node's own free amounts left out
+    "more CPU than the node has": "40000m CPU needed, node has 32000m",
+    "more memory than the node has": "307200 MiB memory needed, node has 262144 MiB",
+    "more CPU than is free": "4000m CPU needed, less free",
+    "more memory than is free": "8192 MiB memory needed, less free",
+    "no GPU with room for the slice": "1 GPUs with 0 MiB + 50 % core needed, 0 have room",
+}
+
+
+@pytest.mark.parametrize(("name", "request_", "setup"), [c[:3] for c in CASES],
+                         ids=[c[0] for c in CASES])
+def test_the_common_reason_leaves_out_what_only_this_node_has(
+        name: str, request_: PodRequest, setup: Setup) -> None:
+    s = cluster(node("n", 4, "A100", 40))
+    reason = explain(s, request_, 0, setup(s))
+    assert reason is not None
+    assert reason.common() == COMMON.get(name, reason.message)
+    assert "node n" not in reason.common()
+
+
 def test_every_check_the_core_makes_has_a_case() -> None:
     covered = {c[3] for c in CASES}
     assert covered == set(Check)

@@ -8,10 +8,12 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
+from gpupool.contract.annotations import encode
+from gpupool.core.allocation import Allocation, Slice
 from gpupool.extender.app import build_app
 from gpupool.kube.fake_apiserver import FakeApiServer
 
-from .builders import Replica, node_obj, pod_obj
+from .builders import Replica, node_obj, pod_obj, wait_for
 
 
 @pytest.fixture
@@ -58,15 +60,36 @@ def test_keys_are_read_case_insensitively(client: TestClient, fake: FakeApiServe
     assert fake.get("pods", "a", "default")["spec"]["nodeName"] == nodes[0]
 
 
-def test_refused_nodes_get_sentences_with_their_own_numbers(
+def test_refused_nodes_get_a_reason_that_says_what_is_missing(
         client: TestClient, fake: FakeApiServer, nodes: list[str]) -> None:
     pod = shared(fake, "huge", memory="65536", core="10")
     answer = client.post("/filter", json={"Pod": pod, "NodeNames": nodes}).json()
     assert answer["NodeNames"] == []
     reasons = answer["FailedAndUnresolvableNodes"]
     assert set(reasons) == set(nodes)
-    assert reasons[nodes[1]].startswith(f"node {nodes[1]}: ")
-    assert "65536 MiB" in reasons[nodes[1]]
+    assert reasons[nodes[1]] == \
+        "gpupool: 1 GPUs with 65536 MiB needed, 0 GPUs here are that large"
+
+
+def test_nodes_in_the_same_situation_give_one_reason_whatever_each_has_free(
+        client: TestClient, replica: Replica, fake: FakeApiServer, nodes: list[str]) -> None:
+    """kube-scheduler counts identical reasons ("0/3 nodes are available: 3 <reason>")
+    and cuts its message at 1,024 bytes: a reason per node's own figures would not add up."""
+    for node, used in zip(nodes, (10240, 20480, 30720), strict=True):
+        for j in range(2):  # both GPUs of the node partly used, each node differently
+            uid = f"busy-{node}-{j}"
+            busy = pod_obj(uid, {"gpupool.io/gpu-memory": str(used)})
+            busy["metadata"].update(uid=uid, annotations=encode(Allocation(
+                uid, node, 0, 0, (Slice(f"GPU-{node}-{j}", j, used, 10, "c0"),)),
+                "2026-01-01T00:00:00Z"))
+            busy["spec"]["nodeName"] = node
+            fake.seed("pods", busy)
+    assert wait_for(lambda: len(replica.cache.state.allocations) == 6)
+    pod = shared(fake, "big", memory="35840", core="10")
+    answer = client.post("/filter", json={"Pod": pod, "NodeNames": nodes}).json()
+    assert answer["NodeNames"] == [] and set(answer["FailedNodes"]) == set(nodes)
+    assert set(answer["FailedNodes"].values()) == {
+        "gpupool: 1 GPUs with 35840 MiB + 10 % core needed, 0 have room"}
 
 
 def test_a_full_gpu_is_refused_for_now_not_forever(client: TestClient, fake: FakeApiServer,

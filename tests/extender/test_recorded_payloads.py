@@ -87,7 +87,7 @@ def check_filter(body: dict[str, Any], answer: dict[str, Any], cache_capable: bo
     failed = {**answer["FailedNodes"], **answer["FailedAndUnresolvableNodes"]}
     assert set(passing) <= set(sent) and set(failed) <= set(sent)
     assert sorted(passing + list(failed)) == sorted(sent)  # every node accounted for once
-    assert all(reason.startswith(f"node {n}: ") for n, reason in failed.items())
+    assert all(reason.startswith("gpupool") for reason in failed.values())  # no node names
     for name in sent:  # the recorded cluster's GPU nodes fit these small pods
         assert (name in passing) == (name in GPU_NODES)
 

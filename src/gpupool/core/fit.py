@@ -173,12 +173,15 @@ def explain(
         if reason is not None:
             return reason
     if request.cpu_milli > state.cpu_free[i]:
-        return Reason(name, Check.CPU, f"{request.cpu_milli}m CPU needed, {state.cpu_free[i]}m "
-                      f"of {state.cpu_cap[i]}m free", request.cpu_milli > state.cpu_cap[i])
+        need, cap = f"{request.cpu_milli}m CPU needed", f"{state.cpu_cap[i]}m"
+        never = request.cpu_milli > state.cpu_cap[i]
+        return Reason(name, Check.CPU, f"{need}, {state.cpu_free[i]}m of {cap} free", never,
+                      f"{need}, node has {cap}" if never else f"{need}, less free")
     if request.memory_mib > state.mem_free[i]:
-        return Reason(name, Check.MEMORY, f"{request.memory_mib} MiB memory needed, "
-                      f"{state.mem_free[i]} of {state.mem_cap[i]} MiB free",
-                      request.memory_mib > state.mem_cap[i])
+        need, cap = f"{request.memory_mib} MiB memory needed", f"{state.mem_cap[i]} MiB"
+        never = request.memory_mib > state.mem_cap[i]
+        return Reason(name, Check.MEMORY, f"{need}, {state.mem_free[i]} of {cap} free", never,
+                      f"{need}, node has {cap}" if never else f"{need}, less free")
     if demand is not None:
         return _explain_gpu_free(state, demand, i, constraints)
     return None
@@ -233,11 +236,12 @@ def _explain_gpu_free(state: ClusterState, demand: GpuDemand, i: int, c: Constra
     if demand.exclusive:
         idle = int((ok & (state.core_free[i] == state.core_cap[i])
                     & (state.unit_free[i] == state.unit_cap[i])).sum())
-        msg = f"{demand.count} idle GPUs needed, {idle} idle"
-    else:
-        unit = state.memory_unit_mib
-        best = int(np.argmax(np.where(ok, state.free_milli[i], -1)))
-        msg = (f"{demand.count} GPUs with {demand.memory_mib} MiB + {demand.core_pct} % core "
-               f"needed, {have} have room (roomiest GPU: {state.unit_free[i, best] * unit} MiB, "
-               f"{state.core_free[i, best]} % core free)")
-    return Reason(name, Check.GPU_FREE, msg, False)
+        return Reason(name, Check.GPU_FREE, f"{demand.count} idle GPUs needed, {idle} idle",
+                      False)
+    unit = state.memory_unit_mib
+    best = int(np.argmax(np.where(ok, state.free_milli[i], -1)))
+    common = (f"{demand.count} GPUs with {demand.memory_mib} MiB + {demand.core_pct} % core "
+              f"needed, {have} have room")
+    return Reason(name, Check.GPU_FREE, f"{common} (roomiest GPU: "
+                  f"{state.unit_free[i, best] * unit} MiB, {state.core_free[i, best]} % core "
+                  "free)", False, common)

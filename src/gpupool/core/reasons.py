@@ -34,6 +34,16 @@ class Reason:
     check: Check
     message: str
     permanent: bool
+    summary: str = ""
+    """The message without the figures only this node has ("": it has none)."""
 
     def sentence(self) -> str:
         return f"node {self.node}: {self.message}"
+
+    def common(self) -> str:
+        """The message as every node in the same situation gives it: no node name, none of
+        the node's own free amounts. kube-scheduler counts identical reasons ("0/5000
+        nodes are available: 1211 <reason>, ...") and cuts that message at 1,024 bytes,
+        so reasons that differ from node to node would show a handful of nodes and no
+        counts."""
+        return self.summary or self.message

@@ -1,4 +1,12 @@
-"""Why filter refused each node: ``fit.explain`` sentences, cached per node version.
+"""Why filter refused each node: ``fit.explain`` reasons, cached per node version.
+
+A node's reason is the one every node in the same situation gives
+(``Reason.common``, behind ``gpupool:``): no node name, none of the node's own free
+amounts. kube-scheduler counts identical reasons into the pod's event and condition,
+``0/5000 nodes are available: 1211 gpupool: 2 GPUs with 40960 MiB + 50 % core
+needed, 0 have room, ...``, and cuts that message at 1,024 bytes: reasons that named
+their node would fill it with a handful of nodes and no counts. A node's own figures
+are in bind's error, which is about one node.
 
 A table per (request shape, class, group, quota refusal, catalogue version,
 layout) holds, for every node row, the sentence, whether it is permanent and
@@ -28,6 +36,7 @@ from gpupool.core.state import ClusterState, IntArray
 from gpupool.extender.metrics import Metrics
 
 UNKNOWN_NODE = "gpupool has no GPU inventory here (no GPUDevice objects name this node)"
+PREFIX = "gpupool: "  # which of the scheduler's filters refused, in its counted reasons
 TABLES = 64
 CHECKS = [c.value for c in Check] + ["other"]  # failure labels by code
 OTHER = len(CHECKS) - 1
@@ -73,8 +82,7 @@ class Refusals:
         not ``ok`` (``idx``: their state rows, -1 for nodes without GPU inventory)."""
         fail = np.flatnonzero(~ok)
         rows = idx[fail]
-        unresolvable = [member(node_names[k], f"node {node_names[k]}: {UNKNOWN_NODE}")
-                        for k in fail[rows < 0].tolist()]
+        unresolvable = [member(node_names[k], UNKNOWN_NODE) for k in fail[rows < 0].tolist()]
         rows = rows[rows >= 0]
         table = self._table(state, request, c, catalogue_version)
         self._explain_stale(state, request, c, table, rows)
@@ -109,10 +117,9 @@ class Refusals:
         stale = rows[table.version[rows] != state.version[rows]]
         for i in sorted(set(stale.tolist())):
             reason = explain(state, request, i, c)
-            name = state.nodes[i].name
-            sentence = reason.sentence() if reason is not None else \
-                f"node {name}: {request.describe()} does not fit now"
-            table.member[i] = member(name, sentence)
+            why = reason.common() if reason is not None else \
+                f"{request.describe()} does not fit now"
+            table.member[i] = member(state.nodes[i].name, PREFIX + why)
             table.permanent[i] = bool(reason is not None and reason.permanent)
             table.check[i] = CODE[reason.check.value] if reason is not None else OTHER
             table.version[i] = state.version[i]
