@@ -5,10 +5,11 @@ from __future__ import annotations
 import copy
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from waiting import wait_for
 
 from gpupool.cli.main import main
 from gpupool.controller.defaults import MANAGED_BY
@@ -135,15 +136,6 @@ def test_an_owned_class_edited_by_hand_is_put_back_and_one_made_by_hand_is_not(
     assert out.updated == [] and out.deleted == []
     obj = fake.get("resourceclasses", "a100-sxm4-80gb")
     assert obj is not None and obj["spec"]["selector"]["matchLabels"] == {"mine": "1"}
-
-
-def wait_for(check: Callable[[], bool], timeout_s: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def test_the_watching_loop_follows_changes_and_settles(fake: FakeApiServer,

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -50,16 +48,6 @@ def pod_obj(name: str, limits: dict[str, Any] | None = None, ns: str = "default"
                      "containers": [{"name": f"c{k}", "image": "busybox", "resources": resources}
                                     for k in range(containers)]},
             "status": {"phase": "Pending"}}
-
-
-def wait_for(check: Callable[[], bool], timeout_s: float = 5.0) -> bool:
-    """Poll until ``check()`` holds (the replicas' watches run on threads of their own)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.01)
-    return check()
 
 
 def seed_cluster(fake: FakeApiServer, nodes: int, gpus: int = 8, model: str = "A100",

@@ -7,13 +7,14 @@ from typing import Any
 
 import pytest
 from starlette.testclient import TestClient
+from waiting import wait_for
 
 from gpupool.contract.annotations import encode
 from gpupool.core.allocation import Allocation, Slice
 from gpupool.extender.app import build_app
 from gpupool.kube.fake_apiserver import FakeApiServer
 
-from .builders import Replica, node_obj, pod_obj, wait_for
+from .builders import Replica, node_obj, pod_obj
 
 
 @pytest.fixture

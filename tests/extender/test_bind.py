@@ -6,10 +6,12 @@ import json
 import time
 from typing import Any
 
+from waiting import wait_for
+
 from gpupool.contract.annotations import decode
 from gpupool.kube.fake_apiserver import FakeApiServer
 
-from .builders import Replica, gpu_obj, pod_obj, schedule, wait_for
+from .builders import Replica, gpu_obj, pod_obj, schedule
 
 
 def shared(fake: FakeApiServer, name: str, memory: str = "8192", core: str = "25"

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import waiting
 import yaml
 
 from gpupool.contract import annotations, names
@@ -17,11 +17,9 @@ BIND_TIME = "2026-01-01T00:00:00Z"
 
 
 def wait_for(predicate: Callable[[], object], timeout: float = 5.0) -> None:
-    """Poll until ``predicate()`` holds (the agent's watches run on threads of their own)."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.02)
+    """Wait until ``predicate()`` holds (the agent's watches run on threads of their own);
+    fail the test if it does not within ``timeout`` seconds."""
+    assert waiting.wait_for(predicate, timeout), "condition not reached"
 
 
 def uuid_of(i: int) -> str:
