@@ -88,6 +88,8 @@ from gpupool.extender.service import Extender, Settings
 from gpupool.kube.api import KubeApi
 from gpupool.sim.window import ADAPTIVE, nodes_to_find
 
+from machine import line as machine_line
+
 GPUS = 8
 GPU_MIB = 81920
 BASELINE = "best-fit"
@@ -720,12 +722,17 @@ def main() -> None:
     opts = Options(args.pods, args.seed, args.order,
                    (DEFAULT_POLICY,) if args.no_baseline else (DEFAULT_POLICY, BASELINE),
                    not args.no_http, args.http_client, not args.no_pipelined)
+    print(machine_line("before"))
     for n in args.nodes:  # --nodes 0: only the rebuild
         if n > 0:
             report(n, measure(n, opts), opts)
-    if args.no_rebuild:
-        return
-    r = measure_rebuild(args.rebuild_nodes, args.rebuild_pods, args.seed)
+    if not args.no_rebuild:
+        rebuild(args.rebuild_nodes, args.rebuild_pods, args.seed)
+    print("\n" + machine_line("after"))
+
+
+def rebuild(nodes: int, pods: int, seed: int) -> None:
+    r = measure_rebuild(nodes, pods, seed)
     print(f"\nrebuild from the API: {r['nodes']:.0f} nodes, {r['pods']:.0f} pods "
           f"({r['gpu_allocations']:.0f} with GPU decisions) in {r['seconds']:.2f} s "
           f"(of which the cache's own work {r['cache_seconds']:.2f} s; the rest is listing "

@@ -1,0 +1,79 @@
+"""How fast the machine is right now: a fixed workload that uses no gpupool code.
+
+The development machine's speed drifts by up to 2x from hour to hour (the same code
+and command gave a 5,000-node rebuild of 2.3 s one day and 4.9 s another). Figures
+from different days are only comparable beside this: the benchmarks print it
+before and after their measurements, and ``docs/benchmarks.md`` records it with
+each run. It is the kind of work the extender does per pod (decode a JSON list of
+5,000 node names, look each up in a dict, numpy masks and gathers over 40,000
+GPUs, encode a few hundred small objects), so a round that takes 1.5x longer means
+the extender's figures are to be read against a 1.5x slower machine.
+
+    .venv/bin/python bench/machine.py [--rounds 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+
+import msgspec
+import numpy as np
+
+NAMES = 5000
+GPUS = 40_000
+
+
+class Workload:
+    """The fixed inputs, made once (seeded): the timed part only reads them."""
+
+    def __init__(self) -> None:
+        rng = random.Random(7)
+        names = [f"n{i:05d}" for i in range(NAMES)]
+        self.index = {name: i for i, name in enumerate(names)}
+        self.raw = msgspec.json.encode(rng.sample(names, len(names)))
+        gen = np.random.default_rng(7)
+        self.free = gen.integers(0, 81920, GPUS)
+        self.order = gen.permutation(NAMES)
+        self.records = [{"Host": name, "Score": k % 11} for k, name in enumerate(names[:300])]
+
+    def round(self) -> int:
+        """One round of work; returns a checksum so that nothing is optimised away."""
+        rows = [self.index[name] for name in msgspec.json.decode(self.raw)]
+        fits = (self.free >= 20480).reshape(NAMES, -1).any(axis=1)
+        picked = np.flatnonzero(fits[self.order])
+        scores = np.sort(self.free.reshape(NAMES, -1).sum(axis=1)[picked])
+        answer = msgspec.json.encode(self.records)
+        return len(rows) + int(scores[-1]) + len(answer)
+
+
+def machine_ms(rounds: int = 200) -> float:
+    """Median milliseconds of one round of the fixed workload (after two warm rounds)."""
+    work = Workload()
+    for _ in range(2):
+        work.round()
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        work.round()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def line(when: str, rounds: int = 200) -> str:
+    return (f"machine check ({when}): {machine_ms(rounds):.2f} ms a round (median of "
+            f"{rounds}; a fixed workload without gpupool code, bench/machine.py: a larger "
+            "figure means a slower machine)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=200)
+    print(line("now", parser.parse_args().rounds))
+
+
+if __name__ == "__main__":
+    main()
