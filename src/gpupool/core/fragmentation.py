@@ -17,42 +17,112 @@ counted as 0). Weights ``w_t`` are pod counts, so sums are exact integers.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 import numpy as np
 
 from gpupool.core.state import IntArray
 from gpupool.core.workload import TargetWorkload
 
+DENSE_ENTRIES = 1 << 21  # at most 16 MB of precomputed answers per GPU width
+
+
+@dataclass(frozen=True, slots=True)
+class _Runs:
+    """Which shapes run, for nodes of one GPU width. A query names a share's block of
+    ``width + 1`` GPU counts and a CPU rank: ``(share · (width + 1) + count) · ranks +
+    rank``; its answer is the weight of the shapes of that share that need at most
+    ``count`` GPUs and at most that much CPU. ``keys`` holds one entry per (block,
+    shape) in that numbering, sorted, ``weights`` their running sum, ``before`` the
+    running sum at each block's start; ``table`` the answer to every query, when
+    that is small enough to keep."""
+
+    ranks: int
+    keys: IntArray
+    weights: IntArray
+    before: IntArray
+    table: IntArray | None
+
+    def answer(self, queries: IntArray) -> IntArray:
+        if self.table is not None:
+            return self.table.take(queries)
+        found = np.searchsorted(self.keys, queries, side="right")
+        return np.asarray(self.weights[found] - self.before[queries // self.ranks], np.int64)
+
 
 class FragmentationModel:
-    """Precomputed per-workload arrays; ``measure`` is vectorised over many nodes."""
+    """Precomputed per-workload arrays; ``measure`` is vectorised over many nodes.
 
-    def __init__(self, workload: TargetWorkload):
+    How ``measure`` computes F: a task of shape t either runs on n or leaves all of
+    n's free share as fragment, and it runs exactly when n has at least ``k_t`` GPUs
+    with ``m_t`` free and ``c_t`` CPU. So, with ``W`` the sum of the weights,
+    ``above_n(m)`` the free share on n's GPUs with at least m free and
+    ``R_n(m)`` the weight of the shapes of share m that run on n::
+
+        F_n = W · Σ_g free_g − Σ_m above_n(m) · R_n(m)
+
+    ``R_n(m)`` depends on n only through how many GPUs have m free (at most ``GPUs
+    per node + 1`` values) and the rank of n's free CPU among the shapes' CPU figures,
+    so it is looked up (``_Runs``): a call costs a dozen array operations whatever the
+    number of shapes. At one node 30-40 µs where a loop over the shares took 70-260
+    µs; at 5,000 nodes 0.8x the loop's time for the built-in workload (4 shares) and
+    0.1x for one of 1,700 shapes. Integer sums throughout: the figures are exact.
+    """
+
+    def __init__(self, workload: TargetWorkload, dense_entries: int = DENSE_ENTRIES):
         self.workload = workload
+        self.dense_entries = dense_entries
         groups: dict[int, list[tuple[int, int, int]]] = {}
-        cpu_only = 0
         for shape, w in zip(workload.shapes, workload.weights, strict=True):
-            if shape.gpu_count == 0:
-                cpu_only += w
-            else:
+            if shape.gpu_count != 0:
                 groups.setdefault(shape.gpu_milli, []).append((shape.gpu_count, shape.cpu_milli, w))
-        self._cpu_only_weight = cpu_only
-        self._groups = [
-            (milli, np.array([c for c, _, _ in g]), np.array([cpu for _, cpu, _ in g]),
-             np.array([w for _, _, w in g], np.int64))
-            for milli, g in sorted(groups.items())
-        ]
+        self._all_weight = int(sum(workload.weights))
+        shares = sorted(groups)
+        self._milli = np.array(shares, np.int64)[:, None, None]  # shares × 1 × 1
+        self._shapes = [np.array(groups[m], np.int64).reshape(-1, 3) for m in shares]
+        self._cpus = np.unique(np.concatenate([g[:, 1] for g in self._shapes])) \
+            if shares else np.zeros(0, np.int64)  # the shapes' CPU figures, sorted
+        self._runs: dict[int, _Runs] = {}
+
+    def _rank(self, cpu: IntArray) -> IntArray:
+        """How many of the shapes' CPU figures ``cpu`` reaches (0: none)."""
+        return np.searchsorted(self._cpus, cpu, side="right").astype(np.int64)
+
+    def _runs_for(self, width: int) -> _Runs:
+        runs = self._runs.get(width)
+        if runs is not None:
+            return runs
+        ranks = self._cpus.size + 1
+        keys: list[IntArray] = []
+        weights: list[IntArray] = []
+        for g, shapes in enumerate(self._shapes):
+            counts, rank, ws = shapes[:, 0], self._rank(shapes[:, 1]), shapes[:, 2]
+            for count in range(width + 1):
+                ok = counts <= count
+                keys.append((g * (width + 1) + count) * ranks + rank[ok])
+                weights.append(ws[ok])
+        key = np.concatenate(keys)
+        order = np.argsort(key, kind="stable")
+        key = key[order]
+        total = np.concatenate(([0], np.cumsum(np.concatenate(weights)[order]))).astype(np.int64)
+        size = len(self._shapes) * (width + 1) * ranks
+        before = total[np.searchsorted(key, np.arange(0, size, ranks), side="left")]
+        runs = _Runs(ranks, key, total, before, None)
+        if size <= self.dense_entries:
+            runs = replace(runs, table=runs.answer(np.arange(size, dtype=np.int64)))
+        self._runs[width] = runs
+        return runs
 
     def measure(self, free: IntArray, cpu_free: IntArray) -> IntArray:
         """Fragmentation (weighted milli-GPU) of each row of ``free`` [rows, gpus]."""
         usable = np.maximum(free, 0)
-        total = usable.sum(axis=1)
-        out = total * self._cpu_only_weight
-        for milli, counts, cpus, weights in self._groups:
-            ge = free >= milli
-            n_ge = ge.sum(axis=1)
-            below = (usable * ~ge).sum(axis=1)
-            # rows × shapes: can shape t run here?
-            runs = (n_ge[:, None] >= counts[None, :]) & (cpu_free[:, None] >= cpus[None, :])
-            frag = np.where(runs, below[:, None], total[:, None])
-            out = out + frag @ weights
-        return np.asarray(out, np.int64)
+        out = usable.sum(axis=1) * self._all_weight
+        if not self._shapes or not free.shape[0]:
+            return np.asarray(out, np.int64)
+        width = free.shape[1]
+        runs = self._runs_for(width)
+        fits = free >= self._milli  # shares × rows × gpus
+        above = (fits * usable).sum(axis=2)  # shares × rows
+        first = np.arange(len(self._shapes))[:, None] * (width + 1)
+        queries = (first + np.count_nonzero(fits, axis=2)) * runs.ranks + self._rank(cpu_free)
+        return np.asarray(out - (above * runs.answer(queries)).sum(axis=0), np.int64)

@@ -1,0 +1,72 @@
+"""``FragmentationModel.measure`` against the definition, node by node and shape by shape."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from gpupool.core.fragmentation import DENSE_ENTRIES, FragmentationModel
+from gpupool.core.workload import TargetWorkload, TaskShape
+
+
+def by_definition(workload: TargetWorkload, free: list[list[int]], cpu: list[int]) -> list[int]:
+    """F_n = Σ_t w_t · F_n(t), written out as the module docstring states it."""
+    out = []
+    for gpus, cpu_free in zip(free, cpu, strict=True):
+        usable = [max(f, 0) for f in gpus]
+        total = 0
+        for shape, w in zip(workload.shapes, workload.weights, strict=True):
+            fits = sum(1 for f in gpus if f >= shape.gpu_milli)
+            runs = shape.gpu_count != 0 and fits >= shape.gpu_count and \
+                cpu_free >= shape.cpu_milli
+            left = sum(u for u, f in zip(usable, gpus, strict=True) if f < shape.gpu_milli) \
+                if runs else sum(usable)
+            total += w * left
+        out.append(total)
+    return out
+
+
+def random_workload(rng: random.Random) -> TargetWorkload:
+    shapes = [TaskShape(rng.choice([0, 500, 1000, 4000, 8000, 16000, 64000]),
+                        rng.choice([0, 1, 1, 2, 4, 8, 9, 12]),
+                        rng.choice([1, 100, 250, 500, 750, 1000]))
+              for _ in range(rng.randint(1, 40))]
+    return TargetWorkload(tuple(shapes), tuple(rng.randint(1, 50) for _ in shapes))
+
+
+@pytest.mark.parametrize("dense_entries", [DENSE_ENTRIES, 0], ids=["table", "search"])
+@pytest.mark.parametrize("seed", range(40))
+def test_measure_matches_the_definition(seed: int, dense_entries: int) -> None:
+    """Both ways of answering which shapes run: the precomputed table (every workload
+    seen in practice) and the search a huge workload falls back to."""
+    rng = random.Random(seed)
+    workload = random_workload(rng)
+    model = FragmentationModel(workload, dense_entries)
+    for _ in range(3):  # one model, several widths and row counts (the tables per width)
+        rows, width = rng.randint(0, 12), rng.randint(1, 10)
+        free = [[rng.choice([-1, 0, 1, 99, 100, 250, 499, 500, 1000, rng.randint(0, 1000)])
+                 for _ in range(width)] for _ in range(rows)]
+        cpu = [rng.choice([-4000, 0, 500, 999, 1000, 16000, 10**12, rng.randint(0, 70000)])
+               for _ in range(rows)]
+        got = model.measure(np.array(free, np.int64).reshape(rows, width),
+                            np.array(cpu, np.int64))
+        assert got.dtype == np.int64
+        assert got.tolist() == by_definition(workload, free, cpu)
+
+
+def test_a_node_where_every_shape_runs_keeps_only_its_slivers() -> None:
+    workload = TargetWorkload((TaskShape(1000, 1, 500), TaskShape(2000, 2, 1000)), (3, 1))
+    model = FragmentationModel(workload)
+    got = model.measure(np.array([[1000, 1000, 200, -1]]), np.array([8000]))
+    # 500-share tasks use the two idle GPUs, the 200 left is a sliver for both shapes
+    assert got.tolist() == [3 * 200 + 1 * 200]
+    starved = model.measure(np.array([[1000, 1000, 200, -1]]), np.array([0]))
+    assert starved.tolist() == [4 * 2200]  # no CPU: nothing runs, all free share is lost
+
+
+def test_cpu_only_shapes_count_the_whole_free_share() -> None:
+    model = FragmentationModel(TargetWorkload((TaskShape(1000, 0, 0),), (5,)))
+    assert model.measure(np.array([[300, -1], [0, 0]]), np.array([10**6, 0])).tolist() == \
+        [5 * 300, 0]
