@@ -4,6 +4,7 @@ order they were written in; one reservation of every slice decides it."""
 from __future__ import annotations
 
 import random
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 import pytest
@@ -96,3 +97,33 @@ def test_one_reservation_of_every_slice_decides_as_reserving_them_one_by_one(see
     held = [random_alloc(f"e{k}") for k in range(rng.randrange(0, 10))]
     new = random_alloc("new")
     assert fits(held, new) == one_by_one(NODE, held, new)
+
+
+def test_a_refused_check_leaves_nothing_behind_for_the_next_one() -> None:
+    """Checks replay on a one-node state kept per node: a refusal must not hold
+    anything, a success must give everything back."""
+    full = [alloc("a", (0, 40_960, 100))]
+    for _ in range(3):
+        assert not fits(full, alloc("new", (0, 1, 1)))
+        assert fits([], alloc("new", (0, 40_960, 100)))
+
+
+def test_a_node_that_changed_is_checked_against_its_new_gpus() -> None:
+    small = replace(NODE, gpus=tuple(replace(g, memory_mib=20_480) for g in NODE.gpus))
+    assert fits([], alloc("new", (0, 40_960, 100)), NODE)
+    assert not fits([], alloc("new", (0, 40_960, 100)), small)
+    assert fits([], alloc("new", (0, 20_480, 100)), small)
+
+
+def test_bind_threads_checking_at_once_get_the_answers_of_a_fresh_state() -> None:
+    rng = random.Random(7)
+    cases = []
+    for k in range(400):
+        held = [alloc(f"e{k}-{i}", (rng.randrange(4), rng.choice((8192, 20_480, 40_960)),
+                                    rng.choice((20, 50, 100)))) for i in range(rng.randrange(4))]
+        new = alloc("new", (rng.randrange(4), rng.choice((8192, 20_480, 40_960)), 50))
+        cases.append((held, new, one_by_one(NODE, held, new)))
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(lambda case: fits(case[0], case[1]), cases))
+    assert got == [expected for _, _, expected in cases]
+    assert True in got and False in got

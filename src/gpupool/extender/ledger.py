@@ -18,6 +18,8 @@ allocation do not over-commit any GPU of the node. See docs/design/extender.md.
 from __future__ import annotations
 
 import logging
+import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -125,9 +127,11 @@ def advanced(view: View, changes: Mapping[str, Any], written: Mapping[str, Any])
     return View(view.node, str(meta.get("resourceVersion") or "") or None, entries)
 
 
-def gpu_only(alloc: Allocation, node: Node) -> Allocation:
-    """``alloc`` without CPU and memory, GPU positions looked up by uuid on ``node``."""
-    pos = {g.uuid: p for p, g in enumerate(node.gpus)}
+def gpu_only(alloc: Allocation, node: Node, positions: Mapping[str, int] | None = None
+             ) -> Allocation:
+    """``alloc`` without CPU and memory, GPU positions looked up by uuid on ``node``
+    (``positions``: uuid -> position on ``node``, when the caller has it already)."""
+    pos = positions if positions is not None else {g.uuid: p for p, g in enumerate(node.gpus)}
     slices = []
     for s in alloc.slices:
         if s.gpu_uuid not in pos:
@@ -135,6 +139,52 @@ def gpu_only(alloc: Allocation, node: Node) -> Allocation:
         slices.append(replace(s, gpu_position=pos[s.gpu_uuid]) if pos[s.gpu_uuid] !=
                       s.gpu_position else s)
     return Allocation(alloc.key, alloc.node, 0, 0, tuple(slices), alloc.exclusive)
+
+
+class _Scratch:
+    """One-node states to replay ledgers in, one per node object (a node that changes
+    is a new object; the entry keeps it, so its ``id`` is not reused while cached), the
+    most recently used ``SCRATCH_NODES`` kept. Building a ``ClusterState`` took about
+    half of a check (70-110 µs of 180-210 for a dozen entries); a check now reserves
+    and releases on the kept one, which leaves it as it was (bind threads take turns)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._states: OrderedDict[tuple[int, int], tuple[Node, ClusterState, dict[str, int]]] \
+            = OrderedDict()
+
+    def check(self, node: Node, held: Iterable[Allocation], new: Allocation,
+              memory_unit_mib: int) -> None:
+        with self._lock:
+            key = (id(node), memory_unit_mib)
+            entry = self._states.get(key)
+            if entry is None:  # the entry keeps its node: no other node has its id
+                healthy = node if all(g.healthy for g in node.gpus) else \
+                    replace(node, gpus=tuple(replace(g, healthy=True) for g in node.gpus))
+                entry = (node, ClusterState([healthy], memory_unit_mib),
+                         {g.uuid: p for p, g in enumerate(node.gpus)})
+                self._states[key] = entry
+                while len(self._states) > SCRATCH_NODES:
+                    self._states.popitem(last=False)
+            self._states.move_to_end(key)
+            _, state, positions = entry
+            slices: list[Slice] = []
+            for alloc in held:
+                if alloc.key == new.key:
+                    continue
+                try:
+                    slices.extend(gpu_only(alloc, node, positions).slices)
+                except UnknownName:
+                    continue
+            mine = gpu_only(new, node, positions)
+            together = replace(mine, slices=(*slices, *mine.slices))
+            with state.deferred():  # the row's derived values: refreshed once, not twice
+                state.reserve(together)  # OverCommit: nothing was taken
+                state.release(together.key)
+
+
+SCRATCH_NODES = 64
+_SCRATCH = _Scratch()
 
 
 def check_fits(node: Node, held: Iterable[Allocation], new: Allocation, memory_unit_mib: int
@@ -147,19 +197,7 @@ def check_fits(node: Node, held: Iterable[Allocation], new: Allocation, memory_u
     compares them with the room, so the whole fits exactly when reserving the
     entries one after another would (and costs one reservation, not one per entry).
     """
-    if not all(g.healthy for g in node.gpus):
-        node = replace(node, gpus=tuple(replace(g, healthy=True) for g in node.gpus))
-    slices: list[Slice] = []
-    for alloc in held:
-        if alloc.key == new.key:
-            continue
-        try:
-            slices.extend(gpu_only(alloc, node).slices)
-        except UnknownName:
-            continue
-    mine = gpu_only(new, node)
-    together = replace(mine, slices=(*slices, *mine.slices))
-    ClusterState([node], memory_unit_mib).reserve(together)
+    _SCRATCH.check(node, held, new, memory_unit_mib)
 
 
 class Ledgers:
