@@ -29,7 +29,7 @@ from gpupool.contract import names
 from gpupool.contract.devices import parse_time
 from gpupool.core.allocation import Allocation, Slice
 from gpupool.core.errors import InvalidInput, UnknownName
-from gpupool.core.model import Node
+from gpupool.core.model import Gpu, Node
 from gpupool.core.state import ClusterState
 from gpupool.kube.api import KubeApi
 from gpupool.kube.errors import NotFound
@@ -127,11 +127,9 @@ def advanced(view: View, changes: Mapping[str, Any], written: Mapping[str, Any])
     return View(view.node, str(meta.get("resourceVersion") or "") or None, entries)
 
 
-def gpu_only(alloc: Allocation, node: Node, positions: Mapping[str, int] | None = None
-             ) -> Allocation:
-    """``alloc`` without CPU and memory, GPU positions looked up by uuid on ``node``
-    (``positions``: uuid -> position on ``node``, when the caller has it already)."""
-    pos = positions if positions is not None else {g.uuid: p for p, g in enumerate(node.gpus)}
+def gpu_only(alloc: Allocation, node: Node) -> Allocation:
+    """``alloc`` without CPU and memory, GPU positions looked up by uuid on ``node``."""
+    pos = {g.uuid: p for p, g in enumerate(node.gpus)}
     slices = []
     for s in alloc.slices:
         if s.gpu_uuid not in pos:
@@ -142,48 +140,61 @@ def gpu_only(alloc: Allocation, node: Node, positions: Mapping[str, int] | None 
 
 
 class _Scratch:
-    """One-node states to replay ledgers in, one per node object (a node that changes
-    is a new object; the entry keeps it, so its ``id`` is not reused while cached), the
-    most recently used ``SCRATCH_NODES`` kept. Building a ``ClusterState`` took about
-    half of a check (70-110 µs of 180-210 for a dozen entries); a check now reserves
-    and releases on the kept one, which leaves it as it was (bind threads take turns)."""
+    """One-node states to replay ledgers in, one per GPU layout (each GPU's memory, in
+    order: all that the check reads of a node), the ``SCRATCH_LAYOUTS`` most recently
+    used kept. A node's slices are checked there position for position, under the
+    scratch node's GPU names. Building a ``ClusterState`` for every check had been
+    half its cost (70-110 µs of 180-210 for a dozen entries); now a check reserves
+    everything on the kept state and gives it back, which leaves it as it was (bind
+    threads take turns)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._states: OrderedDict[tuple[int, int], tuple[Node, ClusterState, dict[str, int]]] \
-            = OrderedDict()
+        self._states: OrderedDict[tuple[tuple[int, ...], int], ClusterState] = OrderedDict()
+
+    def _state(self, layout: tuple[int, ...], memory_unit_mib: int) -> ClusterState:
+        key = (layout, memory_unit_mib)
+        state = self._states.get(key)
+        if state is None:
+            node = Node("ledger-check", 0, 0, tuple(Gpu(f"gpu-{j}", j, "any", mib)
+                                                   for j, mib in enumerate(layout)))
+            state = self._states[key] = ClusterState([node], memory_unit_mib)
+            while len(self._states) > SCRATCH_LAYOUTS:
+                self._states.popitem(last=False)
+        self._states.move_to_end(key)
+        return state
 
     def check(self, node: Node, held: Iterable[Allocation], new: Allocation,
               memory_unit_mib: int) -> None:
+        positions = {g.uuid: p for p, g in enumerate(node.gpus)}
+        slices: list[Slice] = []
+        for alloc in held:
+            if alloc.key != new.key:
+                slices += _renamed(alloc, positions) or ()  # a GPU the node lost: skipped
+        mine = _renamed(new, positions)
+        if mine is None:
+            raise UnknownName(f"{new.key}: a GPU of {new.describe()} is not on node "
+                              f"{node.name}")
+        together = Allocation(new.key, "ledger-check", 0, 0, (*slices, *mine))
         with self._lock:
-            key = (id(node), memory_unit_mib)
-            entry = self._states.get(key)
-            if entry is None:  # the entry keeps its node: no other node has its id
-                healthy = node if all(g.healthy for g in node.gpus) else \
-                    replace(node, gpus=tuple(replace(g, healthy=True) for g in node.gpus))
-                entry = (node, ClusterState([healthy], memory_unit_mib),
-                         {g.uuid: p for p, g in enumerate(node.gpus)})
-                self._states[key] = entry
-                while len(self._states) > SCRATCH_NODES:
-                    self._states.popitem(last=False)
-            self._states.move_to_end(key)
-            _, state, positions = entry
-            slices: list[Slice] = []
-            for alloc in held:
-                if alloc.key == new.key:
-                    continue
-                try:
-                    slices.extend(gpu_only(alloc, node, positions).slices)
-                except UnknownName:
-                    continue
-            mine = gpu_only(new, node, positions)
-            together = replace(mine, slices=(*slices, *mine.slices))
+            state = self._state(tuple(g.memory_mib for g in node.gpus), memory_unit_mib)
             with state.deferred():  # the row's derived values: refreshed once, not twice
                 state.reserve(together)  # OverCommit: nothing was taken
                 state.release(together.key)
 
 
-SCRATCH_NODES = 64
+def _renamed(alloc: Allocation, positions: Mapping[str, int]) -> list[Slice] | None:
+    """``alloc``'s slices under the scratch node's GPU names (None: a GPU not there)."""
+    out = []
+    for s in alloc.slices:
+        p = positions.get(s.gpu_uuid)
+        if p is None:
+            return None
+        out.append(Slice(f"gpu-{p}", p, s.memory_mib, s.core_pct))
+    return out
+
+
+SCRATCH_LAYOUTS = 16
 _SCRATCH = _Scratch()
 
 
