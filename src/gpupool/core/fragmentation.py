@@ -66,7 +66,7 @@ class FragmentationModel:
     so it is looked up (``_Runs``): a call costs a dozen array operations whatever the
     number of shapes. At one node 30-40 µs where a loop over the shares took 70-260
     µs; at 5,000 nodes 0.8x the loop's time for the built-in workload (4 shares) and
-    0.1x for one of 1,700 shapes. Integer sums throughout: the figures are exact.
+    0.12x for one of 1,700 shapes. Integer sums throughout: the figures are exact.
     """
 
     def __init__(self, workload: TargetWorkload, dense_entries: int = DENSE_ENTRIES):
