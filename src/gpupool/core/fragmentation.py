@@ -24,7 +24,8 @@ import numpy as np
 from gpupool.core.state import IntArray
 from gpupool.core.workload import TargetWorkload
 
-DENSE_ENTRIES = 1 << 21  # at most 16 MB of precomputed answers per GPU width
+DENSE_ENTRIES = 1 << 18  # at most 2 MB of precomputed answers per GPU width (real workloads:
+# ~2,000 entries; a workload of thousands of shapes with hundreds of shares searches)
 
 
 @dataclass(frozen=True, slots=True)
