@@ -1,4 +1,4 @@
-"""``check_fits``: a ledger's entries plus a new one must fit the node's GPUs, whatever
+"""``FitCheck``: a ledger's entries plus a new one must fit the node's GPUs, whatever
 order they were written in; one reservation of every slice decides it."""
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from gpupool.core.allocation import Allocation, Slice
 from gpupool.core.errors import OverCommit, UnknownName
 from gpupool.core.model import Gpu, Node
 from gpupool.core.state import ClusterState
-from gpupool.extender.ledger import check_fits, gpu_only
+from gpupool.extender.ledger import FitCheck, gpu_only
 
+CHECK = FitCheck()  # one for the whole module: checks reuse its kept states, as binds do
 NODE = Node("n1", 64_000, 512 * 1024, tuple(Gpu(f"GPU-n1-{j}", j, "A100", 40_960)
                                             for j in range(4)))
 
@@ -45,7 +46,7 @@ def one_by_one(node: Node, held: list[Allocation], new: Allocation) -> bool:
 
 def fits(held: list[Allocation], new: Allocation, node: Node = NODE) -> bool:
     try:
-        check_fits(node, held, new, 1)
+        CHECK.check(node, held, new, 1)
     except OverCommit:
         return False
     return True
@@ -82,7 +83,7 @@ def test_the_new_entry_replaces_its_own_older_copy() -> None:
 def test_the_new_entry_must_name_gpus_of_the_node() -> None:
     stray = Allocation("new", "n1", 0, 0, (Slice("GPU-elsewhere", 0, 1, 1),))
     with pytest.raises(UnknownName):
-        check_fits(NODE, [], stray, 1)
+        CHECK.check(NODE, [], stray, 1)
 
 
 @pytest.mark.parametrize("seed", range(200))

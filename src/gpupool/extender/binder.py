@@ -28,7 +28,7 @@ from gpupool.core.errors import OverCommit
 from gpupool.core.placement import Placer
 from gpupool.core.request import PodRequest
 from gpupool.extender.cache import ClusterCache
-from gpupool.extender.ledger import Entry, Ledgers, View, check_fits
+from gpupool.extender.ledger import Entry, FitCheck, Ledgers, View
 from gpupool.extender.metrics import Metrics
 from gpupool.extender.protocol import BindingArgs
 from gpupool.extender.refusals import UNKNOWN_NODE
@@ -48,6 +48,7 @@ class Binder:
         self.cache = cache
         self.kube = kube
         self.ledgers = Ledgers(kube)
+        self.fits = FitCheck()
         self.metrics = metrics
         self.attempts = attempts
         self.clock = clock
@@ -84,7 +85,7 @@ class Binder:
                           request.gpu_class, group)
             try:
                 held = [e.allocation for u, e in view.entries.items() if u not in prune]
-                check_fits(node, held, alloc, self.cache.state.memory_unit_mib)
+                self.fits.check(node, held, alloc, self.cache.state.memory_unit_mib)
                 new_view = self.ledgers.commit(view, request.key, entry, prune)
             except (OverCommit, Conflict):
                 self.metrics.conflicts.inc()

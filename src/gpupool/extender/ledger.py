@@ -11,7 +11,7 @@ GPU slice committed on that node, keyed by pod UID::
 
 An extender adds its pod's entry with a merge patch that carries the
 resourceVersion it checked (``Conflict`` when another replica wrote first), and
-only after ``check_fits`` showed that the entries at that version plus the new
+only after ``FitCheck`` showed that the entries at that version plus the new
 allocation do not over-commit any GPU of the node. See docs/design/extender.md.
 """
 
@@ -139,33 +139,32 @@ def gpu_only(alloc: Allocation, node: Node) -> Allocation:
     return Allocation(alloc.key, alloc.node, 0, 0, tuple(slices), alloc.exclusive)
 
 
-class _Scratch:
-    """One-node states to replay ledgers in, one per GPU layout (each GPU's memory, in
+class FitCheck:
+    """Whether a ledger's entries plus a new one fit a node's GPUs (``check``).
+
+    The check replays on one-node states kept per GPU layout (each GPU's memory, in
     order: all that the check reads of a node), the ``SCRATCH_LAYOUTS`` most recently
-    used kept. A node's slices are checked there position for position, under the
-    scratch node's GPU names. Building a ``ClusterState`` for every check had been
-    half its cost (70-110 µs of 180-210 for a dozen entries); now a check reserves
-    everything on the kept state and gives it back, which leaves it as it was (bind
-    threads take turns)."""
+    used; a node's slices are checked there position for position, under the
+    scratch node's GPU names, and given back after. Building a ``ClusterState`` for
+    every check had been half its cost (70-110 µs of 180-210 for a dozen entries).
+    Thread-safe: bind threads take turns on the kept states.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._states: OrderedDict[tuple[tuple[int, ...], int], ClusterState] = OrderedDict()
 
-    def _state(self, layout: tuple[int, ...], memory_unit_mib: int) -> ClusterState:
-        key = (layout, memory_unit_mib)
-        state = self._states.get(key)
-        if state is None:
-            node = Node("ledger-check", 0, 0, tuple(Gpu(f"gpu-{j}", j, "any", mib)
-                                                   for j, mib in enumerate(layout)))
-            state = self._states[key] = ClusterState([node], memory_unit_mib)
-            while len(self._states) > SCRATCH_LAYOUTS:
-                self._states.popitem(last=False)
-        self._states.move_to_end(key)
-        return state
-
     def check(self, node: Node, held: Iterable[Allocation], new: Allocation,
               memory_unit_mib: int) -> None:
+        """Raise ``OverCommit`` unless ``held`` plus ``new`` fit the GPUs of ``node``.
+
+        Health is ignored here (a GPU that turned unhealthy keeps its holders);
+        entries naming a GPU the node no longer has are skipped, a new allocation
+        naming one raises ``UnknownName``. Every slice is reserved at once, as one
+        allocation: the state adds up the slices of each GPU before it compares them
+        with the room, so the whole fits exactly when reserving the entries one after
+        another would (and costs one reservation, not one per entry).
+        """
         positions = {g.uuid: p for p, g in enumerate(node.gpus)}
         slices: list[Slice] = []
         for alloc in held:
@@ -182,6 +181,18 @@ class _Scratch:
                 state.reserve(together)  # OverCommit: nothing was taken
                 state.release(together.key)
 
+    def _state(self, layout: tuple[int, ...], memory_unit_mib: int) -> ClusterState:
+        key = (layout, memory_unit_mib)
+        state = self._states.get(key)
+        if state is None:
+            node = Node("ledger-check", 0, 0, tuple(Gpu(f"gpu-{j}", j, "any", mib)
+                                                   for j, mib in enumerate(layout)))
+            state = self._states[key] = ClusterState([node], memory_unit_mib)
+            while len(self._states) > SCRATCH_LAYOUTS:
+                self._states.popitem(last=False)
+        self._states.move_to_end(key)
+        return state
+
 
 def _renamed(alloc: Allocation, positions: Mapping[str, int]) -> list[Slice] | None:
     """``alloc``'s slices under the scratch node's GPU names (None: a GPU not there)."""
@@ -195,20 +206,6 @@ def _renamed(alloc: Allocation, positions: Mapping[str, int]) -> list[Slice] | N
 
 
 SCRATCH_LAYOUTS = 16
-_SCRATCH = _Scratch()
-
-
-def check_fits(node: Node, held: Iterable[Allocation], new: Allocation, memory_unit_mib: int
-               ) -> None:
-    """Raise ``OverCommit`` unless ``held`` plus ``new`` fit the GPUs of ``node``.
-
-    Health is ignored here (a GPU that turned unhealthy keeps its holders);
-    entries naming a GPU the node no longer has are skipped. Every slice is reserved
-    at once, as one allocation: the state adds up the slices of each GPU before it
-    compares them with the room, so the whole fits exactly when reserving the
-    entries one after another would (and costs one reservation, not one per entry).
-    """
-    _SCRATCH.check(node, held, new, memory_unit_mib)
 
 
 class Ledgers:
