@@ -9,12 +9,19 @@ each run. It is the kind of work the extender does per pod (decode a JSON list o
 GPUs, encode a few hundred small objects), so a round that takes 1.5x longer means
 the extender's figures are to be read against a 1.5x slower machine.
 
+That round stays on one core. The extender's figures also hang on how fast the
+machine wakes a waiting thread or process (an HTTP call, an API write, a watch
+event, a GIL hand-off), which on a virtual machine can vary on its own: the second
+figure is the round trip of one byte between two processes over pipes (median of
+batches), which a bare-metal Linux machine does in well under 10 µs.
+
     .venv/bin/python bench/machine.py [--rounds 200]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
 import time
@@ -62,10 +69,38 @@ def machine_ms(rounds: int = 200) -> float:
     return statistics.median(times)
 
 
+def wakeup_us(trips: int = 500, batches: int = 7) -> float:
+    """Median µs of a one-byte round trip between this process and a child, over pipes."""
+    to_child, from_parent = os.pipe()
+    to_parent, from_child = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child echoes every byte until the parent closes its end
+        os.close(from_parent)
+        os.close(to_parent)
+        while os.read(to_child, 1):
+            os.write(from_child, b"x")
+        os._exit(0)
+    os.close(to_child)
+    os.close(from_child)
+    medians = []
+    try:
+        for _ in range(batches):
+            t0 = time.perf_counter()
+            for _ in range(trips):
+                os.write(from_parent, b"x")
+                os.read(to_parent, 1)
+            medians.append((time.perf_counter() - t0) / trips * 1e6)
+    finally:
+        os.close(from_parent)
+        os.close(to_parent)
+        os.waitpid(pid, 0)
+    return statistics.median(medians)
+
+
 def line(when: str, rounds: int = 200) -> str:
-    return (f"machine check ({when}): {machine_ms(rounds):.2f} ms a round (median of "
-            f"{rounds}; a fixed workload without gpupool code, bench/machine.py: a larger "
-            "figure means a slower machine)")
+    return (f"machine check ({when}): {machine_ms(rounds):.2f} ms a round of CPU work "
+            f"(median of {rounds}), {wakeup_us():.0f} µs a process wake-up round trip "
+            "(bench/machine.py, no gpupool code: larger figures mean a slower machine)")
 
 
 def main() -> None:
