@@ -31,14 +31,15 @@ DENSE_ENTRIES = 1 << 18  # at most 2 MB of precomputed answers per GPU width (re
 @dataclass(frozen=True, slots=True)
 class _Runs:
     """Which shapes run, for nodes of one GPU width. A query names a share's block of
-    ``width + 1`` GPU counts and a CPU rank: ``(share · (width + 1) + count) · ranks +
-    rank``; its answer is the weight of the shapes of that share that need at most
-    ``count`` GPUs and at most that much CPU. ``keys`` holds one entry per (block,
-    shape) in that numbering, sorted, ``weights`` their running sum, ``before`` the
-    running sum at each block's start; ``table`` the answer to every query, when
-    that is small enough to keep."""
+    ``width + 1`` GPU counts (``blocks`` holds each share's first) and a CPU rank:
+    ``(share · (width + 1) + count) · ranks + rank``; its answer is the weight of
+    the shapes of that share that need at most ``count`` GPUs and at most that much
+    CPU. ``keys`` holds one entry per (block, shape) in that numbering, sorted,
+    ``weights`` their running sum, ``before`` the running sum at each block's
+    start; ``table`` the answer to every query, when that is small enough to keep."""
 
     ranks: int
+    blocks: IntArray  # shares × 1: the first block of each share
     keys: IntArray
     weights: IntArray
     before: IntArray
@@ -108,7 +109,8 @@ class FragmentationModel:
         total = np.concatenate(([0], np.cumsum(np.concatenate(weights)[order]))).astype(np.int64)
         size = len(self._shapes) * (width + 1) * ranks
         before = total[np.searchsorted(key, np.arange(0, size, ranks), side="left")]
-        runs = _Runs(ranks, key, total, before, None)
+        blocks = np.arange(len(self._shapes), dtype=np.int64)[:, None] * (width + 1)
+        runs = _Runs(ranks, blocks, key, total, before, None)
         if size <= self.dense_entries:
             runs = replace(runs, table=runs.answer(np.arange(size, dtype=np.int64)))
         self._runs[width] = runs
@@ -124,6 +126,6 @@ class FragmentationModel:
         runs = self._runs_for(width)
         fits = free >= self._milli  # shares × rows × gpus
         above = (fits * usable).sum(axis=2)  # shares × rows
-        first = np.arange(len(self._shapes))[:, None] * (width + 1)
-        queries = (first + np.count_nonzero(fits, axis=2)) * runs.ranks + self._rank(cpu_free)
+        queries = (runs.blocks + np.count_nonzero(fits, axis=2)) * runs.ranks + \
+            self._rank(cpu_free)
         return np.asarray(out - (above * runs.answer(queries)).sum(axis=0), np.int64)
