@@ -29,6 +29,7 @@ import time
 import msgspec
 import numpy as np
 
+ROUNDS = 200
 NAMES = 5000
 GPUS = 40_000
 
@@ -56,7 +57,7 @@ class Workload:
         return len(rows) + int(scores[-1]) + len(answer)
 
 
-def machine_ms(rounds: int = 200) -> float:
+def machine_ms(rounds: int = ROUNDS) -> float:
     """Median milliseconds of one round of the fixed workload (after two warm rounds)."""
     work = Workload()
     for _ in range(2):
@@ -97,7 +98,7 @@ def wakeup_us(trips: int = 500, batches: int = 7) -> float:
     return statistics.median(medians)
 
 
-def line(when: str, rounds: int = 200) -> str:
+def line(when: str, rounds: int = ROUNDS) -> str:
     return (f"machine check ({when}): {machine_ms(rounds):.2f} ms a round of CPU work "
             f"(median of {rounds}), {wakeup_us():.0f} µs a process wake-up round trip "
             "(bench/machine.py, no gpupool code: larger figures mean a slower machine)")
@@ -106,7 +107,7 @@ def line(when: str, rounds: int = 200) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=ROUNDS)
     print(line("now", parser.parse_args().rounds))
 
 
