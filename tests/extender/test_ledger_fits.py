@@ -101,7 +101,7 @@ def test_one_reservation_of_every_slice_decides_as_reserving_them_one_by_one(see
 
 
 def test_a_refused_check_leaves_nothing_behind_for_the_next_one() -> None:
-    """Checks replay on a one-node state kept per node: a refusal must not hold
+    """Checks replay on a one-node state kept per GPU layout: a refusal must not hold
     anything, a success must give everything back."""
     full = [alloc("a", (0, 40_960, 100))]
     for _ in range(3):
