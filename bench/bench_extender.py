@@ -90,6 +90,8 @@ from gpupool.sim.window import ADAPTIVE, nodes_to_find
 
 from machine import line as machine_line
 
+TESTING = Path(__file__).resolve().parents[1] / "testing"  # gpupool_testing: test support
+
 GPUS = 8
 GPU_MIB = 81920
 BASELINE = "best-fit"
@@ -164,9 +166,9 @@ class FakeApi:
         self.dir = tempfile.TemporaryDirectory()
         seed = Path(self.dir.name) / "seed.jsonl"
         seed.write_text("\n".join(lines))
-        self.proc = subprocess.Popen([sys.executable, "-m", "gpupool.kube.fake_apiserver",
+        self.proc = subprocess.Popen([sys.executable, "-m", "gpupool_testing.fake_apiserver",
                                       str(seed)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True)
+                                     text=True, cwd=TESTING)  # the test support package
         assert self.proc.stdout is not None
         self.url, count = self.proc.stdout.readline().split()
         self.objects = int(count)

@@ -4,7 +4,7 @@ extender's watch threads.
     .venv/bin/python bench/bench_kube_writes.py [--writes 2000] [--pods 400] [--nodes 500]
                                                 [--part writes|watch|all]
 
-The fake API server runs in a child process (``python -m gpupool.kube.fake_apiserver``)
+The fake API server runs in a child process (``python -m gpupool_testing.fake_apiserver``)
 so its CPU is not counted against the client.
 
 * **writes**: ``--writes`` Bindings (with the four decision annotations a bind sends)

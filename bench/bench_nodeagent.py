@@ -44,13 +44,14 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "testing"))  # gpupool_testing: the fake API server
 
+from gpupool_testing.fake_apiserver import FakeApiServer  # noqa: E402
 from nodeagent.builders import NODE, decision, pod, uuid_of, write_gpus  # noqa: E402
 from nodeagent.kubelet_standin import FakeKubelet  # noqa: E402
 from nodeagent.test_race import random_pod  # noqa: E402
 
 from gpupool.kube.api import KubeApi  # noqa: E402
-from gpupool.kube.fake_apiserver import FakeApiServer  # noqa: E402
 from gpupool.nodeagent.agent import AgentConfig, NodeAgent  # noqa: E402
 from gpupool.nodeagent.fakegpus import FakeGpuBackend  # noqa: E402
 from gpupool.nodeagent.kubeview import KubePods  # noqa: E402

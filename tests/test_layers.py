@@ -13,6 +13,10 @@ Rules (docs/design/groups-quota-classes.md, "Layering"):
 * The adapters ``gpupool.extender``, ``gpupool.nodeagent``, ``gpupool.controller``
   and ``gpupool.sim`` do not import each other, nor the CLI.
 * Only ``gpupool.kube`` imports ``lightkube`` or ``kubernetes``.
+* No product module imports ``gpupool_testing`` (the test fakes, never installed).
+* ``gpupool.security`` (decision signatures, certificates: pure cryptography) imports
+  only the core, the contract and itself besides ``cryptography`` and the standard
+  library; it does no I/O, so the core's clock and random rules apply too.
 
 The checker reads source with ``ast`` (so it sees every module, imported or not,
 including imports inside functions and ``importlib.import_module("…")`` with a
@@ -36,7 +40,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 SRC = REPO / "src"
 ROOT = "gpupool"
-ADAPTERS = ("extender", "nodeagent", "controller", "sim")
+ADAPTERS = ("extender", "nodeagent", "controller", "sim", "webhook")
 
 CORE_FORBIDDEN = {
     "lightkube": "a Kubernetes client",
@@ -64,6 +68,8 @@ CONTRACT_STDLIB = frozenset({
     "__future__", "json", "typing", "dataclasses", "collections", "enum", "re", "datetime",
     "functools", "itertools", "math", "fractions", "string",
 })
+SECURITY_FORBIDDEN = {k.split(".")[0]: v for k, v in CORE_FORBIDDEN.items()
+                      if k not in ("time", "secrets", "uuid")}
 CLOCK_CALLS = frozenset({"now", "utcnow", "today"})
 
 
@@ -144,6 +150,12 @@ def import_violation(importer: str, target: str, root: str = ROOT) -> str | None
     top = target.split(".")[0]
     if top in ("lightkube", "kubernetes") and mine != "kube":
         return f"imports {target}: only {root}.kube talks to the Kubernetes API"
+    if top == "gpupool_testing":
+        return f"imports {target}: test fakes (gpupool_testing) are not part of the product"
+    if mine == "security" and theirs not in (None, "", "core", "contract", "security"):
+        return f"imports {target}: security imports only the core and the contract of {root}"
+    if mine == "security" and theirs is None and top in SECURITY_FORBIDDEN:
+        return f"imports {target}: security does no I/O ({SECURITY_FORBIDDEN[top]})"
     if mine == "core":
         if theirs not in (None, "", "core"):
             return f"imports {target}: the core imports nothing of {root} outside the core"
@@ -192,7 +204,7 @@ def violations(src: Path, root: str = ROOT) -> list[Violation]:
             why = import_violation(module, target, root)
             if why:
                 found.append(Violation(module, line, why))
-        if layer(module, root) in ("core", "contract"):
+        if layer(module, root) in ("core", "contract", "security"):
             found += [Violation(module, line, why) for line, why in clock_and_random(tree)]
     return sorted(set(found), key=lambda v: (v.module, v.line, v.message))
 
@@ -248,6 +260,12 @@ BAD = [
     ("controller/a.py", "from gpupool.cli import main", "adapters do not import each other"),
     ("extender/a.py", "import lightkube", "Kubernetes API"),
     ("cli/a.py", "from lightkube import Client", "Kubernetes API"),
+    ("kube/a.py", "from gpupool_testing.fake_apiserver import FakeApiServer", "test fakes"),
+    ("extender/a.py", "import gpupool_testing", "test fakes"),
+    ("security/a.py", "from gpupool.kube import api", "only the core and the contract"),
+    ("security/a.py", "import httpx", "no I/O"),
+    ("security/a.py", "from datetime import datetime\nT = datetime.now()", "wall clock"),
+    ("webhook/a.py", "from gpupool.extender import cache", "adapters do not import each other"),
 ]
 
 GOOD = [
@@ -262,6 +280,8 @@ GOOD = [
     ("extender/a.py", "from gpupool.kube import client\nimport starlette"),
     ("kube/a.py", "import lightkube"),
     ("cli/a.py", "from gpupool.sim import trace\nfrom gpupool.extender import app"),
+    ("security/a.py", "from cryptography.hazmat.primitives.asymmetric import ed25519"),
+    ("extender/a.py", "from gpupool.security import signing"),
 ]
 
 

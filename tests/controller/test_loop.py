@@ -9,13 +9,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from gpupool_testing.fake_apiserver import FakeApiServer
 from waiting import wait_for
 
 from gpupool.cli.main import main
 from gpupool.controller.defaults import MANAGED_BY
 from gpupool.controller.loop import Controller, Outcome
 from gpupool.kube.controller_ops import ControllerApi
-from gpupool.kube.fake_apiserver import FakeApiServer
 from tests.controller.builders import (
     GIB,
     device,

@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from gpupool_testing.fake_apiserver import FakeApiServer
 
 from gpupool.controller.loop import Controller
 from gpupool.kube.controller_ops import ControllerApi
-from gpupool.kube.fake_apiserver import FakeApiServer
 from tests.controller.builders import GIB, device, group, model_selector, placed_pod, slices
 
 RBAC = Path(__file__).parents[2] / "deploy" / "controller" / "rbac.yaml"

@@ -6,6 +6,7 @@ import copy
 from typing import Any
 
 import pytest
+from gpupool_testing.fake_apiserver import merge_patch
 
 from gpupool.contract import names
 from gpupool.contract.devices import read_device
@@ -23,7 +24,6 @@ from gpupool.controller.reconcile import (
 )
 from gpupool.controller.status import Verdict, condition, merge_diff
 from gpupool.core.errors import InvalidInput
-from gpupool.kube.fake_apiserver import merge_patch
 from tests.controller.builders import (
     GIB,
     device,

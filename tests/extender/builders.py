@@ -5,13 +5,14 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+from gpupool_testing.fake_apiserver import FakeApiServer
+
 from gpupool.core.policies import DEFAULT_POLICY
 from gpupool.extender.cache import ClusterCache
 from gpupool.extender.feeds import Feeds, start_feeds
 from gpupool.extender.metrics import Metrics
 from gpupool.extender.service import Extender, Settings
 from gpupool.kube.api import KubeApi
-from gpupool.kube.fake_apiserver import FakeApiServer
 
 
 def now_rfc3339() -> str:

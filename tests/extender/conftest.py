@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-
-from gpupool.kube.fake_apiserver import FakeApiServer
+from gpupool_testing.fake_apiserver import FakeApiServer
 
 from .builders import Replica, seed_cluster
 

@@ -6,13 +6,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from gpupool_testing.fake_apiserver import FakeApiServer
 from starlette.testclient import TestClient
 from waiting import wait_for
 
 from gpupool.contract.annotations import encode
 from gpupool.core.allocation import Allocation, Slice
 from gpupool.extender.app import build_app
-from gpupool.kube.fake_apiserver import FakeApiServer
 
 from .builders import Replica, node_obj, pod_obj
 

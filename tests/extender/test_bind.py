@@ -6,10 +6,10 @@ import json
 import time
 from typing import Any
 
+from gpupool_testing.fake_apiserver import FakeApiServer
 from waiting import wait_for
 
 from gpupool.contract.annotations import decode
-from gpupool.kube.fake_apiserver import FakeApiServer
 
 from .builders import Replica, gpu_obj, pod_obj, schedule
 

@@ -8,8 +8,7 @@ import sys
 import time
 
 import httpx
-
-from gpupool.kube.fake_apiserver import FakeApiServer
+from gpupool_testing.fake_apiserver import FakeApiServer
 
 from .builders import pod_obj
 

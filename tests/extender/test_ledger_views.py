@@ -6,11 +6,12 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from gpupool_testing.fake_apiserver import FakeApiServer, merge_patch
+
 from gpupool.contract import names
 from gpupool.core.allocation import Allocation, Slice
 from gpupool.extender.ledger import Entry, Ledgers, View, advanced, view_of
 from gpupool.kube.api import KubeApi
-from gpupool.kube.fake_apiserver import FakeApiServer, merge_patch
 
 
 def entry(uid: str, gpu: int, core: int = 20) -> Entry:

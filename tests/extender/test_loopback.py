@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import httpx
+from gpupool_testing.fake_apiserver import FakeApiServer
 
 from gpupool.extender.app import build_app
 from gpupool.extender.server import ThreadedServer
-from gpupool.kube.fake_apiserver import FakeApiServer
 
 from .builders import Replica, pod_obj
 

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from gpupool_testing.fake_apiserver import FakeApiServer
 from starlette.testclient import TestClient
 
 from gpupool.extender.app import build_app
-from gpupool.kube.fake_apiserver import FakeApiServer
 
 from .builders import Replica, gpu_obj, node_obj
 

@@ -7,11 +7,12 @@ import random
 import threading
 from typing import Any
 
+from gpupool_testing.fake_apiserver import FakeApiServer
+
 from gpupool.contract.annotations import decode, has_decision
 from gpupool.core.errors import OverCommit
 from gpupool.core.model import uniform_node
 from gpupool.core.state import ClusterState
-from gpupool.kube.fake_apiserver import FakeApiServer
 
 from .builders import Replica, pod_obj, schedule, seed_cluster
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from gpupool_testing.fake_apiserver import FakeApiServer
 
 from gpupool.kube.api import KubeApi
-from gpupool.kube.fake_apiserver import FakeApiServer
 
 
 @pytest.fixture

@@ -7,10 +7,10 @@ import time
 from typing import Any
 
 import pytest
+from gpupool_testing.fake_apiserver import FakeApiServer
 
 from gpupool.kube.api import KubeApi
 from gpupool.kube.errors import AlreadyExists, Conflict, Gone, NotFound
-from gpupool.kube.fake_apiserver import FakeApiServer
 from gpupool.kube.informer import Feed, Informer
 
 
@@ -120,7 +120,7 @@ def test_a_watch_sees_changes_after_the_listed_version(fake: FakeApiServer, api:
 
 def test_a_watch_from_an_expired_version_is_gone(api: KubeApi,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpupool.kube import fake_store
+    from gpupool_testing import fake_store
     monkeypatch.setattr(fake_store, "HISTORY", 2)
     for i in range(5):
         api.create_gpu_device(gpu_device(f"gpu-{i}", "n1", i))

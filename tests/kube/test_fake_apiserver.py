@@ -7,8 +7,7 @@ import asyncio
 from typing import Any
 
 import msgspec
-
-from gpupool.kube.fake_store import Listener, Store, copied, event_line
+from gpupool_testing.fake_store import Listener, Store, copied, event_line
 
 
 def node(name: str) -> dict[str, Any]:

@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 import uvicorn
 import yaml
+from gpupool_testing.fake_apiserver import FakeApiServer
 from lightkube.config.kubeconfig import KubeConfig
 
 from gpupool.kube.api import KubeApi
 from gpupool.kube.errors import KubeError
-from gpupool.kube.fake_apiserver import FakeApiServer
 
 from .test_api import pod
 

@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from gpupool_testing.fake_apiserver import FakeApiServer
 from lightkube.config.kubeconfig import KubeConfig
 from lightkube.config.models import Cluster, User, UserExec
 
 from gpupool.kube.api import KubeApi
 from gpupool.kube.errors import AlreadyExists, Conflict, KubeError, NotFound
-from gpupool.kube.fake_apiserver import FakeApiServer
 
 from .rawhttp import Answer, RawServer, Request
 from .test_api import pod

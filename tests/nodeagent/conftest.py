@@ -8,9 +8,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from gpupool_testing.fake_apiserver import FakeApiServer
 
 from gpupool.kube.api import KubeApi
-from gpupool.kube.fake_apiserver import FakeApiServer
 from gpupool.nodeagent.agent import AgentConfig, NodeAgent
 from gpupool.nodeagent.fakegpus import FakeGpuBackend
 from gpupool.nodeagent.kubeview import KubeInventory, KubePods

@@ -11,9 +11,9 @@ from typing import Any
 
 import grpc
 import pytest
+from gpupool_testing.fake_apiserver import FakeApiServer
 
 from gpupool.contract import annotations, names
-from gpupool.kube.fake_apiserver import FakeApiServer
 from gpupool.nodeagent.kubeview import KubePods
 from gpupool.nodeagent.pods import ANNOTATION_DEVICES
 

@@ -8,8 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from gpupool_testing.fake_apiserver import FakeApiServer
+
 from gpupool.cli.main import main
-from gpupool.kube.fake_apiserver import FakeApiServer
 
 from .builders import write_gpus
 from .kubelet_standin import FakeKubelet

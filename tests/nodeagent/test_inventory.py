@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpupool.kube.fake_apiserver import FakeApiServer
+from gpupool_testing.fake_apiserver import FakeApiServer
+
 from gpupool.nodeagent.fakegpus import FakeGpuBackend
 from gpupool.nodeagent.inventory import device_name
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from gpupool.kube.fake_apiserver import FakeApiServer
+from gpupool_testing.fake_apiserver import FakeApiServer
 
 from .builders import decision, pod, uuid_of
 from .conftest import AgentFactory

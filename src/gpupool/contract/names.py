@@ -20,6 +20,7 @@ ANNOTATION_ALLOCATION = "gpupool.io/allocation"
 ANNOTATION_BIND_TIME = "gpupool.io/bind-time"
 ANNOTATION_PHASE = "gpupool.io/phase"
 ANNOTATION_REASON = "gpupool.io/reason"
+ANNOTATION_SIGNATURE = "gpupool.io/signature"  # the extender's signature of the decision
 
 ANNOTATION_RESOURCE_GROUP = "gpupool.io/resource-group"  # the group the pod was charged to
 ANNOTATION_DEVICES = "gpupool.io/devices"  # node agent's claim: {container: {logical ID: uuid}}

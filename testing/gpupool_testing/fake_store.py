@@ -2,7 +2,7 @@
 selectors and JSON merge patch (the REST rules ``fake_apiserver`` serves).
 
 Thread-safe: every operation takes ``Store.lock``. Part of the one test seam in
-front of the Kubernetes API; see ``gpupool.kube.fake_apiserver``.
+front of the Kubernetes API; see ``gpupool_testing.fake_apiserver``.
 """
 
 from __future__ import annotations

@@ -64,7 +64,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from gpupool.kube.fake_store import (  # re-exported for tests that seed or patch
+from gpupool_testing.fake_store import (  # re-exported for tests that seed or patch
     HISTORY,
     KINDS,
     ApiFailure,
@@ -323,7 +323,7 @@ def load_seed(server: FakeApiServer, path: str) -> int:
 
 
 def main() -> None:
-    """``python -m gpupool.kube.fake_apiserver [SEED.jsonl]``: serve on 127.0.0.1 (for
+    """``python -m gpupool_testing.fake_apiserver [SEED.jsonl]``: serve on 127.0.0.1 (for
     benchmarks that keep the fake out of the measured process); prints the URL and the
     number of objects loaded."""
     import sys
