@@ -39,6 +39,9 @@ KINDS: dict[str, Kind] = {
     for k in (
         Kind("pods", "", "v1", "Pod", True),
         Kind("nodes", "", "v1", "Node", False),
+        Kind("secrets", "", "v1", "Secret", True),
+        Kind("configmaps", "", "v1", "ConfigMap", True),
+        Kind("events", "", "v1", "Event", True),
         Kind("gpudevices", "gpupool.io", "v1alpha1", "GPUDevice", False),
         Kind("resourceclasses", "gpupool.io", "v1alpha1", "ResourceClass", False),
         Kind("resourcegroups", "gpupool.io", "v1alpha1", "ResourceGroup", False),

@@ -22,6 +22,7 @@ raise the same errors.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import logging
 import threading
@@ -39,7 +40,7 @@ from lightkube.core.exceptions import ConfigError
 from lightkube.generic_resource import create_global_resource
 from lightkube.models.core_v1 import ObjectReference
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Node, Pod
+from lightkube.resources.core_v1 import ConfigMap, Node, Pod, Secret
 from lightkube.types import PatchType
 
 from gpupool.contract import names
@@ -386,6 +387,52 @@ class KubeApi:
                 f"update GPULedger {node}", _ENCODE(body), MERGE_PATCH)
         with _translated(f"update GPULedger {node}"):
             return dict(self.client.patch(GPULedger, node, body, patch_type=PatchType.MERGE))
+
+
+    # -- Secrets and ConfigMaps (gpupool's own keys and certificates) ------------------------
+    def get_secret_data(self, namespace: str, name: str) -> tuple[dict[str, str], str]:
+        """(data, resourceVersion) of a Secret, values base64-decoded to text."""
+        with _translated(f"get Secret {namespace}/{name}"):
+            obj = self.client.get(Secret, name, namespace=namespace)
+        try:
+            data = {k: base64.b64decode(v).decode() for k, v in (obj.data or {}).items()}
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise KubeError(f"Secret {namespace}/{name}: data is not base64 text ({exc})"
+                            ) from None
+        return data, (obj.metadata.resourceVersion if obj.metadata else None) or ""
+
+    def put_secret_data(self, namespace: str, name: str, data: Mapping[str, str],
+                        resource_version: str | None, secret_type: str = "Opaque") -> str:
+        """Create the Secret (``resource_version`` None) or replace its data at that
+        version (``Conflict`` if it moved); returns the new resourceVersion."""
+        encoded = {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}
+        meta = ObjectMeta(name=name, namespace=namespace, resourceVersion=resource_version,
+                          labels={"app.kubernetes.io/part-of": "gpupool"})
+        body = Secret(metadata=meta, data=encoded, type=secret_type)
+        verb = "create" if resource_version is None else "update"
+        with _translated(f"{verb} Secret {namespace}/{name}"):
+            done = self.client.create(body) if resource_version is None else \
+                self.client.replace(body)
+        return (done.metadata.resourceVersion if done.metadata else None) or ""
+
+    def get_config_map_data(self, namespace: str, name: str) -> tuple[dict[str, str], str]:
+        """(data, resourceVersion) of a ConfigMap."""
+        with _translated(f"get ConfigMap {namespace}/{name}"):
+            obj = self.client.get(ConfigMap, name, namespace=namespace)
+        return dict(obj.data or {}), (obj.metadata.resourceVersion if obj.metadata else None) or ""
+
+    def put_config_map_data(self, namespace: str, name: str, data: Mapping[str, str],
+                            resource_version: str | None) -> str:
+        """Create (``resource_version`` None) or replace at that version, like
+        ``put_secret_data``."""
+        meta = ObjectMeta(name=name, namespace=namespace, resourceVersion=resource_version,
+                          labels={"app.kubernetes.io/part-of": "gpupool"})
+        body = ConfigMap(metadata=meta, data=dict(data))
+        verb = "create" if resource_version is None else "update"
+        with _translated(f"{verb} ConfigMap {namespace}/{name}"):
+            done = self.client.create(body) if resource_version is None else \
+                self.client.replace(body)
+        return (done.metadata.resourceVersion if done.metadata else None) or ""
 
 
 _ENCODE = msgspec.json.Encoder().encode

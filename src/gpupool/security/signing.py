@@ -199,15 +199,16 @@ class SigningKeys:
         """The newest key already allowed to sign (the oldest one if none is yet)."""
         if not self.keys:
             raise KeyMaterialError("there is no decision signing key")
-        ready = [k for k in self.keys if k.not_before <= now]
-        return max(ready, key=lambda k: k.not_before) if ready else self.keys[0]
+        ready = [k for k in self.keys if k.not_before <= now]  # oldest first: on a tie of
+        return ready[-1] if ready else self.keys[0]             # times, the later in order
 
     def public(self) -> KeyRing:
         return KeyRing({k.kid: k.key.public_key() for k in self.keys})
 
     def added(self, not_before: float) -> SigningKeys:
         """These keys and a fresh one that signs from ``not_before``."""
-        return SigningKeys((*self.keys, SigningKey(Ed25519PrivateKey.generate(), not_before)))
+        fresh = SigningKey(Ed25519PrivateKey.generate(), not_before)
+        return SigningKeys(tuple(sorted((*self.keys, fresh), key=lambda k: k.not_before)))
 
     def without(self, kids: Iterable[str]) -> SigningKeys:
         drop = set(kids)

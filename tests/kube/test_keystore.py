@@ -1,0 +1,99 @@
+"""Decision keys in the cluster: made once, published, rotated, read by verifiers."""
+
+from __future__ import annotations
+
+import base64
+import threading
+
+import pytest
+from gpupool_testing.fake_apiserver import FakeApiServer
+
+from gpupool.contract.annotations import encode
+from gpupool.core.allocation import Allocation, Slice
+from gpupool.kube import keystore
+from gpupool.kube.api import KubeApi
+from gpupool.security.signing import KeyMaterialError, SignatureError, claims_of
+
+NS = "gpupool-system"
+NOW = 1_800_000_000.0
+
+
+def _notes() -> dict[str, str]:
+    alloc = Allocation("uid-1", "n1", 0, 0, (Slice("GPU-a", 0, 1024, 10, "main"),))
+    return encode(alloc, "2026-11-23T10:00:00.000000Z")
+
+
+def test_the_first_start_makes_one_key_and_publishes_it(api: KubeApi,
+                                                        fake: FakeApiServer) -> None:
+    keys = keystore.ensure_signing_keys(api, NS, NOW)
+    assert len(keys.keys) == 1
+    secret = fake.get("secrets", keystore.SIGNING_SECRET, NS)
+    assert secret is not None and f"{keys.keys[0].kid}.json" in secret["data"]
+    base64.b64decode(secret["data"][f"{keys.keys[0].kid}.json"])  # stored base64, as real
+    cm = fake.get("configmaps", keystore.PUBLIC_CONFIG_MAP, NS)
+    assert cm is not None and list(cm["data"]) == [f"{keys.keys[0].kid}.pem"]
+    again = keystore.ensure_signing_keys(api, NS, NOW + 5)
+    assert [k.kid for k in again.keys] == [k.kid for k in keys.keys]
+
+
+def test_replicas_starting_together_agree_on_one_key(fake: FakeApiServer) -> None:
+    results: list[str] = []
+
+    def start() -> None:
+        kube = KubeApi.connect(server=fake.url)
+        try:
+            results.append(keystore.ensure_signing_keys(kube, NS, NOW).active(NOW).kid)
+        finally:
+            kube.close()
+
+    threads = [threading.Thread(target=start) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert len(results) == 4 and len(set(results)) == 1
+
+
+def test_a_rotated_key_reaches_a_verifier_without_a_restart(api: KubeApi) -> None:
+    clock = [NOW]
+    keys = keystore.ensure_signing_keys(api, NS, NOW)
+    source = keystore.KeyRingSource(api, NS, lambda: clock[0], refresh_s=10)
+    notes = _notes()
+    claims = claims_of("uid-1", "team-a", "web", notes)
+    assert source.verify("uid-1", "team-a", "web", notes, keys.active(NOW).sign(claims))
+    rotated = keystore.rotate(api, NS, NOW, delay_s=60)
+    assert rotated.active(NOW).kid == keys.active(NOW).kid  # not signing yet
+    new = rotated.active(NOW + 61)
+    clock[0] = NOW + 61
+    assert source.verify("uid-1", "team-a", "web", notes, new.sign(claims)) == new.kid
+
+
+def test_an_unknown_key_is_read_again_at_most_every_refresh_period(
+        api: KubeApi, fake: FakeApiServer) -> None:
+    keystore.ensure_signing_keys(api, NS, NOW)
+    clock = [NOW]
+    source = keystore.KeyRingSource(api, NS, lambda: clock[0], refresh_s=10)
+    foreign = keystore.SigningKeys().added(NOW)
+    notes = _notes()
+    signature = foreign.active(NOW).sign(claims_of("uid-1", "team-a", "web", notes))
+    before = len(fake.requests)
+    for _ in range(5):
+        with pytest.raises(SignatureError, match="not one of gpupool's published"):
+            source.verify("uid-1", "team-a", "web", notes, signature)
+    reads = [r for r in fake.requests[before:] if "configmaps" in r[1]]
+    assert len(reads) == 1
+
+
+def test_retiring_the_signing_key_is_refused(api: KubeApi) -> None:
+    keys = keystore.ensure_signing_keys(api, NS, NOW)
+    with pytest.raises(KeyMaterialError, match="signing now"):
+        keystore.retire(api, NS, keys.active(NOW).kid, NOW)
+    rotated = keystore.rotate(api, NS, NOW, 1)
+    left = keystore.retire(api, NS, keys.active(NOW).kid, NOW + 2)
+    assert [k.kid for k in left.keys] == [rotated.keys[-1].kid]
+
+
+def test_without_published_keys_every_decision_is_refused(api: KubeApi) -> None:
+    source = keystore.KeyRingSource(api, NS, lambda: NOW)
+    with pytest.raises(KeyMaterialError, match="cannot be read"):
+        source.verify("uid-1", "team-a", "web", _notes(), "v1.0123456789abcdef.AA")
