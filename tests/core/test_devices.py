@@ -69,3 +69,17 @@ def test_spec_and_status_must_be_objects() -> None:
         with pytest.raises(InvalidInput, match="GPUDevice gpu-1: spec and status"):
             read_device(broken)
 
+
+
+def test_an_isolated_gpu_keeps_its_health_but_takes_no_placements() -> None:
+    obj = {"metadata": {"name": "gpu-a"},
+           "spec": {"node": "n1", "uuid": "GPU-a", "index": 0, "memoryMiB": 1024},
+           "status": {"health": "Healthy",
+                      "isolation": {"state": "Isolated", "reason": "pod a/b used 9 GiB of 1"}}}
+    dev = read_device(obj)
+    assert dev.reported_healthy and dev.isolated and not dev.takes_placements
+    assert dev.isolation_reason == "pod a/b used 9 GiB of 1"
+    obj["status"]["isolation"] = {"state": "None"}
+    assert read_device(obj).takes_placements
+    obj["status"]["isolation"] = "garbage"
+    assert read_device(obj).takes_placements

@@ -12,7 +12,12 @@ them takes in is never refused by the other:
   class selectors as the label ``gpupool.io/architecture``;
 * ``spec.labels``: a map (values read as strings);
 * ``status.health``: ``Healthy`` unless it says otherwise; ``status.heartbeatTime``
-  and ``metadata.creationTimestamp``: RFC 3339 (unreadable times count as absent).
+  and ``metadata.creationTimestamp``: RFC 3339 (unreadable times count as absent);
+* ``status.isolation``: absent, or ``{state: Isolated | None, reason, pods}`` — the node
+  agent isolates a GPU whose container uses more than its slice; an isolated GPU keeps
+  its holders but takes no new placements (``takes_placements``) until it is released;
+* ``status.isolationProvider``: how slices are enforced on the GPU (``mps``,
+  ``hami-core`` or ``none``: advisory), for people and metrics.
 
 Anything else raises ``InvalidInput`` naming the object and the field. Whether a
 GPU counts as healthy (the reported health, and for the extender a recent
@@ -44,6 +49,14 @@ class DeviceRecord:
     reported_healthy: bool
     heartbeat_s: float | None
     created_s: float | None
+    isolated: bool = False
+    isolation_reason: str = ""
+
+    @property
+    def takes_placements(self) -> bool:
+        """Whether new slices may be placed on the GPU (by its own report): healthy and not
+        isolated. Readers add their own staleness rule."""
+        return self.reported_healthy and not self.isolated
 
 
 def parse_time(text: Any) -> float | None:
@@ -85,9 +98,12 @@ def read_device(obj: Mapping[str, Any]) -> DeviceRecord:
         labels = {ARCHITECTURE_LABEL: arch, **labels}
     gpu = Gpu(uuid, index, model, memory, numa, True, freeze_labels(labels))
     healthy = status.get("health", names.DEVICE_HEALTHY) == names.DEVICE_HEALTHY
+    isolation = _map(status.get("isolation"))
+    isolated = isolation.get("state") == names.DEVICE_ISOLATED
     return DeviceRecord(name, node, gpu, healthy,
                         parse_time(status.get("heartbeatTime")),
-                        parse_time(meta.get("creationTimestamp")))
+                        parse_time(meta.get("creationTimestamp")), isolated,
+                        str(isolation.get("reason") or "") if isolated else "")
 
 
 def _map(value: Any) -> Mapping[str, Any]:

@@ -29,6 +29,7 @@ ANNOTATION_DEVICES = "gpupool.io/devices"  # node agent's claim: {container: {lo
 # them; the same words as the kubelet device plugin API's device health)
 DEVICE_HEALTHY = "Healthy"
 DEVICE_UNHEALTHY = "Unhealthy"
+DEVICE_ISOLATED = "Isolated"  # GPUDevice status.isolation.state: takes no new placements
 
 # labels gpupool puts on GPUDevice objects (and GPU label facts selectors see)
 LABEL_NODE = "gpupool.io/node"
