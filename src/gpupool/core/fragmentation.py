@@ -13,6 +13,12 @@ CPU ``c_t``::
 i.e. the expected free GPU share a task drawn from the target workload cannot
 use. ``free_g`` is the free share in milli-GPU (absent/unhealthy GPUs: -1,
 counted as 0). Weights ``w_t`` are pod counts, so sums are exact integers.
+
+A shape that accepts only some GPU models (``TaskShape.models``) cannot run on a
+node of another model: there all of the node's free share is its fragment, as
+in the FGD authors' harness (a "no access" fragment). The node's model enters
+``measure`` as its *access class*: nodes whose models admit the same shapes
+share a class (``access``); without model-bound shapes there is one class.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from gpupool.core.state import IntArray
+from gpupool.core.state import ClusterState, IntArray
 from gpupool.core.workload import TargetWorkload
 
 DENSE_ENTRIES = 1 << 18  # at most 2 MB of precomputed answers per GPU width (real workloads:
@@ -31,12 +37,13 @@ DENSE_ENTRIES = 1 << 18  # at most 2 MB of precomputed answers per GPU width (re
 @dataclass(frozen=True, slots=True)
 class _Runs:
     """Which shapes run, for nodes of one GPU width. A query names a share's block of
-    ``width + 1`` GPU counts (``blocks`` holds each share's first) and a CPU rank:
-    ``(share · (width + 1) + count) · ranks + rank``; its answer is the weight of
-    the shapes of that share that need at most ``count`` GPUs and at most that much
-    CPU. ``keys`` holds one entry per (block, shape) in that numbering, sorted,
-    ``weights`` their running sum, ``before`` the running sum at each block's
-    start; ``table`` the answer to every query, when that is small enough to keep."""
+    ``width + 1`` GPU counts (``blocks`` holds each share's first) of an access class
+    and a CPU rank: ``((class · shares + share) · (width + 1) + count) · ranks + rank``;
+    its answer is the weight of the shapes of that share that the class admits and
+    that need at most ``count`` GPUs and at most that much CPU. ``keys`` holds one
+    entry per (block, shape) in that numbering, sorted, ``weights`` their running
+    sum, ``before`` the running sum at each block's start; ``table`` the answer to
+    every query, when that is small enough to keep."""
 
     ranks: int
     blocks: IntArray  # shares × 1: the first block of each share
@@ -44,6 +51,7 @@ class _Runs:
     weights: IntArray
     before: IntArray
     table: IntArray | None
+    per_class: int = 0  # blocks per access class (shares × (width + 1))
 
     def answer(self, queries: IntArray) -> IntArray:
         if self.table is not None:
@@ -74,17 +82,54 @@ class FragmentationModel:
     def __init__(self, workload: TargetWorkload, dense_entries: int = DENSE_ENTRIES):
         self.workload = workload
         self.dense_entries = dense_entries
-        groups: dict[int, list[tuple[int, int, int]]] = {}
+        groups: dict[int, list[tuple[int, int, int, int]]] = {}
+        self._bound: list[frozenset[str]] = []  # the distinct model sets of model-bound shapes
         for shape, w in zip(workload.shapes, workload.weights, strict=True):
             if shape.gpu_count != 0:
-                groups.setdefault(shape.gpu_milli, []).append((shape.gpu_count, shape.cpu_milli, w))
+                groups.setdefault(shape.gpu_milli, []).append(
+                    (shape.gpu_count, shape.cpu_milli, w, self._bound_index(shape.models)))
         self._all_weight = int(sum(workload.weights))
         shares = sorted(groups)
         self._milli = np.array(shares, np.int64)[:, None, None]  # shares × 1 × 1
-        self._shapes = [np.array(groups[m], np.int64).reshape(-1, 3) for m in shares]
+        self._shapes = [np.array(groups[m], np.int64).reshape(-1, 4) for m in shares]
         self._cpus = np.unique(np.concatenate([g[:, 1] for g in self._shapes])) \
             if shares else np.zeros(0, np.int64)  # the shapes' CPU figures, sorted
         self._runs: dict[int, _Runs] = {}
+        self._signatures: dict[tuple[bool, ...], int] = {(True,) * len(self._bound): 0}
+        self._access: tuple[object, int, IntArray] | None = None  # (layout, models seen, class)
+
+    def _bound_index(self, models: frozenset[str] | None) -> int:
+        """-1 for a shape that runs on any model, else its model set's index in ``_bound``."""
+        if models is None:
+            return -1
+        if models not in self._bound:
+            self._bound.append(models)
+        return self._bound.index(models)
+
+    @property
+    def model_bound(self) -> bool:
+        """Whether some shape accepts only some GPU models."""
+        return bool(self._bound)
+
+    def access(self, state: ClusterState) -> IntArray | None:
+        """Each node's access class (None: one class, no shape is model-bound). Kept per
+        layout; a new model seen after the tables were built adds a class."""
+        if not self._bound:
+            return None
+        held = self._access
+        if held is not None and held[0] is state.layout and held[1] == len(state.models):
+            return held[2]
+        per_model = np.array([self._class_of(m) for m in state.models], np.int64)
+        classes = per_model[state.model_id] if per_model.size else np.zeros(0, np.int64)
+        self._access = (state.layout, len(state.models), classes)
+        return classes
+
+    def _class_of(self, model: str) -> int:
+        signature = tuple(model in models for models in self._bound)
+        if signature not in self._signatures:
+            self._signatures[signature] = len(self._signatures)
+            self._runs.clear()  # the tables hold one block per class
+        return self._signatures[signature]
 
     def _rank(self, cpu: IntArray) -> IntArray:
         """How many of the shapes' CPU figures ``cpu`` reaches (0: none)."""
@@ -95,29 +140,35 @@ class FragmentationModel:
         if runs is not None:
             return runs
         ranks = self._cpus.size + 1
+        shares = len(self._shapes)
         keys: list[IntArray] = []
         weights: list[IntArray] = []
-        for g, shapes in enumerate(self._shapes):
-            counts, rank, ws = shapes[:, 0], self._rank(shapes[:, 1]), shapes[:, 2]
-            for count in range(width + 1):
-                ok = counts <= count
-                keys.append((g * (width + 1) + count) * ranks + rank[ok])
-                weights.append(ws[ok])
+        for signature, c in sorted(self._signatures.items(), key=lambda kv: kv[1]):
+            allowed = np.array((True, *signature), np.bool_)  # index 0: shapes of any model
+            for g, shapes in enumerate(self._shapes):
+                counts, rank, ws = shapes[:, 0], self._rank(shapes[:, 1]), shapes[:, 2]
+                admits = allowed[shapes[:, 3] + 1]
+                for count in range(width + 1):
+                    ok = (counts <= count) & admits
+                    keys.append((((c * shares) + g) * (width + 1) + count) * ranks + rank[ok])
+                    weights.append(ws[ok])
         key = np.concatenate(keys)
         order = np.argsort(key, kind="stable")
         key = key[order]
         total = np.concatenate(([0], np.cumsum(np.concatenate(weights)[order]))).astype(np.int64)
-        size = len(self._shapes) * (width + 1) * ranks
+        size = len(self._signatures) * shares * (width + 1) * ranks
         before = total[np.searchsorted(key, np.arange(0, size, ranks), side="left")]
-        blocks = np.arange(len(self._shapes), dtype=np.int64)[:, None] * (width + 1)
-        runs = _Runs(ranks, blocks, key, total, before, None)
+        blocks = np.arange(shares, dtype=np.int64)[:, None] * (width + 1)
+        runs = _Runs(ranks, blocks, key, total, before, None, shares * (width + 1))
         if size <= self.dense_entries:
             runs = replace(runs, table=runs.answer(np.arange(size, dtype=np.int64)))
         self._runs[width] = runs
         return runs
 
-    def measure(self, free: IntArray, cpu_free: IntArray) -> IntArray:
-        """Fragmentation (weighted milli-GPU) of each row of ``free`` [rows, gpus]."""
+    def measure(self, free: IntArray, cpu_free: IntArray,
+                access: IntArray | None = None) -> IntArray:
+        """Fragmentation (weighted milli-GPU) of each row of ``free`` [rows, gpus];
+        ``access``: the rows' access classes (``access(state)[rows]``), when model-bound."""
         usable = np.maximum(free, 0)
         out = usable.sum(axis=1) * self._all_weight
         if not self._shapes or not free.shape[0]:
@@ -126,6 +177,8 @@ class FragmentationModel:
         runs = self._runs_for(width)
         fits = free >= self._milli  # shares × rows × gpus
         above = (fits * usable).sum(axis=2)  # shares × rows
-        queries = (runs.blocks + np.count_nonzero(fits, axis=2)) * runs.ranks + \
-            self._rank(cpu_free)
+        block = runs.blocks + np.count_nonzero(fits, axis=2)
+        if access is not None:
+            block = block + access * runs.per_class
+        queries = block * runs.ranks + self._rank(cpu_free)
         return np.asarray(out - (above * runs.answer(queries)).sum(axis=0), np.int64)

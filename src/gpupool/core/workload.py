@@ -21,9 +21,11 @@ class TaskShape:
     cpu_milli: int
     gpu_count: int
     gpu_milli: int  # share of each GPU; 1000 = whole
+    models: frozenset[str] | None = None  # GPU models the task accepts (None: any)
 
     def describe(self) -> str:
-        return f"{self.cpu_milli}m CPU × {self.gpu_count} GPU × {self.gpu_milli}‰"
+        only = "" if self.models is None else f" on {'|'.join(sorted(self.models))}"
+        return f"{self.cpu_milli}m CPU × {self.gpu_count} GPU × {self.gpu_milli}‰{only}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,18 +67,19 @@ class TargetWorkload:
         return TargetWorkload.from_shapes((shape_of(r) for r in requests), coverage)
 
 
-def _order(s: TaskShape) -> tuple[int, int, int]:
-    return (s.gpu_count, s.gpu_milli, s.cpu_milli)
+def _order(s: TaskShape) -> tuple[int, int, int, tuple[str, ...]]:
+    return (s.gpu_count, s.gpu_milli, s.cpu_milli, tuple(sorted(s.models or ())))
 
 
 def shape_of(request: PodRequest) -> TaskShape:
     """The FGD task shape of a request; GPU share = the larger of its two dimensions
-    (memory share is taken against a 16 GiB GPU when the GPU is not known)."""
+    (memory share is taken against a 16 GiB GPU when the GPU is not known). A GPU
+    task keeps the GPU models it accepts; a CPU-only task has none (it runs anywhere)."""
     if not request.gpus:
         return TaskShape(request.cpu_milli, 0, 0)
     d = merged_demand(request)
     if d.exclusive:
-        return TaskShape(request.cpu_milli, d.count, 1000)
+        return TaskShape(request.cpu_milli, d.count, 1000, request.models)
     by_core = d.core_pct * 1000 // CORE_UNITS_PER_GPU
     by_mem = min(1000, -(-d.memory_mib * 1000 // 16384))
-    return TaskShape(request.cpu_milli, d.count, max(by_core, by_mem, 1))
+    return TaskShape(request.cpu_milli, d.count, max(by_core, by_mem, 1), request.models)

@@ -78,9 +78,14 @@ class Fgd:
             cache = self._before = RowCache.fresh(state, {"value": np.int64})
         stale = cache.stale(state, rows)
         if stale.size:
-            cache.store(state, stale, value=self.frag.measure(state.free_milli[stale],
-                                                              state.cpu_free[stale]))
+            cache.store(state, stale, value=self.frag.measure(
+                state.free_milli[stale], state.cpu_free[stale], self.access(state, stale)))
         return np.asarray(cache["value"][rows], np.int64)
+
+    def access(self, state: ClusterState, rows: IntArray) -> IntArray | None:
+        """The access classes of nodes ``rows`` (None when no shape is model-bound)."""
+        classes = self.frag.access(state)
+        return None if classes is None else classes[rows]
 
     def deltas(self, inp: ScoreInput) -> tuple[IntArray, IntArray]:
         """(fragmentation increase, chosen GPU or -1) for each candidate."""
@@ -97,25 +102,27 @@ class Fgd:
         state, d = inp.state, inp.demand
         free = state.free_milli[rows]
         cpu_after = state.cpu_free[rows] - inp.request.cpu_milli
+        access = self.access(state, rows)
         no_gpu = np.full(rows.size, -1, np.int64)
         if d is None or inp.gpu_fit is None:
-            return self.frag.measure(free, cpu_after), no_gpu
+            return self.frag.measure(free, cpu_after, access), no_gpu
         fit = inp.gpu_fit[rows]
         need = need_milli(state, d)[rows]
         if d.count == 1 and not d.exclusive:
-            return self._best_single_gpu(free, fit, need, cpu_after)
+            return self._best_single_gpu(free, fit, need, cpu_after, access)
         order = np.argsort(np.where(fit, free, _BIG), axis=1, kind="stable")[:, : d.count]
         take = np.zeros_like(fit)
         np.put_along_axis(take, order, True, axis=1)
         after = np.where(take & fit, free - need, free)
-        return self.frag.measure(after, cpu_after), no_gpu
+        return self.frag.measure(after, cpu_after, access), no_gpu
 
     def _best_single_gpu(self, free: IntArray, fit: np.ndarray, need: IntArray,
-                         cpu_after: IntArray) -> tuple[IntArray, IntArray]:
+                         cpu_after: IntArray, access: IntArray | None
+                         ) -> tuple[IntArray, IntArray]:
         row, pos = np.nonzero(fit)
         after = free[row].copy()
         after[np.arange(row.size), pos] -= need[row, pos]
-        frag = self.frag.measure(after, cpu_after[row])
+        frag = self.frag.measure(after, cpu_after[row], None if access is None else access[row])
         order = np.lexsort((pos, free[row, pos], frag, row))
         first = np.ones(order.size, np.bool_)
         first[1:] = row[order][1:] != row[order][:-1]
