@@ -1,96 +1,11 @@
 """ResourceClass and ResourceGroup objects -> core values, or the reason they are broken.
 
-The spec shapes (docs/controller.md, the CRDs): a class has ``spec.selector``
-(a label selector over GPU labels); a group has ``spec.nodes``, ``spec.gpus``
-(uuids), ``spec.tenants``, ``spec.models`` (lists of strings) and optionally
-``spec.quota`` with whole numbers ``gpus``, ``memoryMiB``, ``corePct``. The
-core constructors do the validating; this module only reaches into the dicts
-and says which field is wrong.
+The reader is shared with the admission webhook (``gpupool.contract.tenancy``), so the
+status the controller writes and the refusal the webhook gives say the same thing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from gpupool.contract.tenancy import Broken, class_of, group_of
 
-from gpupool.core.classes import ResourceClass, check_class_name
-from gpupool.core.errors import InvalidInput
-from gpupool.core.groups import ResourceGroup
-from gpupool.core.quota import Limit
-from gpupool.core.selector import Selector
-
-
-@dataclass(frozen=True, slots=True)
-class Broken:
-    """Why an object cannot be used: a CamelCase reason and a sentence."""
-
-    reason: str
-    message: str
-
-
-def _spec(obj: Mapping[str, Any], kind: str, name: str) -> Mapping[str, Any]:
-    spec = obj.get("spec")
-    if spec is None:
-        return {}
-    if not isinstance(spec, Mapping):
-        raise InvalidInput(f"{kind} {name}: spec must be an object")
-    return spec
-
-
-def class_of(obj: Mapping[str, Any], name: str) -> ResourceClass | Broken:
-    """The class ``obj`` defines, or why it cannot be used."""
-    try:
-        check_class_name(name)
-    except InvalidInput as exc:
-        return Broken("InvalidName", f"{exc}; pods cannot name this class in "
-                      "class.gpupool.io/<class>: recreate it under a valid name")
-    try:
-        selector = _spec(obj, "ResourceClass", name).get("selector") or {}
-        if not isinstance(selector, Mapping):
-            raise InvalidInput("spec.selector must be an object with matchLabels and/or "
-                               "matchExpressions")
-        return ResourceClass(name, Selector.from_spec(selector))
-    except InvalidInput as exc:
-        return Broken("InvalidSelector", f"{exc}; fix spec.selector (pods asking for "
-                      f"class.gpupool.io/{name} are refused until then)")
-
-
-def group_of(obj: Mapping[str, Any], name: str) -> tuple[ResourceGroup, Limit | None] | Broken:
-    """The group ``obj`` defines and its quota (None: no quota), or why it cannot be used."""
-    try:
-        spec = _spec(obj, "ResourceGroup", name)
-        group = ResourceGroup(name, *(_names(spec, key) for key in
-                                      ("nodes", "gpus", "tenants", "models")))
-        return group, _limit(spec.get("quota"))
-    except InvalidInput as exc:
-        return Broken("InvalidSpec", f"{exc}; fix the ResourceGroup (pods naming group {name} "
-                      "are refused until then)")
-
-
-def _names(spec: Mapping[str, Any], key: str) -> frozenset[str]:
-    value = spec.get(key) or []
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise InvalidInput(f"spec.{key} must be a list of strings, got {value!r}")
-    return frozenset(value)
-
-
-def _limit(quota: Any) -> Limit | None:
-    if quota is None:
-        return None
-    if not isinstance(quota, Mapping):
-        raise InvalidInput(f"spec.quota must be an object, got {quota!r}")
-    unknown = sorted(set(quota) - {"gpus", "memoryMiB", "corePct"})
-    if unknown:
-        raise InvalidInput(f"spec.quota has unknown keys {', '.join(map(str, unknown))} "
-                           "(known: gpus, memoryMiB, corePct)")
-    return Limit(*(_whole(quota, key) for key in ("gpus", "memoryMiB", "corePct")))
-
-
-def _whole(quota: Mapping[str, Any], key: str) -> int | None:
-    value = quota.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidInput(f"spec.quota.{key} must be a whole number, got {value!r}")
-    return value
+__all__ = ["Broken", "class_of", "group_of"]
