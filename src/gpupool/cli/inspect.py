@@ -26,13 +26,12 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from gpupool.cli.inspect_fit import NodeVerdict, nodes_json, ordered, slices_text, verdicts
 from gpupool.contract.podspec_request import pod_request
-from gpupool.core.allocation import Allocation
 from gpupool.core.classes import ClassCatalog
 from gpupool.core.eligibility import Catalogue, constraints_for
 from gpupool.core.errors import InvalidInput
-from gpupool.core.fit import explain
-from gpupool.core.placement import Placer, choose
+from gpupool.core.placement import Placer
 from gpupool.core.policies import DEFAULT_POLICY, POLICIES, make_policy
 from gpupool.core.policies.config import PolicyConfig
 from gpupool.core.reasons import Reason
@@ -42,17 +41,6 @@ from gpupool.core.workload import TargetWorkload
 from gpupool.sim.sources import read_cluster, read_pods
 
 MAX_POD_BYTES = 1024 * 1024
-
-
-@dataclass(frozen=True, slots=True)
-class NodeVerdict:
-    """One node's answer: an allocation with its score, or the reason it does not fit."""
-
-    node: str
-    allocation: Allocation | None = None
-    score: float | None = None
-    reason: Reason | None = None
-    chosen: bool = False
 
 
 def register(subparsers: Any) -> None:
@@ -129,24 +117,6 @@ def build_cluster(nodes_path: Path, running: Path | None, placer: Placer, seed: 
     return Cluster(state, catalogue, len(state.allocations), tuple(unplaced))
 
 
-def verdicts(state: ClusterState, request: PodRequest, catalogue: Catalogue, placer: Placer,
-             rng: random.Random) -> tuple[list[NodeVerdict], Reason | None]:
-    """Every node's verdict (fits: score and GPUs; else the reason), and a pod-level block."""
-    constraints = constraints_for(state, request, catalogue)
-    cands = placer.candidates(state, request, constraints)
-    fits: dict[int, NodeVerdict] = {}
-    if cands.indices.size:
-        scores = placer.score(state, request, cands, rng)
-        best = choose(scores.value, rng)
-        for k, i in enumerate(cands.indices.tolist()):
-            fits[i] = NodeVerdict(state.nodes[i].name,
-                                  placer.allocate_on(state, request, cands, scores, k),
-                                  float(scores.value[k]), chosen=k == best)
-    out = [fits.get(i) or NodeVerdict(n.name, reason=explain(state, request, i, constraints))
-           for i, n in enumerate(state.nodes)]
-    return out, constraints.blocked
-
-
 def inspect(args: argparse.Namespace) -> int:
     if args.policy not in POLICIES:
         raise InvalidInput(f"unknown policy {args.policy!r}; known policies: "
@@ -177,33 +147,14 @@ def _first_few(keys: Sequence[str], n: int = 5) -> str:
     return f" ({', '.join(keys[:n])}{', …' if len(keys) > n else ''})"
 
 
-def _gpus(alloc: Allocation) -> list[dict[str, Any]]:
-    return [{"index": s.gpu_position, "uuid": s.gpu_uuid, "memoryMiB": s.memory_mib,
-             "corePct": s.core_pct, "container": s.container} for s in alloc.slices]
-
-
 def as_json(request: PodRequest, policy: str, found: Sequence[NodeVerdict],
             blocked: Reason | None) -> dict[str, Any]:
     chosen = next((v.node for v in found if v.chosen), None)
     return {
         "pod": request.key, "request": request.describe(), "policy": policy, "chosen": chosen,
         "blocked": blocked.message if blocked is not None else None,
-        "nodes": [{"node": v.node, "fits": v.allocation is not None,
-                   "score": None if v.score is None else round(v.score, 6),
-                   "chosen": v.chosen,
-                   "gpus": _gpus(v.allocation) if v.allocation is not None else [],
-                   "reason": v.reason.sentence() if v.reason is not None else None,
-                   "check": v.reason.check.value if v.reason is not None else None,
-                   "permanent": v.reason.permanent if v.reason is not None else None}
-                  for v in _ordered(found)],
+        "nodes": nodes_json(found),
     }
-
-
-def _ordered(found: Sequence[NodeVerdict]) -> list[NodeVerdict]:
-    """Fitting nodes first, best score first; then the rest in cluster order."""
-    fit = sorted((v for v in found if v.allocation is not None),
-                 key=lambda v: (not v.chosen, -(v.score or 0.0)))
-    return fit + [v for v in found if v.allocation is None]
 
 
 def table(request: PodRequest, policy: str, found: Sequence[NodeVerdict],
@@ -215,12 +166,10 @@ def table(request: PodRequest, policy: str, found: Sequence[NodeVerdict],
     for name, justify in (("node", "left"), ("fits", "center"), ("score", "right"),
                           ("GPUs it would take / why not", "left")):
         t.add_column(name, justify=justify)  # type: ignore[arg-type]
-    for v in _ordered(found):
+    for v in ordered(found):
         if v.allocation is not None:
-            gpus = ", ".join(f"#{s.gpu_position} {s.memory_mib} MiB {s.core_pct} %"
-                             + (f" ({s.container})" if s.container else "")
-                             for s in v.allocation.slices) or "no GPU"
-            t.add_row(v.node, "★ yes" if v.chosen else "yes", f"{v.score:.4g}", gpus)
+            t.add_row(v.node, "★ yes" if v.chosen else "yes", f"{v.score:.4g}",
+                      slices_text(v.allocation))
         else:
             why = v.reason.message if v.reason is not None else "does not fit"
             t.add_row(v.node, "no", "", why)
