@@ -24,6 +24,9 @@ REST behaviour:
   ``PUT`` replace and ``PATCH`` (JSON merge patch; strategic merge is treated
   as merge patch): a ``metadata.resourceVersion`` in the body that is not the
   current one answers 409 Conflict and changes nothing.
+* ``POST pods/{name}/eviction``: deletes the pod (the fake keeps no PodDisruptionBudgets;
+  ``fail_next("POST", "eviction", 429, ...)`` answers as a budget that allows no
+  disruption does).
 * ``POST pods/{name}/binding``: sets ``spec.nodeName`` and merges the Binding's
   ``metadata.annotations`` into the pod, as the real API server does; 409 if
   the pod is already bound or the Binding's ``metadata.uid`` is not the pod's.
@@ -219,6 +222,10 @@ class FakeApiServer:
             raise ApiFailure(405, "MethodNotAllowed", f"{m} on a collection")
         if sub == "binding" and plural == "pods" and m == "POST":
             self.store.bind(name, ns or "default", await _body(request))
+            return _json({"kind": "Status", "apiVersion": "v1", "status": "Success",
+                          "code": 201, "metadata": {}}, 201)
+        if sub == "eviction" and plural == "pods" and m == "POST":  # no PodDisruptionBudgets
+            self.store.delete(plural, name, ns)  # here: inject a 429 with fail_next to refuse
             return _json({"kind": "Status", "apiVersion": "v1", "status": "Success",
                           "code": 201, "metadata": {}}, 201)
         if sub not in ("", "status"):

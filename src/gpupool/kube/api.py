@@ -27,6 +27,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import Iterator, Mapping
+from datetime import datetime
 from typing import Any, TypeVar
 from urllib.parse import quote
 
@@ -38,9 +39,9 @@ from lightkube.config.models import Cluster, User
 from lightkube.core.decoders import decode_list, decode_object
 from lightkube.core.exceptions import ConfigError
 from lightkube.generic_resource import create_global_resource
-from lightkube.models.core_v1 import ObjectReference
+from lightkube.models.core_v1 import EventSource, ObjectReference
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import ConfigMap, Node, Pod, Secret
+from lightkube.resources.core_v1 import ConfigMap, Event, Node, Pod, Secret
 from lightkube.types import PatchType
 
 from gpupool.contract import names
@@ -433,6 +434,33 @@ class KubeApi:
             done = self.client.create(body) if resource_version is None else \
                 self.client.replace(body)
         return (done.metadata.resourceVersion if done.metadata else None) or ""
+
+    # -- the node agent: Events about pods, evictions -----------------------------------------
+    def create_pod_event(self, pod_namespace: str, pod_name: str, pod_uid: str, reason: str,
+                         message: str, warning: bool, component: str, host: str,
+                         now: datetime) -> None:
+        """A core/v1 Event about a pod (what ``kubectl describe pod`` lists), named as
+        client-go's recorder names them: ``<pod>.<nanoseconds in hex>``."""
+        name = f"{pod_name}.{int(now.timestamp() * 1e9):x}"
+        event = Event(
+            metadata=ObjectMeta(name=name, namespace=pod_namespace),
+            involvedObject=ObjectReference(apiVersion="v1", kind="Pod", namespace=pod_namespace,
+                                           name=pod_name, uid=pod_uid or None),
+            reason=reason, message=message[:1024], type="Warning" if warning else "Normal",
+            source=EventSource(component=component, host=host), count=1,
+            firstTimestamp=now, lastTimestamp=now, reportingComponent=component,
+            reportingInstance=host)
+        with _translated(f"create Event about pod {pod_namespace}/{pod_name}"):
+            self.client.create(event, namespace=pod_namespace)
+
+    def evict_pod(self, namespace: str, name: str) -> None:
+        """Ask the Eviction API (policy/v1) to evict the pod; it honours PodDisruptionBudgets
+        (refused with HTTP 429 while a budget allows no disruption)."""
+        eviction = Pod.Eviction(metadata=ObjectMeta(name=name, namespace=namespace))
+        # success answers a Status, which lightkube tries to read as an Eviction
+        with (_translated(f"evict pod {namespace}/{name}"),
+              contextlib.suppress(msgspec.ValidationError)):
+            self.client.create(eviction, name=name, namespace=namespace)
 
 
 _ENCODE = msgspec.json.Encoder().encode
