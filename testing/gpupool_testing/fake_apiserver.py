@@ -333,10 +333,20 @@ def main() -> None:
     """``python -m gpupool_testing.fake_apiserver [SEED.jsonl]``: serve on 127.0.0.1 (for
     benchmarks that keep the fake out of the measured process); prints the URL and the
     number of objects loaded."""
+    import argparse
     import sys
 
+    parser = argparse.ArgumentParser(
+        prog="python -m gpupool_testing.fake_apiserver",
+        description="Serve a FAKE Kubernetes API server (test support) on 127.0.0.1; print "
+                    "its URL and the number of objects loaded; stop when stdin closes.")
+    parser.add_argument("seed", nargs="?", help='JSON lines of {"kind": plural, "object": {...}}')
+    args = parser.parse_args()
     server = FakeApiServer()
-    count = load_seed(server, sys.argv[1]) if len(sys.argv) > 1 else 0
+    try:
+        count = load_seed(server, args.seed) if args.seed else 0
+    except (OSError, ValueError, KeyError) as exc:
+        parser.exit(2, f"cannot load the seed file {args.seed}: {exc}\n")
     print(server.start(), count, flush=True)
     try:
         sys.stdin.read()  # until the parent closes our stdin

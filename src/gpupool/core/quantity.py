@@ -23,7 +23,8 @@ _DECIMAL = {
 }
 _PATTERN = re.compile(
     r"^(?P<sign>[+-]?)(?P<num>\d+(?:\.\d*)?|\.\d+)"
-    r"(?:(?P<exp>[eE][+-]?\d+)|(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])?)$"
+    r"(?:(?P<exp>[eE][+-]?\d+)|(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])?)$",
+    re.ASCII,  # digits are 0-9 only, as Kubernetes reads them (not "١", "٣")
 )
 _MAX_LEN = 64
 

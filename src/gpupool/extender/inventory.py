@@ -3,9 +3,12 @@
 * A node's CPU and memory are its ``status.allocatable``; its GPUs are the
   GPUDevice objects whose ``spec.node`` names it, ordered by ``spec.index``
   (read by ``gpupool.contract.devices``, as the controller reads them).
-* A GPU is healthy when ``status.health`` is ``Healthy`` and its
-  ``status.heartbeatTime`` is at most ``stale_after_s`` old (no heartbeat at
-  all counts as fresh only while the object is younger than that).
+* A GPU takes new placements when ``status.health`` is ``Healthy``, it is not
+  isolated (``status.isolation.state: Isolated``: the node agent caught a container
+  using more than its slice) and its ``status.heartbeatTime`` is at most
+  ``stale_after_s`` old (no heartbeat at all counts as fresh only while the object
+  is younger than that). A GPU that does not is marked unhealthy in the core: it
+  keeps its holders and takes nothing new.
 * ``ResourceClass.spec.selector`` is a label selector over GPU labels;
   ``ResourceGroup.spec`` has ``nodes``, ``gpus`` (uuids), ``tenants``,
   ``models`` and ``quota`` (``gpus``, ``memoryMiB``, ``corePct``).
@@ -55,8 +58,9 @@ def _quiet(parse: Any, value: Any) -> int:
 
 
 def is_fresh(dev: DeviceRecord, now_s: float, stale_after_s: float) -> bool:
-    """Reported healthy and heard from within ``stale_after_s``."""
-    if not dev.reported_healthy:
+    """Takes placements by its own report (healthy, not isolated) and heard from within
+    ``stale_after_s``."""
+    if not dev.takes_placements:
         return False
     seen = dev.heartbeat_s if dev.heartbeat_s is not None else dev.created_s
     return seen is None or now_s - seen <= stale_after_s

@@ -15,6 +15,7 @@ serve callers that hold decoded JSON.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
@@ -164,16 +165,38 @@ def preemption_result(victims: Mapping[str, list[str]], violations: Mapping[str,
         for node, uids in victims.items()}}
 
 
+_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*",
+                        re.ASCII)
+_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", re.ASCII)
+_UID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*", re.ASCII)
+_BINDING_FIELDS = (  # (folded key, name in the wire format, pattern, most characters, what)
+    ("podname", "PodName", _SUBDOMAIN, 253, "a pod name (a DNS subdomain)"),
+    ("podnamespace", "PodNamespace", _LABEL, 63, "a namespace name (a DNS label)"),
+    ("poduid", "PodUID", _UID, 128, "a pod UID"),
+    ("node", "Node", _SUBDOMAIN, 253, "a node name (a DNS subdomain)"),
+)
+
+
 def parse_binding(body: Any) -> BindingArgs:
+    """``ExtenderBindingArgs``; every field must be what the API server could hold (a pod
+    name, a namespace, a UID, a node name), so nothing odd reaches a URL or a log."""
     args = _folded(body, "ExtenderBindingArgs")
-    values = {k: args.get(k) for k in ("podname", "podnamespace", "poduid", "node")}
-    for key in ("podname", "node"):
-        if not isinstance(values[key], str) or not values[key]:
-            raise InvalidInput(f"ExtenderBindingArgs.{key} is missing or empty")
-    ns, uid = values["podnamespace"] or "default", values["poduid"] or ""
-    if not isinstance(ns, str) or not isinstance(uid, str):
-        raise InvalidInput("ExtenderBindingArgs.PodNamespace and PodUID must be strings")
-    return BindingArgs(str(values["podname"]), ns, uid, str(values["node"]))
+    values = []
+    for key, wire, pattern, most, what in _BINDING_FIELDS:
+        value = args.get(key)
+        if value is None or value == "":
+            raise InvalidInput(f"ExtenderBindingArgs.{wire} is missing or empty")
+        if not isinstance(value, str) or len(value) > most or not pattern.fullmatch(value):
+            raise InvalidInput(f"ExtenderBindingArgs.{wire} {_shown(value)} is not {what}")
+        values.append(value)
+    name, ns, uid, node = values
+    return BindingArgs(name, ns, uid, node)
+
+
+def _shown(value: Any) -> str:
+    """A value for an error message: its repr, cut to 80 characters."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 NO_NODES = b"{}"
