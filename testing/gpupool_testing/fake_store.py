@@ -46,6 +46,10 @@ KINDS: dict[str, Kind] = {
         Kind("resourceclasses", "gpupool.io", "v1alpha1", "ResourceClass", False),
         Kind("resourcegroups", "gpupool.io", "v1alpha1", "ResourceGroup", False),
         Kind("gpuledgers", "gpupool.io", "v1alpha1", "GPULedger", False),
+        Kind("mutatingwebhookconfigurations", "admissionregistration.k8s.io", "v1",
+             "MutatingWebhookConfiguration", False),
+        Kind("validatingwebhookconfigurations", "admissionregistration.k8s.io", "v1",
+             "ValidatingWebhookConfiguration", False),
     )
 }
 HISTORY = 200_000  # watch events retained; older resourceVersions get 410 Gone

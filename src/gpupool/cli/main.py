@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from gpupool import __version__
 from gpupool.core.errors import GpupoolError
 
-SUBCOMMANDS: tuple[str, ...] = ("simulate", "device_plugin", "extender", "controller", "inspect")
+SUBCOMMANDS: tuple[str, ...] = ("simulate", "device_plugin", "extender", "controller", "inspect",
+                               "webhook", "keys")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,152 @@
+"""``gpupool webhook``: serve gpupool's admission webhook over HTTPS.
+
+Refuses pods that carry gpupool's decision annotations at creation and writes of
+them by anyone but gpupool's own accounts; refuses GPU pods whose containers set what
+decides their GPUs and limits (NVIDIA_VISIBLE_DEVICES, CUDA_MPS_*, HAMi-core's
+variables, LD_PRELOAD, GPUPOOL_*); gives GPU pods gpupool's scheduler and the implied
+gpupool.io/gpu; validates ResourceClasses and ResourceGroups. Makes and renews its own
+certificate (or serves one cert-manager made: --certificates external) and keeps the
+caBundle of its webhook configurations current. See docs/webhook.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import start_http_server
+
+from gpupool.cli.args import bounded
+from gpupool.kube.errors import KubeError
+from gpupool.kube.webhook_ops import WebhookApi
+from gpupool.webhook.admission import Settings
+from gpupool.webhook.certificates import CertificateKeeper, CertificatePlan
+from gpupool.webhook.decisions import (
+    NODE_AGENT_DECIDING_KEYS,
+    NODE_AGENT_KEYS,
+    Writers,
+    service_account,
+)
+from gpupool.webhook.metrics import Metrics
+from gpupool.webhook.server import HttpsServer, WebhookApp
+from gpupool.webhook.tls import ServingTls
+
+log = logging.getLogger("gpupool.webhook")
+
+CONFIGURATION = "gpupool-webhook"
+
+
+def default_namespace() -> str:
+    return os.environ.get("POD_NAMESPACE") or "gpupool-system"
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("webhook", help="serve gpupool's admission webhook",
+                              description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster service account)")
+    p.add_argument("--server", help=argparse.SUPPRESS)  # a bare API URL (tests, fakes)
+    p.add_argument("--namespace", default=default_namespace(),
+                   help="gpupool's namespace: its Secrets, Service and accounts (default: "
+                        "$POD_NAMESPACE, else gpupool-system)")
+    p.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
+    p.add_argument("--port", type=bounded(int, 0, 65535), default=8443,
+                   help="HTTPS port (default 8443)")
+    p.add_argument("--metrics-port", type=bounded(int, 0, 65535), default=9443,
+                   help="plain-HTTP Prometheus /metrics port; 0: none (default 9443)")
+    p.add_argument("--service", default="gpupool-webhook",
+                   help="the Service the API server calls (default gpupool-webhook)")
+    p.add_argument("--tls-secret", default="gpupool-webhook-tls",
+                   help="TLS Secret of the serving certificate (default gpupool-webhook-tls)")
+    p.add_argument("--certificates", choices=("managed", "external"), default="managed",
+                   help="managed: gpupool's CA issues and renews it and fills the caBundle; "
+                        "external: serve what another issuer (cert-manager) put in the Secret")
+    p.add_argument("--mutating-configuration", default=CONFIGURATION,
+                   help=f"MutatingWebhookConfiguration to keep trusting us (default "
+                        f"{CONFIGURATION})")
+    p.add_argument("--validating-configuration", default=CONFIGURATION,
+                   help=f"ValidatingWebhookConfiguration likewise (default {CONFIGURATION})")
+    p.add_argument("--dns-name", action="append", default=[],
+                   help="another DNS name for the certificate (repeatable)")
+    p.add_argument("--check-seconds", type=bounded(float, 1, 86_400), default=3600.0,
+                   help="how often to check the certificate and caBundle (default 3600)")
+    p.add_argument("--cert-dir", help="where the served key is written (default: a new "
+                                      "private temporary directory)")
+    p.add_argument("--scheduler-name", default="gpupool-scheduler",
+                   help="scheduler given to GPU pods that name none (default gpupool-scheduler)")
+    p.add_argument("--extender-account", default="gpupool-extender",
+                   help="service account (in --namespace) whose Bindings carry decisions")
+    p.add_argument("--node-agent-account", default="gpupool-node-agent",
+                   help="service account (in --namespace) that writes phase, reason, devices")
+    p.add_argument("--node-agent-decides", action="store_true",
+                   help="node agents also write decisions (only with their "
+                        "--decide-unscheduled, which is unsafe against hostile tenants)")
+    p.add_argument("--guard", choices=("all-pods", "gpu-pods"), default="all-pods",
+                   help="all-pods: also refuse NVIDIA_VISIBLE_DEVICES naming GPUs on pods that "
+                        "ask no gpupool resource (default); gpu-pods: only guard GPU pods")
+    p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    p.set_defaults(func=run)
+
+
+def settings_of(args: argparse.Namespace) -> Settings:
+    agent = service_account(args.namespace, args.node_agent_account)
+    keys = NODE_AGENT_DECIDING_KEYS if args.node_agent_decides else NODE_AGENT_KEYS
+    writers = Writers({agent: keys},
+                      frozenset({service_account(args.namespace, args.extender_account)}))
+    return Settings(args.scheduler_name, writers, args.guard == "all-pods")
+
+
+def plan_of(args: argparse.Namespace) -> CertificatePlan:
+    return CertificatePlan(
+        args.namespace, args.service, args.tls_secret,
+        (("MutatingWebhookConfiguration", args.mutating_configuration),
+         ("ValidatingWebhookConfiguration", args.validating_configuration)),
+        managed=args.certificates == "managed", extra_dns_names=tuple(args.dns_name))
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    api = WebhookApi.open(kubeconfig=args.kubeconfig, server=args.server)
+    metrics = Metrics()
+    tls = ServingTls(Path(args.cert_dir or tempfile.mkdtemp(prefix="gpupool-webhook-")))
+    keeper = CertificateKeeper(api, plan_of(args), tls, time.time, metrics)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        _first_certificate(keeper, stop)
+        if stop.is_set():
+            return 0
+        app = WebhookApp(settings_of(args), metrics, lambda: tls.loaded)
+        server = HttpsServer(app.app, tls, args.host, args.port)
+        port = server.start()
+        if args.metrics_port:
+            start_http_server(args.metrics_port, registry=metrics.registry)
+        log.info("serving admission reviews on https://%s:%d (metrics on :%s)", args.host, port,
+                 args.metrics_port or "off")
+        threading.Thread(target=keeper.run, args=(stop, args.check_seconds), daemon=True,
+                         name="certificates").start()
+        stop.wait()
+        server.stop()
+        return 0
+    finally:
+        stop.set()
+        api.close()
+
+
+def _first_certificate(keeper: CertificateKeeper, stop: threading.Event) -> None:
+    """Until a certificate is served (the server cannot start without one)."""
+    while not stop.is_set():
+        try:
+            keeper.refresh()
+            return
+        except (KubeError, ValueError) as exc:
+            log.warning("no serving certificate yet (retried in 5 s): %s", exc)
+            stop.wait(5.0)

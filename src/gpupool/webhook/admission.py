@@ -1,0 +1,165 @@
+"""Which rule judges which request: ``mutate`` and ``validate`` turn a ``Request`` into a
+``Verdict``. Pure: no I/O; every rule is in its own module.
+
+Mutating (``/mutate``), pods CREATE: gpupool's scheduler and the implied
+``gpupool.io/gpu`` (``scheduling``). Validating (``/validate``):
+
+* pods CREATE: no decision annotations (``decisions``), no guarded environment
+  (``environment``), and a GPU ask the scheduler can read (``contract.podspec_request``);
+* pods and pods/status UPDATE: decision annotations change only by their writers;
+* pods/ephemeralcontainers UPDATE: the new ephemeral containers' environment;
+* pods/binding CREATE: a Binding carries a decision only from gpupool's extender;
+* resourceclasses / resourcegroups CREATE and UPDATE: they parse (``contract.tenancy``).
+
+Anything else is allowed: the webhook configurations send only what is listed here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpupool.contract import tenancy
+from gpupool.contract.podspec_request import pod_request
+from gpupool.core.errors import InvalidInput
+from gpupool.core.request import PodRequest
+from gpupool.webhook import decisions, environment, scheduling
+from gpupool.webhook.review import Request, Verdict
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """What a deployment decides: the scheduler's name, who writes what, how wide a guard."""
+
+    scheduler: str = "gpupool-scheduler"
+    writers: decisions.Writers = field(default_factory=decisions.Writers)
+    guard_all_pods: bool = True  # NVIDIA_VISIBLE_DEVICES naming GPUs refused on every pod
+
+
+def pod_ref(request: Request) -> str:
+    """``pod <namespace>/<name>`` (a generated name shows its prefix and ``*``)."""
+    meta = _map(_map(request.obj).get("metadata"))
+    name = request.name or str(meta.get("name") or "")
+    if not name:
+        name = f"{meta.get('generateName') or ''}*"
+    return f"pod {request.namespace or meta.get('namespace') or 'default'}/{name}"
+
+
+def _map(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _readable_pod(request: Request) -> dict[str, Any]:
+    """The pod as ``pod_request`` reads it: namespace from the request, a name even when
+    the API server has not generated it yet."""
+    pod = dict(_map(request.obj))
+    meta = dict(_map(pod.get("metadata")))
+    meta["name"] = pod_ref(request).split("/", 1)[1]
+    meta["namespace"] = request.namespace or meta.get("namespace") or "default"
+    pod["metadata"] = meta
+    return pod
+
+
+def gpu_request(request: Request) -> PodRequest | Verdict | None:
+    """The pod's GPU ask (None: it asks no gpupool resource), or a denial saying why the
+    scheduler could not read it."""
+    spec = _map(_map(request.obj).get("spec"))
+    if not scheduling.asks_gpupool(spec):
+        return None
+    try:
+        return pod_request(_readable_pod(request))
+    except InvalidInput as exc:
+        return Verdict.deny(f"{exc} (gpupool's scheduler would refuse this pod)", 422,
+                            "Invalid")
+
+
+# -- mutating -----------------------------------------------------------------------------------
+def mutate(request: Request, settings: Settings) -> Verdict:
+    if request.resource != "pods" or request.sub_resource or request.operation != "CREATE":
+        return Verdict.allow()
+    asked = gpu_request(request)
+    if asked is None or isinstance(asked, Verdict):
+        return asked or Verdict.allow()
+    spec = _map(_map(request.obj).get("spec"))
+    patch = scheduling.scheduler_patch(spec, settings.scheduler)
+    patch += scheduling.implied_gpu_patch(spec, asked)
+    return Verdict.allow(patch, scheduling.other_scheduler_warning(spec, settings.scheduler))
+
+
+# -- validating ---------------------------------------------------------------------------------
+def validate(request: Request, settings: Settings) -> Verdict:
+    if request.operation not in ("CREATE", "UPDATE"):
+        return Verdict.allow()
+    if request.resource == "pods":
+        return _validate_pod(request, settings)
+    if request.resource in ("resourceclasses", "resourcegroups") and not request.sub_resource:
+        return _validate_tenancy(request)
+    return Verdict.allow()
+
+
+def _validate_pod(request: Request, settings: Settings) -> Verdict:
+    who = pod_ref(request)
+    sub = request.sub_resource
+    if sub == "binding":
+        why = decisions.check_binding(who, request.username, request.obj, settings.writers)
+        return Verdict.deny(why) if why else Verdict.allow()
+    if sub == "ephemeralcontainers":
+        return _validate_ephemeral(request, settings)
+    if sub not in ("", "status"):
+        return Verdict.allow()
+    why = decisions.check_pod_write(who, request.username, request.operation, request.old,
+                                    request.obj, settings.writers)
+    if why:
+        return Verdict.deny(why)
+    if request.operation == "CREATE" and not sub:
+        return _validate_new_pod(request, settings, who)
+    return Verdict.allow()
+
+
+def _validate_new_pod(request: Request, settings: Settings, who: str) -> Verdict:
+    asked = gpu_request(request)
+    if isinstance(asked, Verdict):
+        return asked
+    gpu_pod = asked is not None
+    if not gpu_pod and not settings.guard_all_pods:
+        return Verdict.allow()
+    found = environment.problems(_map(_map(request.obj).get("spec")), gpu_pod)
+    return _env_verdict(who, found, gpu_pod)
+
+
+def _env_verdict(who: str, found: list[str], gpu_pod: bool) -> Verdict:
+    if not found:
+        return Verdict.allow()
+    what = "a GPU pod may not set what decides its GPUs and limits" if gpu_pod else \
+        "a pod that asks no GPU may not expose GPUs"
+    more = f" (and {len(found) - 3} more)" if len(found) > 3 else ""
+    return Verdict.deny(f"{who}: {what}: {'; '.join(found[:3])}{more}")
+
+
+def _validate_ephemeral(request: Request, settings: Settings) -> Verdict:
+    if request.operation != "UPDATE":
+        return Verdict.allow()
+    spec = _map(_map(request.obj).get("spec"))
+    gpu_pod = scheduling.asks_gpupool(spec)
+    if not gpu_pod and not settings.guard_all_pods:
+        return Verdict.allow()
+    before = {str(c.get("name")) for c in _map(_map(request.old).get("spec")).get(
+        "ephemeralContainers") or [] if isinstance(c, Mapping)}
+    fresh = [c for c in spec.get("ephemeralContainers") or []
+             if isinstance(c, Mapping) and str(c.get("name")) not in before]
+    found = environment.problems({"ephemeralContainers": fresh}, gpu_pod)
+    return _env_verdict(pod_ref(request), found, gpu_pod)
+
+
+def _validate_tenancy(request: Request) -> Verdict:
+    obj = _map(request.obj)
+    meta = _map(obj.get("metadata"))
+    name = request.name or str(meta.get("name") or "") or f"{meta.get('generateName') or ''}x"
+    if request.resource == "resourceclasses":
+        kind, parsed = "ResourceClass", tenancy.class_of(obj, name)
+    else:
+        kind, parsed = "ResourceGroup", tenancy.group_of(obj, name)  # type: ignore[assignment]
+    if isinstance(parsed, tenancy.Broken):
+        return Verdict.deny(f"{kind} {name}: {parsed.message}", 422, "Invalid")
+    return Verdict.allow()

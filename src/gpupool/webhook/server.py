@@ -1,0 +1,178 @@
+"""The webhook's HTTPS endpoints (starlette under uvicorn).
+
+* ``POST /mutate``, ``POST /validate``: AdmissionReview v1 in, AdmissionReview v1 out
+  (HTTP 200 with ``allowed`` and the message). A body that is no AdmissionReview v1
+  request is answered with HTTP 400 and ``{"error": ...}`` when it has no readable
+  ``request.uid``, else with a denial naming the problem; a body above ``MAX_BODY_BYTES``
+  gets 413. A rule that fails unexpectedly denies (fail closed) and is logged; the
+  server never stops answering.
+* ``GET /healthz``: the process answers; ``GET /readyz``: a certificate is served.
+
+Rules run on a worker thread, so one large body never holds up the others.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request as HttpRequest
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from gpupool.webhook.admission import Settings, mutate, validate
+from gpupool.webhook.metrics import Metrics
+from gpupool.webhook.review import BadReview, Request, Verdict, answer, read_review, uid_of
+from gpupool.webhook.tls import ServingTls
+
+log = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 8 * 1024 * 1024
+"""An AdmissionReview holds the object and the old object (each at most ~1.5 MB in etcd)."""
+Rule = Callable[[Request, Settings], Verdict]
+
+
+class TooLarge(Exception):
+    pass
+
+
+async def _body(request: HttpRequest) -> bytes:
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise TooLarge
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise TooLarge
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+class WebhookApp:
+    """The starlette app of one webhook process."""
+
+    def __init__(self, settings: Settings, metrics: Metrics, ready: Callable[[], bool]):
+        self.settings = settings
+        self.metrics = metrics
+        self.ready = ready
+        self.app = Starlette(routes=[
+            Route("/mutate", self._endpoint("mutate", mutate), methods=["POST"]),
+            Route("/validate", self._endpoint("validate", validate), methods=["POST"]),
+            Route("/healthz", self._healthz, methods=["GET"]),
+            Route("/readyz", self._readyz, methods=["GET"]),
+        ])
+
+    def _endpoint(self, name: str, rule: Rule) -> Callable[[HttpRequest], Any]:
+        async def handle(request: HttpRequest) -> Response:
+            try:
+                body = await _body(request)
+            except TooLarge:
+                self.metrics.bad.labels(name).inc()
+                return JSONResponse({"error": f"the body is larger than {MAX_BODY_BYTES} "
+                                              "bytes"}, 413)
+            code, out = await run_in_threadpool(self.decide, name, rule, body)
+            return Response(json.dumps(out, separators=(",", ":")), code,
+                            media_type="application/json")
+        return handle
+
+    def decide(self, endpoint: str, rule: Rule, body: bytes) -> tuple[int, dict[str, Any]]:
+        """(HTTP status, body) for one review; never raises."""
+        started = time.perf_counter()
+        try:
+            request = read_review(body)
+        except BadReview as exc:
+            self.metrics.bad.labels(endpoint).inc()
+            uid = uid_of(body)
+            log.warning("%s: refused a body that is no AdmissionReview v1: %s", endpoint, exc)
+            if not uid:
+                return 400, {"error": f"gpupool webhook: {exc}"}
+            return 200, answer(uid, Verdict.deny(f"gpupool webhook: {exc}", 400, "BadRequest"))
+        verdict = self._judge(endpoint, rule, request)
+        self.metrics.latency.labels(endpoint).observe(time.perf_counter() - started)
+        self.metrics.reviews.labels(endpoint, request.what, request.operation,
+                                    verdict.outcome).inc()
+        _log(endpoint, request, verdict)
+        return 200, answer(request.uid, verdict)
+
+    def _judge(self, endpoint: str, rule: Rule, request: Request) -> Verdict:
+        try:
+            return rule(request, self.settings)
+        except Exception:  # a bug in a rule: deny (fail closed), keep serving
+            log.exception("%s: a rule failed on %s %s %s/%s", endpoint, request.operation,
+                          request.what, request.namespace, request.name)
+            self.metrics.errors.labels(endpoint).inc()
+            return Verdict.deny("gpupool webhook: internal error while judging this request "
+                                "(see the webhook's log)", 500, "InternalError")
+
+    async def _healthz(self, _: HttpRequest) -> Response:
+        return PlainTextResponse("ok")
+
+    async def _readyz(self, _: HttpRequest) -> Response:
+        if self.ready():
+            return PlainTextResponse("ok")
+        return PlainTextResponse("no serving certificate yet", 503)
+
+
+def _log(endpoint: str, request: Request, verdict: Verdict) -> None:
+    where = f"{request.operation} {request.what} {request.namespace}/{request.name}".rstrip("/")
+    if not verdict.allowed:
+        log.info("%s: denied %s by %s: %s", endpoint, where, request.username, verdict.message)
+    elif verdict.patch:
+        paths = ", ".join(str(op["path"]) for op in verdict.patch)
+        log.info("%s: patched %s: %s", endpoint, where, paths)
+    else:
+        log.debug("%s: allowed %s by %s", endpoint, where, request.username)
+    for warning in verdict.warnings:
+        log.info("%s: warned %s: %s", endpoint, where, warning)
+
+
+class HttpsServer:
+    """uvicorn serving ``app`` over TLS on a thread; the certificate follows ``tls``."""
+
+    def __init__(self, app: Any, tls: ServingTls, host: str = "0.0.0.0", port: int = 8443):
+        self.app, self.tls, self.host, self.port = app, tls, host, port
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> int:
+        """Serve (the first certificate must be installed); returns the port."""
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, self.port))
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(self.app, log_level="warning", lifespan="off", access_log=False,
+                                timeout_keep_alive=30, timeout_graceful_shutdown=5,
+                                ssl_certfile=str(self.tls.cert_file),
+                                ssl_keyfile=str(self.tls.key_file))
+        config.load()
+        assert config.ssl is not None
+        self.tls.attach(config.ssl)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
+                                        daemon=True, name="webhook-https")
+        self._thread.start()
+        while not self._server.started:
+            if not self._thread.is_alive():
+                raise RuntimeError("the webhook server did not start")
+            threading.Event().wait(0.01)
+        return self.port
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=10)
