@@ -1,15 +1,17 @@
-"""``gpupool inspect``: explain, node by node, where a pod would go and why not elsewhere.
+"""``gpupool inspect``: where pods are and would go, and why — live or from files.
 
-Offline: give it a cluster (``--nodes``: gpupool YAML or an Alibaba node-list
-CSV, as ``gpupool simulate`` reads them, classes included) and a Kubernetes Pod
-manifest (``--pod``), translated with the same resource names the scheduler
-extender reads. Optionally ``--running`` places a workload first (gpupool YAML
-or Alibaba pod CSV, in file order, with the same policy) so the cluster is not
-idle. For every node it prints whether the pod fits — with the policy's score
-and the GPUs it would take — or the reason it does not, a sentence from the
-core's fit checks. ``--json`` prints the same as JSON.
+Live (``inspect_live``): the views ``nodes``, ``pod`` and ``groups`` read a cluster
+through its kubeconfig, as ``kubectl gpupool`` does. Offline (this module): a
+cluster file (``--nodes``: gpupool YAML or an Alibaba node-list CSV, as ``gpupool
+simulate`` reads them, classes included) and a Pod manifest (``--pod``), translated
+with the resource names the scheduler extender reads; ``--running`` places a
+workload first. For every node it prints whether the pod fits — with the policy's
+score and the GPUs it would take — or the reason it does not, a sentence from the
+core's fit checks.
 
-Exit code: 0 when some node fits, 1 when none does, 2 on bad input.
+Exit code: 0 when some node fits (offline) or the view was printed (live); 1 when
+no node fits (offline) or the pod does not exist (live); 2 on bad input, a
+kubeconfig that cannot be used, or a failed API call.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gpupool.cli.inspect_fit import NodeVerdict, nodes_json, ordered, slices_text, verdicts
+from gpupool.cli.inspect_live import CONNECTION_HELP, VIEWS_HELP, add_options, add_views
 from gpupool.contract.podspec_request import pod_request
 from gpupool.core.classes import ClassCatalog
 from gpupool.core.eligibility import Catalogue, constraints_for
@@ -43,21 +46,50 @@ from gpupool.sim.sources import read_cluster, read_pods
 MAX_POD_BYTES = 1024 * 1024
 
 
+DESCRIPTION = f"""Explain where pods are and would go, and why.
+
+Live, against a cluster:
+  gpupool inspect nodes [NODE ...]
+  gpupool inspect pod [NAMESPACE/]NAME
+  gpupool inspect groups
+
+{VIEWS_HELP}
+
+{CONNECTION_HELP}
+The options below may come before or after the view's name.
+
+Offline, from files:
+  gpupool inspect --nodes CLUSTER.yaml --pod POD.yaml [--running WORKLOAD.yaml]
+  explains, node by node, whether the pod fits (with the policy's score and the
+  GPUs it would take) or why not. The cluster file is gpupool YAML or an Alibaba
+  node-list CSV, as gpupool simulate reads them; --running places a workload first.
+
+Exit code: 0 when the view was printed or (offline) some node fits; 1 when the pod
+does not exist or (offline) no node fits; 2 on bad input, a kubeconfig that cannot
+be used, or a failed API call."""
+
+
 def register(subparsers: Any) -> None:
-    p = subparsers.add_parser("inspect", help="explain where a pod fits and why not elsewhere",
-                              description=__doc__,
+    p = subparsers.add_parser("inspect", help="explain where pods are and would go, and why "
+                              "(live cluster or files)", description=DESCRIPTION,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--nodes", type=Path, required=True, metavar="FILE",
-                   help="cluster: gpupool YAML or Alibaba node-list CSV")
-    p.add_argument("--pod", type=Path, required=True, metavar="FILE",
-                   help="a Kubernetes Pod manifest (YAML or JSON)")
-    p.add_argument("--running", type=Path, metavar="FILE",
-                   help="pods to place first (gpupool YAML or Alibaba pod CSV)")
+    offline = p.add_argument_group("offline, from files")
+    offline.add_argument("--nodes", type=Path, metavar="FILE",
+                         help="cluster: gpupool YAML or Alibaba node-list CSV")
+    offline.add_argument("--pod", type=Path, metavar="FILE",
+                         help="a Kubernetes Pod manifest (YAML or JSON)")
+    offline.add_argument("--running", type=Path, metavar="FILE",
+                         help="pods to place first (gpupool YAML or Alibaba pod CSV)")
+    offline.add_argument("--json", action="store_true", help="the same as --output json")
     p.add_argument("--policy", default=DEFAULT_POLICY, metavar="NAME",
-                   help=f"placement policy (default {DEFAULT_POLICY}; "
-                        f"known: {', '.join(sorted(POLICIES))})")
-    p.add_argument("--seed", type=int, default=0, help="seed for policies that draw (default 0)")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+                   help=f"placement policy that scores the nodes a pod fits (default "
+                        f"{DEFAULT_POLICY}; known: {', '.join(sorted(POLICIES))})")
+    p.add_argument("--seed", type=int, default=0, help="seed for ties and policies that draw "
+                   "(default 0)")
+    add_options(p.add_argument_group("live, against a cluster"))
+    views = p.add_subparsers(dest="view", metavar="VIEW", title="live views")
+    for view in add_views(views, copies=True):
+        _one_line_errors(view)
     p.set_defaults(func=inspect)
     _one_line_errors(p)
 
@@ -118,6 +150,9 @@ def build_cluster(nodes_path: Path, running: Path | None, placer: Placer, seed: 
 
 
 def inspect(args: argparse.Namespace) -> int:
+    if args.nodes is None or args.pod is None:
+        raise InvalidInput("name a live view (nodes, pod [NAMESPACE/]NAME, groups), or give "
+                           "--nodes FILE and --pod FILE to explain offline")
     if args.policy not in POLICIES:
         raise InvalidInput(f"unknown policy {args.policy!r}; known policies: "
                            f"{', '.join(sorted(POLICIES))}")
@@ -128,12 +163,16 @@ def inspect(args: argparse.Namespace) -> int:
     cluster = build_cluster(args.nodes, args.running, placer, args.seed)
     found, blocked = verdicts(cluster.state, request, cluster.catalogue, placer,
                               random.Random(args.seed))
-    if args.json:
+    output = "json" if args.json else args.output
+    if output != "table":
         report = as_json(request, args.policy, found, blocked)
         report["running"] = {"placed": cluster.placed, "unplaced": list(cluster.unplaced)}
-        print(json.dumps(report, indent=2))
+        print(json.dumps(report, indent=2) if output == "json" else
+              yaml.safe_dump(report, sort_keys=False, allow_unicode=True), end="\n" if
+              output == "json" else "")
     else:
-        Console().print(table(request, args.policy, found, blocked))
+        Console(markup=False, highlight=False).print(table(request, args.policy, found,
+                                                            blocked))
         if args.running is not None:
             Console(stderr=True).print(
                 f"--running: {cluster.placed} pods placed first, {len(cluster.unplaced)} did "
