@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from gpupool.cli.main import main
 
@@ -138,3 +139,19 @@ def test_the_installed_command_explains_in_a_process() -> None:
         capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["chosen"] == "big"
+
+
+def test_offline_yaml_is_the_same_report_as_json(capsys: pytest.CaptureFixture[str]) -> None:
+    _, as_json = inspect_json(capsys, "--pod", str(DATA / "two_gpus_pod.yaml"))
+    code = main(["inspect", "--nodes", str(CLUSTER), "--pod", str(DATA / "two_gpus_pod.yaml"),
+                 "--output", "yaml"])
+    assert code == 0
+    assert yaml.safe_load(capsys.readouterr().out) == as_json
+
+
+def test_inspect_without_files_or_a_view_says_what_to_give(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert exit_code(["inspect"]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line == ("gpupool: name a live view (nodes, pod [NAMESPACE/]NAME, groups), or give "
+                    "--nodes FILE and --pod FILE to explain offline")
