@@ -8,6 +8,25 @@ from gpupool.contract import annotations as records
 from gpupool.contract import names
 from gpupool.controller.defaults import CONTROLLER, MANAGED_BY
 from gpupool.core.allocation import Allocation, Slice
+from gpupool.security.signing import SigningKeys, claims_of
+
+KEYS = SigningKeys().added(0.0)
+"""The test cluster's decision signing key (what the extender holds)."""
+RING = KEYS.public()
+
+
+def verify(uid: str, namespace: str, name: str, annotations: Any, signature: str | None) -> str:
+    """A ``Verify`` with the test cluster's published keys."""
+    return RING.verify(claims_of(uid, namespace, name, annotations), signature)
+
+
+def sign(pod: dict[str, Any], keys: SigningKeys = KEYS) -> dict[str, Any]:
+    """``pod`` with its decision signed for it, as the extender signs at bind."""
+    meta = pod["metadata"]
+    notes = meta["annotations"]
+    notes[names.ANNOTATION_SIGNATURE] = keys.active(0.0).sign(
+        claims_of(meta["uid"], meta["namespace"], meta["name"], notes))
+    return pod
 
 GIB = 1024
 
@@ -59,8 +78,8 @@ def placed_pod(name: str, ns: str, node: str, gpus: tuple[Slice, ...], exclusive
     if class_name:
         limits = {names.CLASS_RESOURCE_PREFIX + class_name: str(len(gpus))}
     labels = {names.LABEL_GROUP: group_name} if group_name else {}
-    return {"metadata": {"name": name, "namespace": ns, "uid": uid, "annotations": notes,
-                         "labels": labels},
-            "spec": {"nodeName": node, "containers": [
-                {"name": "main", "image": "busybox", "resources": {"limits": limits}}]},
-            "status": {"phase": phase}}
+    return sign({"metadata": {"name": name, "namespace": ns, "uid": uid, "annotations": notes,
+                              "labels": labels},
+                 "spec": {"nodeName": node, "containers": [
+                     {"name": "main", "image": "busybox", "resources": {"limits": limits}}]},
+                 "status": {"phase": phase}})

@@ -23,7 +23,9 @@ from tests.controller.builders import (
     model_selector,
     placed_pod,
     resource_class,
+    sign,
     slices,
+    verify,
 )
 
 WRITES = ("POST", "PUT", "PATCH", "DELETE")
@@ -61,6 +63,7 @@ def seed_world(fake: FakeApiServer) -> dict[str, Any]:
                                  group_name="team"))
     broken = placed_pod("c", "lab", "n1", slices("n1", (1, GIB, 5)), group_name="team")
     broken["metadata"]["annotations"]["gpupool.io/allocation"] = '{"v": 1}'
+    sign(broken)  # signed as it is: a record gpupool wrote and cannot read back
     fake.seed("pods", broken)
     return copy.deepcopy(fake.get("resourceclasses", "t4") or {})
 
@@ -73,7 +76,7 @@ def cond(obj: dict[str, Any] | None, type_: str) -> dict[str, Any]:
 def test_once_creates_defaults_validates_and_writes_quota_then_is_a_no_op(
         fake: FakeApiServer, api: ControllerApi) -> None:
     user_t4 = seed_world(fake)
-    controller = Controller(api, clock=lambda: "2026-01-02T03:04:05Z")
+    controller = Controller(api, clock=lambda: "2026-01-02T03:04:05Z", verify=verify)
     first = controller.reconcile_once()
     assert first.failures == []
     assert first.created == ["a100-sxm4-80gb"]
@@ -103,7 +106,7 @@ def test_once_creates_defaults_validates_and_writes_quota_then_is_a_no_op(
     assert typo["status"] == "False" and "unknown keys gpu" in typo["message"]
 
     seen = len(fake.requests)
-    second = Controller(api, clock=lambda: "2027-01-01T00:00:00Z").reconcile_once()
+    second = Controller(api, clock=lambda: "2027-01-01T00:00:00Z", verify=verify).reconcile_once()
     assert second.writes == 0 and second.failures == []
     assert [r for r in fake.requests[seen:] if r[0] in WRITES] == []
 
@@ -112,27 +115,27 @@ def test_a_failed_write_is_reported_and_done_on_the_next_round(
         fake: FakeApiServer, api: ControllerApi) -> None:
     fake.seed("gpudevices", device("n1", 0))
     fake.fail_next("POST", "resourceclasses", 500, "etcd is away")
-    first = Controller(api).reconcile_once()
+    first = Controller(api, verify=verify).reconcile_once()
     assert len(first.failures) == 1 and "etcd is away" in first.failures[0]
     assert fake.get("resourceclasses", "a100-sxm4-80gb") is None
-    second = Controller(api).reconcile_once()
+    second = Controller(api, verify=verify).reconcile_once()
     assert second.created == ["a100-sxm4-80gb"] and second.failures == []
 
 
 def test_an_owned_class_edited_by_hand_is_put_back_and_one_made_by_hand_is_not(
         fake: FakeApiServer, api: ControllerApi) -> None:
     fake.seed("gpudevices", device("n1", 0))
-    Controller(api).reconcile_once()
+    Controller(api, verify=verify).reconcile_once()
     fake.patch("resourceclasses", "a100-sxm4-80gb",
                {"spec": {"selector": {"matchLabels": {"oops": "1"}}}})
-    assert Controller(api).reconcile_once().updated == ["a100-sxm4-80gb"]
+    assert Controller(api, verify=verify).reconcile_once().updated == ["a100-sxm4-80gb"]
     obj = fake.get("resourceclasses", "a100-sxm4-80gb")
     assert obj is not None and obj["spec"]["selector"] == model_selector("A100-SXM4-80GB")
     # a user takes it over by removing the label: then it is left alone
     fake.patch("resourceclasses", "a100-sxm4-80gb",
                {"metadata": {"labels": {MANAGED_BY: None}},
                 "spec": {"selector": {"matchLabels": {"mine": "1"}}}})
-    out = Controller(api).reconcile_once()
+    out = Controller(api, verify=verify).reconcile_once()
     assert out.updated == [] and out.deleted == []
     obj = fake.get("resourceclasses", "a100-sxm4-80gb")
     assert obj is not None and obj["spec"]["selector"]["matchLabels"] == {"mine": "1"}
@@ -143,8 +146,8 @@ def test_the_watching_loop_follows_changes_and_settles(fake: FakeApiServer,
     fake.seed("gpudevices", device("n1", 0))
     stop = threading.Event()
     rounds: list[Outcome] = []
-    thread = threading.Thread(target=Controller(api).run, args=(stop, 60.0, rounds.append, 2),
-                              daemon=True)
+    thread = threading.Thread(target=Controller(api, verify=verify).run,
+                              args=(stop, 60.0, rounds.append, 2), daemon=True)
     thread.start()
     try:
         assert wait_for(lambda: fake.get("resourceclasses", "a100-sxm4-80gb") is not None)

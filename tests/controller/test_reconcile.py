@@ -31,7 +31,9 @@ from tests.controller.builders import (
     model_selector,
     placed_pod,
     resource_class,
+    sign,
     slices,
+    verify,
 )
 
 NOW = "2026-01-02T03:04:05Z"
@@ -40,7 +42,7 @@ A100 = "A100-SXM4-80GB"
 
 def plan_of(devices: list[Any] = (), classes: list[Any] = (), groups: list[Any] = (),
             pods: list[Any] = ()) -> Plan:  # type: ignore[assignment]
-    return reconcile(observe(devices, classes, groups, pods), NOW)
+    return reconcile(observe(devices, classes, groups, pods, verify), NOW)
 
 
 def actions(plan: Plan, kind: type) -> list[Any]:
@@ -248,6 +250,7 @@ def test_a_group_with_no_member_gpu_says_why() -> None:
 def test_a_pod_with_a_broken_decision_is_reported_on_its_group_not_fatal() -> None:
     broken = placed_pod("x", "lab", "n1", slices("n1", (0, GIB, 10)), group_name="team")
     broken["metadata"]["annotations"][names.ANNOTATION_ALLOCATION] = "{not json"
+    sign(broken)  # signed as it is: a record gpupool wrote and cannot read back
     good = placed_pod("y", "lab", "n1", slices("n1", (0, GIB, 10)), group_name="team")
     plan = plan_of([device("n1", 0)], [], [group("team", nodes=["n1"])], [broken, good])
     status = status_of(plan, GROUP, "team")
@@ -311,7 +314,7 @@ def test_reconciling_the_reconciled_world_plans_nothing() -> None:
     first = plan_of(devices, classes, groups, pods)
     assert first.actions
     classes2, groups2 = applied(devices, classes, groups, pods, first)
-    later = reconcile(observe(devices, classes2, groups2, pods), "2030-01-01T00:00:00Z")
+    later = reconcile(observe(devices, classes2, groups2, pods, verify), "2030-01-01T00:00:00Z")
     assert later.actions == ()
 
 

@@ -2,7 +2,10 @@
 
 Creates a default ResourceClass per GPU model, writes the status of every
 ResourceClass and ResourceGroup (validity, selected GPUs, quota allocated /
-limit / remaining per tenant, class and group). Watches the API and reconciles
+limit / remaining per tenant, class and group). A pod's decision counts only if
+it asks a gpupool GPU resource and its signature verifies with gpupool's published
+decision keys (ConfigMap gpupool-decision-keys in --namespace); others are listed as
+problems and hold nothing. Watches the API and reconciles
 on every change and every ``--resync-seconds``; ``--once`` reconciles once,
 prints what it did and exits (0, or 1 if a write failed). See docs/controller.md.
 """
@@ -11,9 +14,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
+import time
 from typing import Any
 
 from rich.console import Console
@@ -21,6 +26,7 @@ from rich.console import Console
 from gpupool.cli.args import bounded
 from gpupool.controller.loop import Controller, Outcome
 from gpupool.kube.controller_ops import ControllerApi
+from gpupool.kube.keystore import KeyRingSource
 
 log = logging.getLogger("gpupool.controller")
 
@@ -35,6 +41,13 @@ def register(subparsers: Any) -> None:
                    metavar="SECONDS",
                    help="reconcile at least this often even without events (default 300)")
     p.add_argument("--once", action="store_true", help="reconcile once, print, exit")
+    p.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE") or "gpupool-system",
+                   help="gpupool's namespace, where the decision keys are published (default: "
+                        "$POD_NAMESPACE, else gpupool-system)")
+    p.add_argument("--trust-unsigned-decisions", action="store_true",
+                   help="count decisions without checking their signatures (only for clusters "
+                        "without gpupool's extender, whose node agents decide unsigned; "
+                        "unsafe against hostile tenants)")
     p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     p.set_defaults(func=run)
 
@@ -43,7 +56,13 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     api = ControllerApi.open(kubeconfig=args.kubeconfig, server=args.server)
-    controller = Controller(api)
+    verify = None
+    if not args.trust_unsigned_decisions:
+        verify = KeyRingSource(api, args.namespace, time.time).verify
+    else:
+        log.warning("counting decisions without checking their signatures "
+                    "(--trust-unsigned-decisions): any pod author can claim GPUs")
+    controller = Controller(api, verify=verify)
     try:
         if args.once:
             outcome = controller.reconcile_once()

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from gpupool.controller.observed import Obj, Observed, observe
+from gpupool.controller.observed import Obj, Observed, Verify, observe
 from gpupool.controller.reconcile import (
     CLASS,
     Action,
@@ -29,6 +29,7 @@ from gpupool.controller.reconcile import (
     Plan,
     reconcile,
 )
+from gpupool.controller.trust import RememberedVerify
 from gpupool.kube.api import KubeApi, Listing
 from gpupool.kube.controller_ops import ControllerApi, pod_json
 from gpupool.kube.errors import KubeError
@@ -94,10 +95,10 @@ class WorldCache:
                 self._objects[kind][_key(o)] = o
         self.dirty.set()
 
-    def observed(self) -> Observed:
+    def observed(self, verify: Verify | None) -> Observed:
         with self._lock:
-            lists = [list(self._objects[k].values()) for k in KINDS]
-        return observe(*lists)
+            devices, classes, groups, pods = (list(self._objects[k].values()) for k in KINDS)
+        return observe(devices, classes, groups, pods, verify)
 
 
 def _feeds() -> dict[str, Feed[Any]]:
@@ -118,17 +119,26 @@ def _feeds() -> dict[str, Feed[Any]]:
 class Controller:
     """Applies ``reconcile``'s plans through a ``ControllerApi``."""
 
-    def __init__(self, api: ControllerApi, clock: Callable[[], str] = utc_now):
+    def __init__(self, api: ControllerApi, clock: Callable[[], str] = utc_now, *,
+                 verify: Verify | None):
+        """``verify`` checks each decision's signature (``KeyRingSource.verify``); None
+        counts unsigned decisions too (only for clusters without gpupool's extender)."""
         self.api = api
         self.clock = clock
+        self.verify = RememberedVerify(verify) if verify is not None else None
         self._last_notes: tuple[str, ...] = ()
 
     def list_world(self) -> Observed:
         def items(listing: Listing[Any]) -> list[Obj]:
             return [dict(o) for o in listing.items]
+        self._new_round()
         return observe(items(self.api.list_gpu_devices()), items(self.api.list_resource_classes()),
                        items(self.api.list_resource_groups()),
-                       self.api.list_pods_json().items)
+                       self.api.list_pods_json().items, self.verify)
+
+    def _new_round(self) -> None:
+        if self.verify is not None:
+            self.verify.new_round()
 
     def reconcile_once(self) -> Outcome:
         """List everything, reconcile, apply."""
@@ -189,7 +199,8 @@ class Controller:
                         return
             while not stop.is_set():
                 world.dirty.clear()
-                outcome = self.apply(reconcile(world.observed(), self.clock()))
+                self._new_round()
+                outcome = self.apply(reconcile(world.observed(self.verify), self.clock()))
                 if outcome.writes or outcome.failures:
                     log.info("reconciled: %s", outcome.summary())
                 if on_round is not None:

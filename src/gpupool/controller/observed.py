@@ -5,18 +5,24 @@ controller writes (their ``status`` and ``metadata`` are compared with what it
 wants); GPUDevices and pods are translated here once, at the edge. A broken
 GPUDevice or pod never stops the controller: it becomes a ``Problem`` that
 names the object and what is wrong with it.
+
+A pod's decision counts only if the pod asks a gpupool GPU resource and the decision's
+signature verifies for that pod (``Verify``: the extender signed it for this uid,
+namespace, name, node and allocation). Anything else is a ``Problem`` saying why, and
+holds nothing: a pod author who writes a decision, copies one, or edits one cannot
+make the controller charge a GPU to anyone.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from gpupool.contract import annotations as records
 from gpupool.contract import names
 from gpupool.contract.devices import read_device
-from gpupool.contract.podspec_request import gpu_class_of
+from gpupool.contract.podspec_request import gpu_class_of, pod_request
 from gpupool.core.allocation import Allocation
 from gpupool.core.errors import InvalidInput
 from gpupool.core.model import Gpu
@@ -24,6 +30,15 @@ from gpupool.core.model import Gpu
 Obj = dict[str, Any]
 
 TERMINAL_PHASES = names.POD_TERMINAL_PHASES
+
+Verify = Callable[[str, str, str, Mapping[str, str], "str | None"], str]
+"""``(uid, namespace, name, annotations, signature) -> key id``, raising ``InvalidInput``
+(``SignatureError``) when the decision was not signed by gpupool for that pod
+(``gpupool.kube.keystore.KeyRingSource.verify``)."""
+
+
+class NotCounted(InvalidInput):
+    """A decision that holds nothing: unsigned, forged, copied, or on a pod asking no GPU."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,10 +99,11 @@ def _map(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
-def holding_of(pod: Mapping[str, Any]) -> PodHolding | None:
+def holding_of(pod: Mapping[str, Any], verify: Verify | None = None) -> PodHolding | None:
     """What a pod holds (None: nothing — no decision, finished, or a failed decision).
 
-    A decision that cannot be read raises ``InvalidInput`` saying why.
+    A decision that does not count raises ``NotCounted`` (``verify`` None: signatures
+    are not checked, the unsafe opt-out); one that cannot be read, ``InvalidInput``.
     """
     meta = _map(pod.get("metadata"))
     notes = _map(meta.get("annotations"))
@@ -96,17 +112,38 @@ def holding_of(pod: Mapping[str, Any]) -> PodHolding | None:
         return None
     ns, name = str(meta.get("namespace") or "default"), str(meta.get("name") or "")
     key = str(meta.get("uid") or f"{ns}/{name}")
-    held = records.holding(key, {str(k): str(v) for k, v in notes.items()},
-                           _map(pod.get("spec")).get("nodeName"))
+    text = {str(k): str(v) for k, v in notes.items()}
+    _check_counts(pod, ns, name, str(meta.get("uid") or ""), text, verify)
+    held = records.holding(key, text, _map(pod.get("spec")).get("nodeName"))
     if held is None:
         return None
     return PodHolding(key, f"{ns}/{name}", ns, gpu_class_of(pod),
                       records.group_of(notes, meta.get("labels")), held)
 
 
+def _check_counts(pod: Mapping[str, Any], ns: str, name: str, uid: str,
+                  notes: Mapping[str, str], verify: Verify | None) -> None:
+    """Raise ``NotCounted`` unless the pod asks a gpupool GPU and its decision verifies."""
+    try:
+        asks = bool(pod_request(pod).gpus)
+    except InvalidInput as exc:
+        raise NotCounted(f"its decision is not counted: its GPU request cannot be read "
+                         f"({exc})") from None
+    if not asks:
+        raise NotCounted("its decision is not counted: the pod asks no gpupool GPU resource")
+    if verify is None:
+        return
+    try:
+        verify(uid, ns, name, notes, notes.get(names.ANNOTATION_SIGNATURE))
+    except InvalidInput as exc:
+        raise NotCounted(f"its decision is not counted: {exc}") from None
+
+
 def observe(devices: Iterable[Mapping[str, Any]], classes: Iterable[Mapping[str, Any]],
-            groups: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]]) -> Observed:
-    """Translate listed objects into an ``Observed`` (never raises on a broken object)."""
+            groups: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]],
+            verify: Verify | None = None) -> Observed:
+    """Translate listed objects into an ``Observed`` (never raises on a broken object);
+    ``verify`` checks each decision's signature (None: not checked)."""
     gpus: list[PlacedGpu] = []
     problems: list[Problem] = []
     for dev in devices:
@@ -118,7 +155,10 @@ def observe(devices: Iterable[Mapping[str, Any]], classes: Iterable[Mapping[str,
     unreadable: list[tuple[Obj, str]] = []
     for pod in pods:
         try:
-            held = holding_of(pod)
+            held = holding_of(pod, verify)
+        except NotCounted as exc:
+            problems.append(Problem("Pod", _pod_name(pod), str(exc)))
+            continue
         except InvalidInput as exc:
             unreadable.append((dict(pod), str(exc)))
             problems.append(Problem("Pod", _pod_name(pod), str(exc)))

@@ -1,0 +1,97 @@
+"""The shipped RBAC of the controller and the webhook allows every call their code makes
+against the API (recorded by the FAKE API server), and the writes are exactly what each
+component is meant to write."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+from gpupool_testing.fake_apiserver import FakeApiServer
+
+from gpupool.controller.loop import Controller
+from gpupool.kube.controller_ops import ControllerApi
+from gpupool.kube.keystore import PUBLIC_CONFIG_MAP, KeyRingSource
+from gpupool.kube.webhook_ops import WebhookApi
+from gpupool.webhook.certificates import CertificateKeeper
+from gpupool.webhook.metrics import Metrics
+from gpupool.webhook.tls import ServingTls
+from tests.controller.builders import GIB, RING, device, group, model_selector, placed_pod, slices
+from tests.rbac_grants import Call, grants, manifest, needed, refused, writes
+from tests.webhook.conftest import PLURALS, plan, shipped_configurations
+
+NS = "gpupool-system"
+
+
+def test_the_controllers_rbac_covers_what_it_does_and_it_writes_only_statuses_and_classes(
+        ) -> None:
+    with FakeApiServer() as fake:
+        for obj in (device("n1", 0), device("n2", 0, "T4", 16 * GIB)):
+            fake.seed("gpudevices", obj)
+        fake.seed("resourceclasses", {"metadata": {"name": "k80", "labels": {
+            "app.kubernetes.io/managed-by": "gpupool-controller"}},
+            "spec": {"selector": model_selector("K80")}})
+        fake.seed("resourcegroups", group("team", nodes=["n1"], quota={"gpus": 1}))
+        fake.seed("pods", placed_pod("a", "lab", "n1", slices("n1", (0, GIB, 10)),
+                                     group_name="team"))
+        fake.seed("configmaps", {"metadata": {"name": PUBLIC_CONFIG_MAP, "namespace": NS},
+                                 "data": RING.to_data()})
+        api = ControllerApi.open(server=fake.url)
+        try:
+            verify = KeyRingSource(api, NS, time.time).verify
+            out = Controller(api, verify=verify).reconcile_once()
+            assert not any("not counted" in n for n in out.notes)  # the keys were read
+            stop = threading.Event()
+            thread = threading.Thread(target=Controller(api, verify=verify).run,
+                                      args=(stop, 60.0, None, 1))
+            thread.start()
+            time.sleep(1.0)
+            stop.set()
+            thread.join(5)
+        finally:
+            api.close()
+        calls = needed(fake.requests)
+    rules = grants(manifest("controller", "rbac.yaml"), "gpupool-controller")
+    assert refused(calls, rules) == set()
+    assert writes(calls) == {("gpupool.io", "resourceclasses"),
+                             ("gpupool.io", "resourceclasses/status"),
+                             ("gpupool.io", "resourcegroups/status")}
+
+
+def test_the_webhooks_rbac_covers_making_renewing_and_publishing_its_certificate(
+        tmp_path: Path) -> None:
+    with FakeApiServer() as fake:
+        for doc in shipped_configurations():
+            fake.seed(PLURALS[doc["kind"]], doc)
+        api = WebhookApi.open(server=fake.url)
+        try:
+            keeper = CertificateKeeper(api, plan(), ServingTls(tmp_path / "tls"),
+                                       time.time, Metrics())
+            keeper.refresh()  # makes the CA and the leaf, publishes the bundle
+            keeper.refresh()  # steady state
+            fake.delete("secrets", "gpupool-webhook-tls", NS)
+            keeper.refresh()  # renewal
+        finally:
+            api.close()
+        calls = needed(fake.requests)
+    rules = grants(manifest("webhook", "rbac.yaml"), "gpupool-webhook")
+    assert refused(calls, rules) == set()
+    assert writes(calls) == {("", "secrets"),
+                             ("admissionregistration.k8s.io", "mutatingwebhookconfigurations"),
+                             ("admissionregistration.k8s.io", "validatingwebhookconfigurations")}
+    assert {c.name for c in calls if c.resource == "secrets" and c.name} == \
+        {"gpupool-ca", "gpupool-webhook-tls"}
+
+
+def test_neither_role_can_read_the_private_signing_key_or_write_pods() -> None:
+    for path, account in ((manifest("controller", "rbac.yaml"), "gpupool-controller"),
+                          (manifest("webhook", "rbac.yaml"), "gpupool-webhook")):
+        rules = grants(path, account)
+        assert rules, f"{account} has no bound rules in {path}"
+        forbidden = [Call("", "secrets", "get", NS, "gpupool-decision-signing"),
+                     Call("", "secrets", "list", NS, ""),
+                     Call("", "pods", "patch", "team-a", "p"),
+                     Call("", "pods/binding", "create", "team-a", "p"),
+                     Call("gpupool.io", "gpudevices", "update", "", "gpu-1")]
+        assert refused(forbidden, rules) == set(forbidden), account
