@@ -11,9 +11,13 @@ import yaml
 
 from gpupool.contract import annotations, names
 from gpupool.core.allocation import Allocation, Slice
+from gpupool.security.signing import SigningKeys, claims_of
 
 NODE = "node-a"
 BIND_TIME = "2026-01-01T00:00:00Z"
+NAMESPACE = "gpupool-system"  # where the agent reads the decision keys
+KEYS = SigningKeys().added(0.0)
+"""The test cluster's decision signing key (what the extender signs with)."""
 
 
 def wait_for(predicate: Callable[[], object], timeout: float = 5.0) -> None:
@@ -56,8 +60,18 @@ def pod(name: str, containers: Sequence[Container], node: str = NODE,
 
 
 def decision(pod_name: str, slices: Sequence[tuple[str, int, int, int, str]],
-             node: str = NODE, exclusive: bool = False) -> dict[str, str]:
-    """Extender-style annotations: slices are (uuid, index, memory MiB, core %, container)."""
+             node: str = NODE, exclusive: bool = False, keys: SigningKeys | None = KEYS
+             ) -> dict[str, str]:
+    """Extender-style annotations, signed as the extender signs them at bind (``keys``
+    None: unsigned); slices are (uuid, index, memory MiB, core %, container)."""
     alloc = Allocation(f"uid-{pod_name}", node, 1000, 1024,
                        tuple(Slice(u, i, m, c, n) for u, i, m, c, n in slices), exclusive)
-    return annotations.encode(alloc, BIND_TIME)
+    ann = annotations.encode(alloc, BIND_TIME)
+    return sign(ann, pod_name, keys) if keys is not None else ann
+
+
+def sign(ann: dict[str, str], pod_name: str, keys: SigningKeys = KEYS,
+         uid: str | None = None, namespace: str = "default") -> dict[str, str]:
+    """``ann`` with the signature the extender would give it for that pod."""
+    claims = claims_of(uid or f"uid-{pod_name}", namespace, pod_name, ann)
+    return {**ann, names.ANNOTATION_SIGNATURE: keys.active(1e12).sign(claims)}

@@ -4,19 +4,22 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from gpupool_testing.fake_apiserver import FakeApiServer
 
 from gpupool.kube.api import KubeApi
-from gpupool.nodeagent.agent import AgentConfig, NodeAgent
+from gpupool.kube.keystore import KeyRingSource, publish
+from gpupool.nodeagent.agent import AgentConfig, Guards, NodeAgent
 from gpupool.nodeagent.fakegpus import FakeGpuBackend
-from gpupool.nodeagent.kubeview import KubeInventory, KubePods
+from gpupool.nodeagent.kubeview import KubeEvents, KubeEvictions, KubeInventory, KubePods
 from gpupool.nodeagent.logical import Split
 
-from .builders import NODE, write_gpus
+from .builders import KEYS, NAMESPACE, NODE, write_gpus
 from .kubelet_standin import FakeKubelet
 
 
@@ -49,14 +52,26 @@ def make_agent(short_dir: Path, apiserver: FakeApiServer) -> Iterator[AgentFacto
     started: list[tuple[NodeAgent, KubePods, KubeApi]] = []
 
     def make(gpus: int = 2, split: int = 4, memory_mib: int = 16384, heartbeat_s: float = 30.0,
-             inventory: bool = False, start: bool = True, cache: bool = True) -> NodeAgent:
+             inventory: bool = False, start: bool = True, cache: bool = True,
+             decide_unscheduled: bool = False, monitor_s: float = 3600.0,
+             proc_root: Path | None = None, **guards: Any) -> NodeAgent:
+        """An agent on the FAKE GPUs; decisions verified with the test cluster's keys
+        (published in the FAKE API server) unless ``decide_unscheduled``; ``guards``
+        override parts of ``Guards`` (provider, exposure, action, overuse, metrics)."""
         path = write_gpus(short_dir / "gpus.yaml", gpus, memory_mib)
         api = KubeApi.connect(server=apiserver.url)
+        publish(api, NAMESPACE, KEYS)
         config = AgentConfig(NODE, short_dir / "kubelet", Split(split), heartbeat_s=heartbeat_s,
-                             watch_s=0.02)
+                             watch_s=0.02, decide_unscheduled=decide_unscheduled,
+                             monitor_s=monitor_s, proc_root=proc_root or short_dir / "proc")
         pods = KubePods(api)
+        keys = KeyRingSource(api, NAMESPACE, time.time)
+        parts = Guards(verifier=keys.verify, events=KubeEvents(api, NODE),
+                       evictions=KubeEvictions(api))
+        for key, value in guards.items():
+            setattr(parts, key, value)
         agent = NodeAgent(config, FakeGpuBackend(path, poll_s=0.02), pods,
-                          KubeInventory(api.fork()) if inventory else None)
+                          KubeInventory(api.fork()) if inventory else None, guards=parts)
         started.append((agent, pods, api))
         if start:
             if cache:

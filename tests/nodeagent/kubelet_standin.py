@@ -10,6 +10,12 @@ each GPU container in order picks free healthy devices (``rng`` or the
 plugin's preferred allocation), calls Allocate, records the devices, and
 finally calls PreStartContainer for each container. ``restart`` deletes every
 socket in device-plugins/ and re-creates kubelet.sock, as kubelet does.
+
+What a container then sees is kept as kubelet hands it to the runtime: its
+environment is the plugin's variables with the container's own ``env`` over them
+(kubelet lets the container's own win), plus the plugin's mounts and CDI devices.
+``runtime_gpus`` says which GPUs the NVIDIA container toolkit exposes from that,
+configured as docs/install.md asks (or, ``accept_envvar``, left at its defaults).
 """
 
 from __future__ import annotations
@@ -45,9 +51,30 @@ class Update:
 class Admission:
     """What admitting one pod gave each GPU container."""
 
-    envs: dict[str, dict[str, str]] = field(default_factory=dict)
+    envs: dict[str, dict[str, str]] = field(default_factory=dict)  # as the container sees it
     devices: dict[str, list[str]] = field(default_factory=dict)
     mounts: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
+    cdi: dict[str, list[str]] = field(default_factory=dict)
+    read_only: dict[str, dict[str, bool]] = field(default_factory=dict)  # container path -> ro
+
+
+DEVICE_LIST_ROOT = "/var/run/nvidia-container-devices"
+
+
+def runtime_gpus(got: Admission, container: str, accept_envvar: bool = False) -> list[str]:
+    """GPU uuids the NVIDIA container toolkit gives the (unprivileged) container: from
+    ``/dev/null`` mounts under ``/var/run/nvidia-container-devices`` first
+    (``accept-nvidia-visible-devices-as-volume-mounts = true``), else the CDI devices,
+    else — only with ``accept_envvar`` (the toolkit's default) — ``NVIDIA_VISIBLE_DEVICES``
+    as the container sees it."""
+    mounted = [c[len(DEVICE_LIST_ROOT) + 1:] for c, h in got.mounts[container]
+               if h == "/dev/null" and c.startswith(DEVICE_LIST_ROOT + "/")]
+    if mounted:
+        return sorted(mounted)
+    if got.cdi[container]:
+        return sorted(n.partition("=")[2] for n in got.cdi[container])
+    value = got.envs[container].get("NVIDIA_VISIBLE_DEVICES", "") if accept_envvar else ""
+    return sorted(v for v in value.split(",") if v and v not in ("void", "none"))
 
 
 class _Registration(dp_grpc.RegistrationServicer):
@@ -199,6 +226,8 @@ class FakeKubelet:
         gpu = [(c["name"], int(c["resources"]["limits"][RESOURCE]))
                for c in spec.get("initContainers", []) + spec["containers"]
                if RESOURCE in (c.get("resources") or {}).get("limits", {})]
+        own = {c["name"]: {e["name"]: e.get("value", "") for e in c.get("env") or ()}
+               for c in spec.get("initContainers", []) + spec["containers"]}
         with self.lock:
             self.pod_manager[ref] = {c: [] for c, _ in gpu}
         stub = self.stub()
@@ -212,9 +241,11 @@ class FakeKubelet:
             with self.lock:
                 self.pod_manager[ref][name] = ids
             c = resp.container_responses[0]
-            out.envs[name] = dict(c.envs)
+            out.envs[name] = {**dict(c.envs), **own.get(name, {})}
             out.devices[name] = ids
             out.mounts[name] = [(m.container_path, m.host_path) for m in c.mounts]
+            out.read_only[name] = {m.container_path: m.read_only for m in c.mounts}
+            out.cdi[name] = [d.name for d in c.cdi_devices]
         for name, _ in gpu:
             stub.PreStartContainer(dp.PreStartContainerRequest(devices_ids=out.devices[name]),
                                    timeout=5)

@@ -17,9 +17,9 @@ from gpupool.contract import annotations, names
 from gpupool.nodeagent.kubeview import KubePods
 from gpupool.nodeagent.pods import ANNOTATION_DEVICES
 
-from .builders import NODE, decision, pod, uuid_of, wait_for
+from .builders import NODE, decision, pod, sign, uuid_of, wait_for
 from .conftest import AgentFactory
-from .kubelet_standin import FakeKubelet
+from .kubelet_standin import FakeKubelet, runtime_gpus
 
 
 def ready(kubelet: FakeKubelet, n: int) -> None:
@@ -49,7 +49,7 @@ def test_extender_decision_becomes_the_containers_gpu_slice(
     apiserver.seed("pods", p)
     got = kubelet.admit(p, random.Random(7))
     env = got.envs["main"]
-    assert env["NVIDIA_VISIBLE_DEVICES"] == uuid_of(2)
+    assert runtime_gpus(got, "main") == [uuid_of(2)]
     assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=4096M"
     assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
     assert (env["GPUPOOL_POD"], env["GPUPOOL_POD_UID"], env["GPUPOOL_MODE"]) == (
@@ -87,8 +87,9 @@ def test_exclusive_two_gpu_decision_gets_both_gpus_and_no_mps_limits(
         "p1", [(uuid_of(1), 1, 16384, 100, "main"), (uuid_of(3), 3, 16384, 100, "main")],
         exclusive=True))
     apiserver.seed("pods", p)
-    env = kubelet.admit(p, random.Random(3)).envs["main"]
-    assert sorted(env["NVIDIA_VISIBLE_DEVICES"].split(",")) == [uuid_of(1), uuid_of(3)]
+    got = kubelet.admit(p, random.Random(3))
+    env = got.envs["main"]
+    assert runtime_gpus(got, "main") == [uuid_of(1), uuid_of(3)]
     assert env["GPUPOOL_MODE"] == "exclusive"
     assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" not in env
 
@@ -101,7 +102,7 @@ def test_two_containers_with_pod_affinity_share_the_decided_gpu(
         "p1", [(uuid_of(1), 1, 2048, 20, "a"), (uuid_of(1), 1, 1024, 10, "b")]))
     apiserver.seed("pods", p)
     got = kubelet.admit(p, random.Random(5))
-    assert got.envs["a"]["NVIDIA_VISIBLE_DEVICES"] == got.envs["b"]["NVIDIA_VISIBLE_DEVICES"]
+    assert runtime_gpus(got, "a") == runtime_gpus(got, "b") == [uuid_of(1)]
     assert got.envs["b"]["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=1024M"
     assert stored(apiserver, "p1")[names.ANNOTATION_PHASE] == names.PHASE_ALLOCATED
 
@@ -116,14 +117,13 @@ def holding(name: str, uuid: str, index: int, core: int) -> dict[str, Any]:
 
 def test_without_a_decision_the_least_loaded_gpu_serves_and_the_choice_is_recorded(
         kubelet: FakeKubelet, make_agent: AgentFactory, apiserver: FakeApiServer) -> None:
-    make_agent(gpus=3, split=4)
+    make_agent(gpus=3, split=4, decide_unscheduled=True)
     ready(kubelet, 12)
     apiserver.seed("pods", holding("busy0", uuid_of(0), 0, 50))
     apiserver.seed("pods", holding("busy2", uuid_of(2), 2, 20))
     p = pod("p1", [("main", 1, 2048, 10)])
     apiserver.seed("pods", p)
-    env = kubelet.admit(p, random.Random(2)).envs["main"]
-    assert env["NVIDIA_VISIBLE_DEVICES"] == uuid_of(1)
+    assert runtime_gpus(kubelet.admit(p, random.Random(2)), "main") == [uuid_of(1)]
     recorded = annotations.decode("uid-p1", stored(apiserver, "p1"))
     assert recorded.phase == names.PHASE_ALLOCATED
     assert [s.gpu_uuid for s in recorded.allocation.slices] == [uuid_of(1)]
@@ -131,15 +131,14 @@ def test_without_a_decision_the_least_loaded_gpu_serves_and_the_choice_is_record
 
 def test_without_a_decision_pod_affinity_keeps_both_containers_on_one_gpu(
         kubelet: FakeKubelet, make_agent: AgentFactory, apiserver: FakeApiServer) -> None:
-    make_agent(gpus=3, split=4)
+    make_agent(gpus=3, split=4, decide_unscheduled=True)
     ready(kubelet, 12)
     apiserver.seed("pods", holding("busy0", uuid_of(0), 0, 50))
     p = pod("p1", [("a", 1, 1024, 10), ("b", 1, 1024, 10)],
             ann={names.ANNOTATION_AFFINITY: "pod"})
     apiserver.seed("pods", p)
     got = kubelet.admit(p, random.Random(4))
-    assert got.envs["a"]["NVIDIA_VISIBLE_DEVICES"] == got.envs["b"]["NVIDIA_VISIBLE_DEVICES"]
-    assert got.envs["a"]["NVIDIA_VISIBLE_DEVICES"] != uuid_of(0)
+    assert runtime_gpus(got, "a") == runtime_gpus(got, "b") != [uuid_of(0)]
 
 
 @pytest.mark.parametrize("case, expected", [
@@ -161,8 +160,8 @@ def test_a_broken_decision_is_refused_naming_the_pod_and_the_reason(
         ann[names.ANNOTATION_NODE] = "node-b"
     if case == "failed":
         ann.update(annotations.phase_patch(names.PHASE_FAILED, "extender gave up"))
-    if case == "not-json":
-        ann[names.ANNOTATION_ALLOCATION] = "{not json"
+    if case == "not-json":  # signed as it is: the agent must still read it safely
+        ann = sign({**ann, names.ANNOTATION_ALLOCATION: "{not json"}, "p1")
     p = pod("p1", [("main", 1, 1024, 10)], ann=ann)
     apiserver.seed("pods", p)
     message = refusal(kubelet, p)
@@ -275,7 +274,7 @@ def test_a_pod_the_cache_has_not_seen_yet_is_served_from_a_fresh_list(
     p = pod("p1", [("main", 1, 1024, 10)], ann=decision("p1", [(uuid_of(1), 1, 1024, 10, "main")]))
     apiserver.seed("pods", p)
     assert cache.node_pods("node-a", fresh=False) == []
-    assert kubelet.admit(p, random.Random(1)).envs["main"]["NVIDIA_VISIBLE_DEVICES"] == uuid_of(1)
+    assert runtime_gpus(kubelet.admit(p, random.Random(1)), "main") == [uuid_of(1)]
     assert [q.name for q in cache.node_pods("node-a", fresh=False)] == ["p1"]  # our own write
 
 
@@ -295,8 +294,7 @@ def test_a_slice_is_held_until_its_pod_is_gone_or_finished(
     p = pod("p1", [("main", 1, 4096, 30)], ann=decision("p1", [(uuid_of(0), 0, 4096, 30, "main")]))
     apiserver.seed("pods", p)
     if fits:
-        assert kubelet.admit(p, random.Random(1)).envs["main"]["NVIDIA_VISIBLE_DEVICES"] == \
-            uuid_of(0)
+        assert runtime_gpus(kubelet.admit(p, random.Random(1)), "main") == [uuid_of(0)]
     else:
         assert "20 % free" in refusal(kubelet, p)
 

@@ -35,7 +35,8 @@ def test_the_command_registers_with_kubelet_and_stops_on_sigterm(
     proc = subprocess.Popen(
         [sys.executable, "-m", "gpupool.cli.main", "device-plugin", "--node-name", "node-a",
          "--api-server", apiserver.url, "--kubelet-dir", str(kubelet.root),
-         "--fake-gpus", str(gpus), "--split", "3", "--heartbeat-seconds", "60"],
+         "--fake-gpus", str(gpus), "--split", "3", "--heartbeat-seconds", "60",
+         "--isolation-provider", "none", "--metrics-port", "0"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         kubelet.wait_registrations(1, timeout=30)

@@ -31,8 +31,11 @@ def test_one_gpudevice_per_gpu_with_the_agreed_schema(make_agent: AgentFactory,
                                          "gpupool.io/model": "A100-SXM4-80GB"}
     assert obj["spec"] == {"node": NODE, "uuid": uuid_of(1), "index": 1,
                            "model": "A100-SXM4-80GB", "memoryMiB": 16384,
-                           "architecture": "ampere", "numaNode": 1, "labels": {"nvlink": "true"}}
+                           "architecture": "ampere", "numaNode": 1,
+                           "labels": {"nvlink": "true", "gpupool.io/isolation-provider": "none"}}
     assert obj["status"]["health"] == "Healthy" and obj["status"]["heartbeatTime"].endswith("Z")
+    assert obj["status"]["isolationProvider"] == "none"
+    assert obj["status"]["isolation"] == {"state": "None", "reason": "", "pods": []}
 
 
 def test_health_changes_and_heartbeats_are_published(make_agent: AgentFactory,

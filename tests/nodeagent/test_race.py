@@ -16,7 +16,7 @@ from gpupool_testing.fake_apiserver import FakeApiServer
 
 from .builders import decision, pod, uuid_of
 from .conftest import AgentFactory
-from .kubelet_standin import FakeKubelet
+from .kubelet_standin import FakeKubelet, runtime_gpus
 
 GPUS = 4
 RUNS = 100
@@ -70,10 +70,9 @@ def test_two_pods_bound_at_once_get_their_decided_gpus_in_every_run(
         apiserver.seed("pods", b)
         order = [(a, want_a), (b, want_b)]
         rng.shuffle(order)
-        results = [(kubelet.admit(p, rng).envs, want) for p, want in order]
-        correct += all(
-            sorted(envs[c]["NVIDIA_VISIBLE_DEVICES"].split(",")) == sorted(uuids)
-            for envs, want in results for c, uuids in want.items())
+        results = [(kubelet.admit(p, rng), want) for p, want in order]
+        correct += all(runtime_gpus(got, c) == sorted(uuids)
+                       for got, want in results for c, uuids in want.items())
         for p, _ in order:
             kubelet.forget(f"default/{p['metadata']['name']}")
             apiserver.delete("pods", p["metadata"]["name"], "default")

@@ -7,26 +7,47 @@ import logging
 import os
 import signal
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
-from gpupool.core.errors import InvalidInput
+from gpupool.cli.args import bounded
+from gpupool.core.errors import GpupoolError, InvalidInput
 from gpupool.kube.api import KubeApi
-from gpupool.nodeagent.agent import AgentConfig, NodeAgent
+from gpupool.kube.keystore import PUBLIC_CONFIG_MAP, KeyRingSource
+from gpupool.nodeagent.actions import OveruseAction
+from gpupool.nodeagent.agent import AgentConfig, Guards, NodeAgent
+from gpupool.nodeagent.exposure import DEFAULT_CDI_KIND, Exposure, Strategy
 from gpupool.nodeagent.fakegpus import FakeGpuBackend
 from gpupool.nodeagent.gpu import GpuBackend
-from gpupool.nodeagent.kubeview import KubeInventory, KubePods
+from gpupool.nodeagent.isolation.hamicore import DEFAULT_LIBRARY, HamiCoreProvider
+from gpupool.nodeagent.isolation.mps import MpsProvider
+from gpupool.nodeagent.isolation.mpsdaemon import CONTROL, MpsLayout
+from gpupool.nodeagent.isolation.none import NoIsolation
+from gpupool.nodeagent.isolation.provider import NODE_LABEL, IsolationProvider, ProviderName
+from gpupool.nodeagent.kubeview import KubeEvents, KubeEvictions, KubeInventory, KubePods
 from gpupool.nodeagent.logical import DEFAULT_MIB_PER_DEVICE, Split
+from gpupool.nodeagent.metrics import NodeMetrics, serve
 from gpupool.nodeagent.nvml import NvmlGpuBackend
+from gpupool.nodeagent.overuse import OveruseConfig
+from gpupool.nodeagent.verify import Verifier
+
+log = logging.getLogger(__name__)
+AUTO = "auto"
 
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "device-plugin", help="run the node agent (kubelet device plugin)",
         description="Advertise this node's GPUs to kubelet as gpupool.io/gpu logical devices, "
-                    "publish GPUDevice objects and serve Allocate from the extender's decisions.")
+                    "publish GPUDevice objects and serve Allocate from the extender's signed "
+                    "decisions; enforce slices through an isolation provider and watch what "
+                    "containers really use.")
     p.add_argument("--node-name", default=os.environ.get("NODE_NAME", ""),
                    help="this node's name (default: $NODE_NAME)")
+    p.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE") or "gpupool-system",
+                   help="gpupool's namespace, where the ConfigMap of decision keys is "
+                        "(default: $POD_NAMESPACE, else gpupool-system)")
     p.add_argument("--kubeconfig", default=None,
                    help="kubeconfig file (default: the in-cluster service account)")
     p.add_argument("--api-server", default=None, metavar="URL",
@@ -35,35 +56,101 @@ def register(subparsers: Any) -> None:
                    help="kubelet's directory (device-plugins/ and pod-resources/ inside)")
     p.add_argument("--fake-gpus", type=Path, default=None, metavar="FILE",
                    help="read FAKE GPUs from a YAML file instead of NVML")
-    p.add_argument("--split", type=int, default=0, metavar="N",
+    p.add_argument("--split", type=bounded(int, 0), default=0, metavar="N",
                    help="logical devices per GPU (default: one per --mib-per-device)")
-    p.add_argument("--mib-per-device", type=int, default=DEFAULT_MIB_PER_DEVICE, metavar="MIB",
+    p.add_argument("--mib-per-device", type=bounded(int, 1), default=DEFAULT_MIB_PER_DEVICE,
+                   metavar="MIB",
                    help=f"GPU memory per logical device (default {DEFAULT_MIB_PER_DEVICE})")
-    p.add_argument("--memory-unit-mib", type=int, default=256,
+    p.add_argument("--memory-unit-mib", type=bounded(int, 1), default=256,
                    help="GPU memory accounting unit, as the extender's (default 256)")
-    p.add_argument("--mps-pipe-dir", default="",
-                   help="host directory of the CUDA MPS pipe, mounted into shared containers")
-    p.add_argument("--heartbeat-seconds", type=float, default=30.0,
+    p.add_argument("--heartbeat-seconds", type=bounded(float, 0, above=True), default=30.0,
                    help="how often GPUDevice status is refreshed (default 30)")
+    p.add_argument("--decide-unscheduled", action="store_true",
+                   help="decide for pods that carry no decision (clusters WITHOUT the gpupool "
+                        "extender). Unsafe against hostile tenants: decisions are then not "
+                        "verified, so any pod may claim any slice")
+    _exposure_flags(p)
+    _isolation_flags(p)
+    _monitor_flags(p)
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     p.set_defaults(func=run)
+
+
+def _exposure_flags(p: Any) -> None:
+    p.add_argument("--device-list-strategy", choices=[s.value for s in Strategy],
+                   default=Strategy.VOLUME_MOUNTS.value,
+                   help="how containers are told their GPUs: volume-mounts (default) or cdi, "
+                        "which a pod's environment cannot widen; envvar (NVIDIA_VISIBLE_DEVICES"
+                        ", which a pod can override) only where neither works")
+    p.add_argument("--cdi-kind", default=DEFAULT_CDI_KIND,
+                   help=f"CDI device kind for --device-list-strategy cdi (default "
+                        f"{DEFAULT_CDI_KIND})")
+
+
+def _isolation_flags(p: Any) -> None:
+    p.add_argument("--isolation-provider", default=AUTO,
+                   choices=[AUTO, *(n.value for n in ProviderName)],
+                   help=f"what enforces slices: mps, hami-core, or none (advisory); auto "
+                        f"(default): the node's label {NODE_LABEL}, else none")
+    p.add_argument("--mps-root", type=Path, default=Path("/run/gpupool/mps"),
+                   help="host directory for the MPS daemons' pipe, log and shm directories")
+    p.add_argument("--mps-control", default=CONTROL,
+                   help=f"the MPS control executable (default {CONTROL})")
+    p.add_argument("--hami-core-library", type=Path, default=Path(DEFAULT_LIBRARY),
+                   help=f"HAMi-core's libvgpu.so on the host (default {DEFAULT_LIBRARY})")
+    p.add_argument("--state-dir", type=Path, default=Path("/var/lib/gpupool"),
+                   help="host directory for the agent's files mounted into containers")
+
+
+def _monitor_flags(p: Any) -> None:
+    p.add_argument("--proc-root", type=Path, default=Path("/proc"),
+                   help="the host's /proc (process -> cgroup -> pod; default /proc)")
+    p.add_argument("--monitor-seconds", type=bounded(float, 0, above=True), default=10.0,
+                   help="usage sample period (default 10)")
+    p.add_argument("--grace-seconds", type=bounded(float, 0), default=30.0,
+                   help="how long a container may exceed its slice before it is an "
+                        "over-user (default 30)")
+    p.add_argument("--compute-window-seconds", type=bounded(float, 0, above=True),
+                   default=60.0, help="window of the compute share comparison (default 60)")
+    p.add_argument("--memory-tolerance-mib", type=bounded(int, 0), default=0,
+                   help="GPU memory above the slice still tolerated (default 0)")
+    p.add_argument("--compute-tolerance-pct", type=bounded(int, 0, 100), default=10,
+                   help="compute points above the share still tolerated (default 10)")
+    p.add_argument("--over-use-action", choices=[a.value for a in OveruseAction],
+                   default=OveruseAction.WARN.value,
+                   help="what to do about an over-user besides Event, annotation and metric: "
+                        "warn (default), isolate (its GPU takes no new slices), evict")
+    p.add_argument("--metrics-port", type=bounded(int, 0, 65535), default=9400,
+                   help="Prometheus /metrics port (0: off; default 9400)")
+    p.add_argument("--metrics-address", default="0.0.0.0",
+                   help="address /metrics listens on (default 0.0.0.0)")
 
 
 def run(args: argparse.Namespace) -> int:
     if not args.node_name:
         raise InvalidInput("--node-name (or $NODE_NAME) is required")
-    if args.heartbeat_seconds <= 0 or args.memory_unit_mib <= 0:
-        raise InvalidInput("--heartbeat-seconds and --memory-unit-mib must be positive")
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: "
                                                      "%(message)s")
     config = AgentConfig(args.node_name, args.kubelet_dir,
                          Split(args.split, args.mib_per_device), args.memory_unit_mib,
-                         args.mps_pipe_dir, args.heartbeat_seconds)
+                         args.heartbeat_seconds, decide_unscheduled=args.decide_unscheduled,
+                         monitor_s=args.monitor_seconds, proc_root=args.proc_root)
+    exposure = Exposure(Strategy(args.device_list_strategy), args.cdi_kind)
     backend: GpuBackend = (FakeGpuBackend(args.fake_gpus) if args.fake_gpus
                            else NvmlGpuBackend())
     api = KubeApi.connect(kubeconfig=args.kubeconfig, server=args.api_server)
+    metrics = NodeMetrics()
+    guards = Guards(
+        verifier=None if args.decide_unscheduled else _verifier(api, args.namespace),
+        exposure=exposure, provider=_provider(args, api, backend),
+        events=KubeEvents(api, args.node_name), evictions=KubeEvictions(api), metrics=metrics,
+        overuse=OveruseConfig(args.grace_seconds, args.compute_window_seconds,
+                              args.memory_tolerance_mib, args.compute_tolerance_pct),
+        action=OveruseAction(args.over_use_action))
     pods = KubePods(api)
-    agent = NodeAgent(config, backend, pods, KubeInventory(api.fork()))
+    agent = NodeAgent(config, backend, pods, KubeInventory(api.fork()), guards=guards)
+    server = serve(metrics, args.metrics_address, args.metrics_port) \
+        if args.metrics_port else None
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     pods.start(config.node)
@@ -73,5 +160,36 @@ def run(args: argparse.Namespace) -> int:
     finally:
         agent.stop()
         pods.stop(wait=False)
+        if server is not None:
+            server.shutdown()
         api.close()
     return 0
+
+
+def _verifier(api: KubeApi, namespace: str) -> Verifier:
+    keys = KeyRingSource(api, namespace, time.time)
+    try:
+        ring = keys.ring()
+        log.info("decision keys %s from ConfigMap %s/%s", ", ".join(ring.keys) or "(none)",
+                 namespace, PUBLIC_CONFIG_MAP)
+    except GpupoolError as exc:
+        log.warning("decision keys not readable yet (every decision is refused until they "
+                    "are): %s", exc)
+    return keys.verify
+
+
+def _provider(args: argparse.Namespace, api: KubeApi, backend: GpuBackend
+              ) -> IsolationProvider:
+    name = args.isolation_provider
+    if name == AUTO:
+        node = api.get_node(args.node_name)
+        labels = (node.metadata.labels if node.metadata else None) or {}
+        name = labels.get(NODE_LABEL, ProviderName.NONE.value)
+        if name not in {n.value for n in ProviderName}:
+            raise InvalidInput(f"node {args.node_name}: label {NODE_LABEL}={name!r} names no "
+                               f"isolation provider (mps, hami-core or none)")
+    if name == ProviderName.MPS:
+        return MpsProvider(MpsLayout(args.mps_root), backend, args.mps_control)
+    if name == ProviderName.HAMI_CORE:
+        return HamiCoreProvider(args.hami_core_library, args.state_dir)
+    return NoIsolation()

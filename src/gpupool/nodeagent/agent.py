@@ -1,8 +1,12 @@
-"""The node agent's composition: GPUs, logical pool, gRPC server, kubelet, inventory.
+"""The node agent's composition: GPUs, logical pool, gRPC server, kubelet, inventory,
+decision verification, isolation provider, usage monitor, metrics.
 
 Threads: the GPU backend's health watcher (calls ``_on_gpus``), the supervisor
 (re-registers with kubelet when ``kubelet.sock`` is re-created or our socket
-disappears), the inventory heartbeat, and gRPC's workers.
+disappears), the inventory heartbeat, the monitor (refuses unverifiable decisions on
+the node, samples usage, acts on over-users, keeps the provider's settings current,
+updates the metrics), the isolation provider's own (``mps``: daemon health), and
+gRPC's workers.
 """
 
 from __future__ import annotations
@@ -10,23 +14,35 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import grpc
 
+from gpupool.core.allocation import Slice
 from gpupool.core.errors import GpupoolError
-from gpupool.nodeagent.allocator import Allocator, AllocatorConfig
-from gpupool.nodeagent.cluster import InventoryApi, PodApi
+from gpupool.nodeagent.actions import Actions, OveruseAction
+from gpupool.nodeagent.allocator import Allocator, AllocatorConfig, Safety
+from gpupool.nodeagent.cluster import EventApi, EvictionApi, InventoryApi, PodApi
+from gpupool.nodeagent.exposure import Exposure
 from gpupool.nodeagent.gpu import GpuBackend, GpuInfo
 from gpupool.nodeagent.inventory import Inventory
+from gpupool.nodeagent.isolation.none import NoIsolation
+from gpupool.nodeagent.isolation.provider import NODE_LABEL, IsolationProvider
 from gpupool.nodeagent.logical import LogicalPool, Split
-from gpupool.nodeagent.nodestate import holds_gpus
+from gpupool.nodeagent.metrics import NodeMetrics
+from gpupool.nodeagent.monitor import Held, MonitorConfig, UsageMonitor, held_slices
+from gpupool.nodeagent.nodestate import served_devices
+from gpupool.nodeagent.overuse import OveruseConfig, OveruseTracker
 from gpupool.nodeagent.podresources import PodResourcesClient
 from gpupool.nodeagent.pods import Pod
+from gpupool.nodeagent.refusals import RefusalRecorder, audit
 from gpupool.nodeagent.server import KUBELET_SOCKET, DevicePluginService, PluginSocket, register
+from gpupool.nodeagent.verify import DecisionGate, Verifier
 
 log = logging.getLogger(__name__)
 VANISHED = "vanished"
@@ -38,9 +54,11 @@ class AgentConfig:
     kubelet_dir: Path = Path("/var/lib/kubelet")
     split: Split = field(default_factory=Split)
     memory_unit_mib: int = 256
-    mps_pipe_dir: str = ""
     heartbeat_s: float = 30.0
     watch_s: float = 0.1
+    decide_unscheduled: bool = False  # no extender: decide, and verify nothing
+    monitor_s: float = 10.0
+    proc_root: Path = Path("/proc")
 
     @property
     def plugin_dir(self) -> Path:
@@ -51,40 +69,87 @@ class AgentConfig:
         return self.kubelet_dir / "pod-resources" / KUBELET_SOCKET
 
 
+@dataclass
+class Guards:
+    """What keeps sharing safe on the node (the CLI builds it; tests choose parts)."""
+
+    verifier: Verifier | None = None  # None: every decision counts (no verification)
+    exposure: Exposure = field(default_factory=Exposure)
+    provider: IsolationProvider = field(default_factory=NoIsolation)
+    events: EventApi | None = None
+    evictions: EvictionApi | None = None
+    metrics: NodeMetrics | None = None
+    overuse: OveruseConfig = field(default_factory=OveruseConfig)
+    action: OveruseAction = OveruseAction.WARN
+
+
 class NodeAgent:
     """Runs the device plugin for one node until ``stop``."""
 
     def __init__(self, config: AgentConfig, backend: GpuBackend, pods: PodApi,
                  inventory: InventoryApi | None = None,
-                 clock: Callable[[], datetime] = lambda: datetime.now(UTC)):
+                 clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+                 guards: Guards | None = None):
         self.config = config
         self.backend = backend
         self.pods = pods
         self.clock = clock
-        self.inventory = Inventory(config.node, inventory) if inventory is not None else None
-        self._known = {g.uuid: g for g in backend.discover()}
+        g = self.guards = guards or Guards()
+        self.provider = g.provider
+        self.metrics = g.metrics
+        self.gate = DecisionGate(config.node, None if config.decide_unscheduled else g.verifier)
+        self.recorder = RefusalRecorder(pods, g.events, g.metrics)
+        self.actions = Actions(g.action, pods, g.events, g.evictions, g.metrics,
+                               self._isolation_changed)
+        self.inventory = Inventory(config.node, inventory, {NODE_LABEL: str(g.provider.name)},
+                                   self._device_status) if inventory is not None else None
+        self._present = {g.uuid: g for g in backend.discover()}
+        self._known = dict(self._present)
         self.pool = LogicalPool(list(self._known.values()), config.split)
         self.kubelet = PodResourcesClient(config.pod_resources_socket, "gpupool.io/gpu")
-        alloc_config = AllocatorConfig(config.node, config.memory_unit_mib, config.mps_pipe_dir)
-        self.allocator = Allocator(alloc_config, pods, self.kubelet, self.pool, self.known_gpus,
-                                   clock)
+        safety = Safety(self.gate, g.exposure, g.provider, self.recorder, self.actions.isolated)
+        self.allocator = Allocator(AllocatorConfig(config.node, config.memory_unit_mib,
+                                                   config.decide_unscheduled),
+                                   pods, self.kubelet, self.pool, self.known_gpus, clock, safety)
+        self.monitor = UsageMonitor(MonitorConfig(config.node, config.proc_root,
+                                                  config.monitor_s),
+                                    backend.usage, self._cached_pods, self.gate,
+                                    OveruseTracker(g.overuse), self.actions, g.metrics)
         self._stop = threading.Event()
         self._changed = threading.Event()
-        self.service = DevicePluginService(self.pool, self.allocator, self._stop)
+        self.service = DevicePluginService(self.pool, self.allocator, self._stop, g.metrics)
         self.socket = PluginSocket(config.plugin_dir, self.service)
         self.registrations = 0
         self._threads: list[threading.Thread] = []
 
     def known_gpus(self) -> list[GpuInfo]:
-        """Every GPU seen since start (vanished ones unhealthy), by index."""
-        return sorted(self._known.values(), key=lambda g: g.index)
+        """Every GPU seen since start (vanished ones and those the isolation provider cannot
+        serve unhealthy), by index."""
+        problems = self.provider.problems()
+        everywhere = problems.get("*", "")
+        out = []
+        for gpu in self._known.values():
+            problem = problems.get(gpu.uuid, everywhere)
+            out.append(replace(gpu, healthy=False, reason=problem)
+                       if problem and gpu.healthy else gpu)
+        return sorted(out, key=lambda g: g.index)
 
     # -- lifecycle --------------------------------------------------------------------
     def start(self) -> None:
+        log.info("node %s: decisions %s; GPUs exposed by %s%s; isolation %s%s", self.config.node,
+                 "verified" if self.gate.enabled else "NOT verified (--decide-unscheduled)",
+                 self.guards.exposure.strategy,
+                 "" if self.guards.exposure.safe else " (a pod's environment can widen them)",
+                 self.provider.name, "" if self.provider.enforced else " (advisory)")
+        if self.metrics is not None:
+            self.metrics.provider.labels(str(self.provider.name),
+                                         str(self.provider.enforced).lower()).set(1)
+        self.provider.start(list(self._present.values()), self._provider_changed)
         self._restore()
         self.config.plugin_dir.mkdir(parents=True, exist_ok=True)
         self.backend.watch(self._on_gpus)
         self._spawn(self._supervise, "kubelet-watch")
+        self._spawn(self._watch_usage, "usage-monitor")
         if self.inventory is not None:
             self._spawn(self._heartbeat, "inventory")
 
@@ -96,6 +161,7 @@ class NodeAgent:
             t.join(timeout=3)
         self.socket.stop()
         self.kubelet.close()
+        self.provider.stop()
 
     def _spawn(self, target: Callable[[], None], name: str) -> None:
         t = threading.Thread(target=target, name=name, daemon=True)
@@ -109,9 +175,13 @@ class NodeAgent:
         except GpupoolError as exc:
             log.warning("cannot read pods to restore logical devices: %s", exc)
             return
-        owners = {lid: uuid for p in pods if holds_gpus(p) and not p.problem
-                  for m in _served(p) for lid, uuid in m.items()}
+        owners = {lid: uuid for p in pods if not p.problem
+                  for m in served_devices(p, self.gate.trusted).values()
+                  for lid, uuid in m.items()}
         self.pool.restore(owners)
+
+    def _cached_pods(self) -> list[Pod]:
+        return self.pods.node_pods(self.config.node, fresh=False)
 
     # -- health ---------------------------------------------------------------------------
     def _on_gpus(self, present: Sequence[GpuInfo]) -> None:
@@ -119,16 +189,34 @@ class NodeAgent:
         for uuid, gpu in self._known.items():
             if uuid not in now:
                 now[uuid] = replace(gpu, healthy=False, reason=VANISHED)
+        self._present = {g.uuid: g for g in present}
         self._known = now
-        self.pool.update_gpus(list(present))
+        self._refresh_pool()
+
+    def _provider_changed(self) -> None:
+        self._refresh_pool()
+
+    def _refresh_pool(self) -> None:
+        effective = {g.uuid: g for g in self.known_gpus()}
+        self.pool.update_gpus([effective[u] for u in self._present if u in effective])
         self._changed.set()
+
+    def _isolation_changed(self) -> None:
+        self._changed.set()
+
+    def _device_status(self, uuid: str) -> dict[str, Any]:
+        return {"isolationProvider": str(self.provider.name),
+                "isolation": self.actions.isolation(uuid)}
 
     # -- kubelet ------------------------------------------------------------------------------
     def _supervise(self) -> None:
         kubelet_sock = self.config.plugin_dir / KUBELET_SOCKET
-        registered_to = 0
+        registered_to, waiting = 0, False
         while not self._stop.is_set():
             ident = _identity(kubelet_sock)
+            if not ident and not waiting:
+                log.info("waiting for kubelet: no registration socket at %s yet", kubelet_sock)
+            waiting = not ident
             if ident and (ident != registered_to or not self.socket.healthy()):
                 registered_to = ident if self._register(kubelet_sock) else 0
             self._stop.wait(self.config.watch_s)
@@ -145,6 +233,47 @@ class NodeAgent:
         log.info("registered gpupool.io/gpu with kubelet (%d)", self.registrations)
         return True
 
+    # -- monitor ---------------------------------------------------------------------------------
+    def _watch_usage(self) -> None:
+        while not self._stop.wait(self.config.monitor_s):
+            try:
+                self.check_once()
+            except GpupoolError as exc:
+                log.warning("usage sample failed (next one in %.0f s): %s",
+                            self.config.monitor_s, exc)
+
+    def check_once(self) -> None:
+        """One round of the monitor thread: audit, usage sample, provider sync, gauges."""
+        pods = self._cached_pods()
+        audit(pods, self.gate, self.recorder)
+        self.monitor.sample_once()
+        held = held_slices(self._cached_pods(), self.gate)
+        shared: dict[str, list[Slice]] = defaultdict(list)
+        for h in held.values():
+            if not h.exclusive:
+                shared[h.slice.gpu_uuid].append(h.slice)
+        self.provider.sync(shared, {p.uid for p in pods})
+        if self.metrics is not None:
+            self._gauges(held)
+
+    def _gauges(self, held: dict[tuple[str, str, str], Held]) -> None:
+        m = self.metrics
+        assert m is not None
+        isolated = self.actions.isolated()
+        for gpu in self.known_gpus():
+            mine = [h.slice for h in held.values() if h.slice.gpu_uuid == gpu.uuid]
+            m.gpu_memory.labels(gpu.uuid, gpu.model).set(gpu.memory_mib)
+            m.gpu_allocated.labels(gpu.uuid).set(sum(s.memory_mib for s in mine))
+            m.gpu_compute.labels(gpu.uuid).set(sum(s.core_pct for s in mine))
+            m.gpu_slices.labels(gpu.uuid).set(len(mine))
+            m.gpu_healthy.labels(gpu.uuid).set(1 if gpu.healthy else 0)
+            m.gpu_isolated.labels(gpu.uuid).set(1 if gpu.uuid in isolated else 0)
+            up: Any = getattr(self.provider, "daemon_up", None)
+            if up is not None:
+                m.mps_up.labels(gpu.uuid).set(1 if up(gpu.uuid) else 0)
+                restarts = getattr(self.provider, "restarts", {})
+                m.mps_restarts.labels(gpu.uuid).set(restarts.get(gpu.uuid, 0))
+
     # -- inventory --------------------------------------------------------------------------------
     def _heartbeat(self) -> None:
         assert self.inventory is not None
@@ -152,13 +281,6 @@ class NodeAgent:
             self._changed.clear()
             self.inventory.sync(self.known_gpus(), self.clock())
             self._changed.wait(self.config.heartbeat_s)
-
-
-def _served(pod: Pod) -> list[dict[str, str]]:
-    try:
-        return list(pod.served().values())
-    except GpupoolError:
-        return []
 
 
 def _identity(path: Path) -> int:

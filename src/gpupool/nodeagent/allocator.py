@@ -4,21 +4,29 @@ One Allocate (one container, ``n`` logical device IDs):
 
 1. read the node's pods fresh from the API server and kubelet's PodResources;
 2. ``handshake.identify`` the pod and container being admitted;
-3. take the pod's decision (``gpupool.io/allocation``); without one, decide
-   as seed 000 does — the least-loaded GPUs (the core's ``pick_gpus`` with
-   ``GpuOrder.LOOSEST``; pod affinity keeps the pod's containers on the same
-   GPUs) — and record it first (compare-and-swap);
+3. refuse a container whose own environment sets variables that control its
+   GPUs (``exposure.env_override``); take the pod's decision
+   (``gpupool.io/allocation``) only if ``verify.DecisionGate`` accepts it (signed by
+   gpupool's scheduler for this pod and node, on a pod that asks a GPU); without a
+   decision, refuse — or, with ``decide_unscheduled`` (clusters without the
+   extender), decide as seed 000 does: the least-loaded GPUs (the core's
+   ``pick_gpus`` with ``GpuOrder.LOOSEST``; pod affinity keeps the pod's containers
+   on the same GPUs), recorded first (compare-and-swap);
 4. re-check the decision against the node: GPUs present at the recorded
    index, healthy, and room left after the pods that already hold GPUs
    (``ClusterState.reserve``, which raises ``OverCommit``);
 5. map the logical IDs onto the decided GPUs (``LogicalPool.assign``);
-6. record the claim — ``gpupool.io/devices`` for the container, and phase
+6. ask the isolation provider what enforces the slice (``isolation``), then
+   record the claim — ``gpupool.io/devices`` for the container, and phase
    ``allocated`` once every GPU container is served — with the pod's
-   resourceVersion as precondition; a conflict restarts from 1.
+   resourceVersion as precondition; a conflict restarts from 1;
+7. answer: the slice described, the GPUs exposed (``exposure``), the
+   provider's edits.
 
-A refusal names the pod and the reason and, when the pod is known, marks its
-phase ``failed`` with that reason. PreStartContainer checks, through
-PodResources, that the pod holding the devices is the pod the claim names.
+A refusal names the pod and the reason and, when the pod is known, is recorded
+(``refusals``: phase ``failed``, ``gpupool.io/reason``, an Event). PreStartContainer
+checks, through PodResources, that the pod holding the devices is the pod the
+claim names.
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ from datetime import UTC, datetime
 
 from gpupool.contract import annotations as contract
 from gpupool.contract import names
-from gpupool.core.allocation import Allocation
+from gpupool.core.allocation import Allocation, Slice
 from gpupool.core.errors import GpupoolError, InvalidInput, OverCommit, UnknownName
 from gpupool.core.fit import explain, gpu_fit_mask
 from gpupool.core.gpus import build_allocation, pick_gpus
@@ -41,20 +49,22 @@ from gpupool.core.request import merged_demand
 from gpupool.core.scoring import GpuOrder
 from gpupool.kube.errors import Conflict
 from gpupool.nodeagent.cluster import PodApi
-from gpupool.nodeagent.envs import ContainerAnswer, container_answer
+from gpupool.nodeagent.envs import ContainerAnswer, answer, describe
+from gpupool.nodeagent.exposure import Exposure, env_override
 from gpupool.nodeagent.gpu import GpuInfo
 from gpupool.nodeagent.handshake import Target, identify
+from gpupool.nodeagent.isolation.none import NoIsolation
+from gpupool.nodeagent.isolation.provider import IsolationProvider, ProviderRefusal, SliceGrant
 from gpupool.nodeagent.logical import LogicalPool
 from gpupool.nodeagent.nodestate import NodeView, gpu_only, held_devices
 from gpupool.nodeagent.podresources import Holders, PodResourcesClient
 from gpupool.nodeagent.pods import ANNOTATION_DEVICES, Pod
+from gpupool.nodeagent.refusals import RefusalRecorder, Refused
+from gpupool.nodeagent.verify import DecisionGate
 
 log = logging.getLogger(__name__)
 CAS_ATTEMPTS = 8
-
-
-class Refused(GpupoolError):
-    """An Allocate or PreStartContainer the agent will not serve; the message says why."""
+__all__ = ["Allocator", "AllocatorConfig", "Refused"]
 
 
 class _Reread(Exception):
@@ -65,7 +75,19 @@ class _Reread(Exception):
 class AllocatorConfig:
     node: str
     memory_unit_mib: int = 256
-    mps_pipe_dir: str = ""
+    decide_unscheduled: bool = False  # decide for pods without a decision (no extender)
+
+
+@dataclass(frozen=True, slots=True)
+class Safety:
+    """What guards an Allocate: the decision gate, the exposure, the isolation provider and
+    where refusals are recorded (the defaults: verification off, advisory, nothing kept)."""
+
+    gate: DecisionGate
+    exposure: Exposure
+    provider: IsolationProvider
+    recorder: RefusalRecorder
+    isolated: Callable[[], set[str]] = set  # GPUs isolated for over-use: no new slices
 
 
 class Allocator:
@@ -73,14 +95,18 @@ class Allocator:
 
     def __init__(self, config: AllocatorConfig, pods: PodApi, kubelet: PodResourcesClient | None,
                  pool: LogicalPool, known_gpus: Callable[[], Sequence[GpuInfo]],
-                 clock: Callable[[], datetime] = lambda: datetime.now(UTC)):
+                 clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+                 safety: Safety | None = None):
         self.config = config
         self.pods = pods
         self.kubelet = kubelet
         self.pool = pool
         self.known_gpus = known_gpus
         self.clock = clock
-        self.view = NodeView(config.node, config.memory_unit_mib)
+        self.safety = safety or Safety(DecisionGate(config.node, None), Exposure(),
+                                       NoIsolation(), RefusalRecorder(pods))
+        self.gate = self.safety.gate
+        self.view = NodeView(config.node, config.memory_unit_mib, self.gate.trusted)
         self._lock = threading.Lock()
 
     # -- Allocate -----------------------------------------------------------------
@@ -91,7 +117,7 @@ class Allocator:
         lagging cache could explain, is retried on a fresh list before refusing.
         """
         if not ids:
-            raise Refused("kubelet asked to allocate no device")
+            raise Refused("kubelet asked to allocate no device", "no-devices")
         with self._lock:
             fresh = False
             for _ in range(CAS_ATTEMPTS):
@@ -99,7 +125,8 @@ class Allocator:
                     return self._attempt(list(ids), fresh)
                 except (Conflict, _Reread):
                     fresh = True
-            raise Refused(f"gave up after {CAS_ATTEMPTS} conflicting writes to the pod")
+            raise Refused(f"gave up after {CAS_ATTEMPTS} conflicting writes to the pod",
+                          "conflict")
 
     def _attempt(self, ids: list[str], fresh: bool) -> ContainerAnswer:
         holders = self._holders()
@@ -110,42 +137,73 @@ class Allocator:
         except GpupoolError as exc:
             if not fresh:
                 raise _Reread() from None
-            raise Refused(str(exc)) from None
+            log.warning("Allocate %s: %s", ids, exc)
+            self.safety.recorder.count("not-identified")
+            raise Refused(str(exc), "not-identified") from None
         try:
             return self._serve(target, ids, pods, holders)
-        except (InvalidInput, OverCommit, UnknownName, Refused) as exc:
+        except (InvalidInput, OverCommit, UnknownName, Refused, ProviderRefusal) as exc:
             if not fresh:
                 raise _Reread() from None
+            code = _code(exc)
             if target.confirmed:  # a guessed pod (no PodResources) is not marked failed
-                self._fail(target.pod, str(exc))
-            raise Refused(f"pod {target.pod.ref}: {exc}") from None
+                self.safety.recorder.record(target.pod, str(exc), code)
+            else:
+                self.safety.recorder.count(code)
+            raise Refused(f"pod {target.pod.ref}: {exc}", code) from None
 
     def _serve(self, target: Target, ids: list[str], pods: list[Pod],
                holders: Holders | None) -> ContainerAnswer:
         pod, container = target.pod, target.container
+        overriding = env_override(container)
+        if overriding:
+            raise Refused(overriding, "env-override")
         decision = self._decision(pod, pods)
         alloc = decision.allocation
-        slices = [s for s in alloc.slices if s.container == container.name]
+        slices = tuple(s for s in alloc.slices if s.container == container.name)
         if len(slices) != len(ids):
             raise Refused(f"the decision gives container {container.name} {len(slices)} GPU(s) "
-                          f"but kubelet allocates {len(ids)} device(s)")
+                          f"but kubelet allocates {len(ids)} device(s)", "count-mismatch")
         self._recheck(pod, alloc, pods)
+        self._not_isolated(pod, slices)
         busy = {i for held in (holders or {}).values() for c in held.values() for i in c}
-        busy |= held_devices(pods, pod.uid)
+        busy |= held_devices(pods, pod.uid, self.gate.trusted)
+        grant = SliceGrant(pod.uid, pod.ref, container.name, slices, alloc.exclusive)
+        provided = self.safety.provider.edits(grant)
         mapping = self.pool.assign(ids, [s.gpu_uuid for s in slices], busy)
         self._claim(pod, container.name, mapping)
-        return container_answer(pod, container.name, slices, alloc.exclusive, mapping,
-                                self.config.mps_pipe_dir)
+        log.info("Allocate: pod %s container %s gets %s (%s, %s), devices %s", pod.ref,
+                 container.name, ", ".join(f"{s.gpu_uuid}[{s.memory_mib} MiB, {s.core_pct} %]"
+                                           for s in slices),
+                 "exclusive" if alloc.exclusive else "shared",
+                 f"isolation {self.safety.provider.name}", sorted(mapping))
+        provider = str(self.safety.provider.name)
+        return answer(describe(pod, container.name, slices, alloc.exclusive, mapping, provider),
+                      self.safety.exposure.edits([s.gpu_uuid for s in slices]), provided)
+
+    def _not_isolated(self, pod: Pod, slices: Sequence[Slice]) -> None:
+        isolated = self.safety.isolated() & {s.gpu_uuid for s in slices}
+        if isolated and not pod.served():
+            raise Refused(f"GPU {', '.join(sorted(isolated))} is isolated (a container there "
+                          "uses more than its slice) and takes no new slices", "gpu-isolated")
 
     def _decision(self, pod: Pod, pods: list[Pod]) -> contract.Decision:
+        verdict = self.gate.check(pod)
+        if not verdict.ok:
+            raise Refused(verdict.reason, verdict.code)
         decision = pod.decision()
         if decision is None:
-            return self._decide(pod, pods)
+            if self.config.decide_unscheduled:
+                return self._decide(pod, pods)
+            raise Refused("it carries no gpupool decision (it was not scheduled by "
+                          "gpupool-scheduler); schedule it with schedulerName "
+                          "gpupool-scheduler", "no-decision")
         if decision.phase == names.PHASE_FAILED:
-            raise Refused(f"its decision was marked failed: {decision.reason or 'no reason'}")
+            raise Refused(f"its decision was marked failed: {decision.reason or 'no reason'}",
+                          "failed-before")
         if decision.allocation.node != self.config.node:
             raise Refused(f"stale decision: made for node {decision.allocation.node}, "
-                          f"the pod is on {self.config.node}")
+                          f"the pod is on {self.config.node}", "other-node")
         return decision
 
     def _recheck(self, pod: Pod, alloc: Allocation, pods: list[Pod]) -> None:
@@ -153,7 +211,7 @@ class Allocator:
         try:
             state.reserve(gpu_only(alloc))
         except (OverCommit, UnknownName) as exc:
-            raise Refused(f"stale or inconsistent decision: {exc}") from None
+            raise Refused(f"stale or inconsistent decision: {exc}", "stale") from None
 
     def _decide(self, pod: Pod, pods: list[Pod]) -> contract.Decision:
         """Seed 000 without an extender: the least-loaded GPUs, recorded before use."""
@@ -164,7 +222,8 @@ class Allocator:
         if int(fit.sum()) < demand.count:
             reason = explain(state, request, 0)
             raise Refused("no extender decision, and "
-                          + (reason.sentence() if reason else "no GPU here has room"))
+                          + (reason.sentence() if reason else "no GPU here has room"),
+                          "no-room")
         positions = pick_gpus(state, 0, demand, fit, GpuOrder.LOOSEST)
         alloc = build_allocation(state, request, 0, positions)
         bind_time = self.clock().strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -179,10 +238,7 @@ class Allocator:
         self.pods.patch_annotations(pod, patch)
 
     def _fail(self, pod: Pod, reason: str) -> None:
-        try:
-            self.pods.patch_annotations(pod, contract.phase_patch(names.PHASE_FAILED, reason))
-        except GpupoolError as exc:
-            log.warning("could not mark pod %s failed: %s", pod.ref, exc)
+        self.safety.recorder.record(pod, reason, "prestart-mismatch")
 
     def _holders(self) -> Holders | None:
         return self.kubelet.holders() if self.kubelet is not None else None
@@ -198,7 +254,8 @@ class Allocator:
         owner = next(((ref, c) for ref, held in holders.items() for c, got in held.items()
                       if set(got) == wanted), None)
         if owner is None:
-            raise Refused(f"kubelet lists no container holding devices {sorted(wanted)}")
+            raise Refused(f"kubelet lists no container holding devices {sorted(wanted)}",
+                          "prestart-mismatch")
         ref, container = owner
         cached = {p.ref: p for p in self.pods.node_pods(self.config.node, fresh=False)}
         pod = cached.get(ref)
@@ -211,7 +268,8 @@ class Allocator:
                      wanted: set[str]) -> None:
         pod = pods.get(ref)
         if pod is None:
-            raise Refused(f"pod {ref} holds devices {sorted(wanted)} but is not bound here")
+            raise Refused(f"pod {ref} holds devices {sorted(wanted)} but is not bound here",
+                          "prestart-mismatch")
         if set(pod.served().get(container, {})) == wanted:
             return
         served_to = [p.ref for p in pods.values()
@@ -219,7 +277,7 @@ class Allocator:
         reason = (f"container {container} holds devices {sorted(wanted)} but they were served "
                   f"to {', '.join(served_to) or 'no pod'}: the GPU environment is wrong")
         self._fail(pod, reason)
-        raise Refused(f"pod {ref}: {reason}")
+        raise Refused(f"pod {ref}: {reason}", "prestart-mismatch")
 
     # -- GetPreferredAllocation ---------------------------------------------------------
     def preferred(self, available: Sequence[str], must: Sequence[str], size: int) -> list[str]:
@@ -236,3 +294,13 @@ class Allocator:
             used[owners[best]] += 1
             rest.remove(best)
         return chosen
+
+
+def _code(exc: Exception) -> str:
+    if isinstance(exc, Refused | ProviderRefusal):
+        return exc.code
+    if isinstance(exc, OverCommit):
+        return "no-free-device"
+    if isinstance(exc, UnknownName):
+        return "stale"
+    return "unreadable"

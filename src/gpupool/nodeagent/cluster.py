@@ -20,8 +20,9 @@ class PodApi(Protocol):
         a watch-fed cache when there is one. The cache may lag, never run ahead."""
         ...
 
-    def patch_annotations(self, pod: Pod, annotations: Mapping[str, str]) -> Pod:
-        """Merge ``annotations`` into ``pod`` if it is still at ``pod.resource_version``.
+    def patch_annotations(self, pod: Pod, annotations: Mapping[str, str | None]) -> Pod:
+        """Merge ``annotations`` (None removes a key) into ``pod`` if it is still at
+        ``pod.resource_version``.
 
         Raises ``gpupool.kube.errors.Conflict`` (nothing written) when the pod changed.
         """
@@ -40,3 +41,20 @@ class InventoryApi(Protocol):
     def update_device_status(self, name: str, status: Mapping[str, Any]) -> None: ...
 
     def delete_device(self, name: str) -> None: ...
+
+
+class EventApi(Protocol):
+    """Kubernetes Events about pods (``kubectl describe pod`` shows them)."""
+
+    def pod_event(self, pod: Pod, reason: str, message: str, warning: bool = True) -> None:
+        """Record an Event; failures are logged, never raised (an Event is a report)."""
+        ...
+
+
+class EvictionApi(Protocol):
+    """The Eviction API (policy/v1): evictions honour PodDisruptionBudgets."""
+
+    def evict(self, pod: Pod) -> None:
+        """Ask for the pod's eviction; ``gpupool.kube.errors.KubeError`` (code 429 while a
+        PodDisruptionBudget allows no disruption) when refused."""
+        ...

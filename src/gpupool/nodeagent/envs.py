@@ -1,14 +1,17 @@
-"""What a container is told about its GPU slice (the Allocate answer).
+"""What a container is told about its GPU slice (the Allocate answer), as values.
 
-* ``NVIDIA_VISIBLE_DEVICES``: the decided GPUs' UUIDs (the NVIDIA container
-  runtime exposes exactly these).
-* Shared slices, for CUDA MPS: ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``
-  (``0=4096M,1=4096M``, one entry per visible GPU) and
-  ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` (the smallest compute share among the
-  slices; MPS takes one value per process). These limit a process only when
-  it runs as a client of an MPS control daemon on the node
-  (``CUDA_MPS_PIPE_DIRECTORY``, mounted from the host when configured).
-* ``GPUPOOL_*``: the slice described for the workload and for monitoring.
+The answer is assembled from three parts, each a ``ContainerEdits``:
+
+* the slice described (``GPUPOOL_*``: pod, container, mode, GPUs, memory, compute,
+  logical devices, isolation provider) — information for the workload and for people;
+* the device exposure (``exposure``): how the container runtime is told which GPUs the
+  container gets, in a way the container's own environment cannot widen;
+* the isolation provider's edits (``isolation``): what enforces the slice's limits.
+
+Kubelet gives a container's own ``env`` precedence over a device plugin's variables,
+so no variable here is trusted to limit anything by itself: the agent refuses GPU
+containers that set the variables gpupool or its providers use (``exposure``), and
+each provider says what enforces it and what does not.
 """
 
 from __future__ import annotations
@@ -19,8 +22,6 @@ from dataclasses import dataclass, field
 from gpupool.core.allocation import Slice
 from gpupool.nodeagent.pods import Pod
 
-MPS_PIPE_IN_CONTAINER = "/tmp/nvidia-mps"
-
 
 @dataclass(frozen=True, slots=True)
 class Mount:
@@ -30,19 +31,32 @@ class Mount:
 
 
 @dataclass(frozen=True, slots=True)
+class ContainerEdits:
+    """Variables, mounts and CDI device names to add to a container."""
+
+    envs: Mapping[str, str] = field(default_factory=dict)
+    mounts: tuple[Mount, ...] = ()
+    cdi_devices: tuple[str, ...] = ()
+
+    def __add__(self, other: ContainerEdits) -> ContainerEdits:
+        return ContainerEdits({**self.envs, **other.envs}, self.mounts + other.mounts,
+                              self.cdi_devices + other.cdi_devices)
+
+
+@dataclass(frozen=True, slots=True)
 class ContainerAnswer:
-    """Environment and mounts for one container."""
+    """Environment, mounts and CDI devices for one container."""
 
     envs: dict[str, str]
     mounts: tuple[Mount, ...] = field(default=())
+    cdi_devices: tuple[str, ...] = field(default=())
 
 
-def container_answer(pod: Pod, container: str, slices: Sequence[Slice], exclusive: bool,
-                     logical: Mapping[str, str], mps_pipe_dir: str = "") -> ContainerAnswer:
-    """The answer for ``container`` of ``pod`` holding ``slices`` via logical devices."""
+def describe(pod: Pod, container: str, slices: Sequence[Slice], exclusive: bool,
+             logical: Mapping[str, str], provider: str) -> ContainerEdits:
+    """The ``GPUPOOL_*`` variables: the slice, described."""
     uuids = [s.gpu_uuid for s in slices]
-    envs = {
-        "NVIDIA_VISIBLE_DEVICES": ",".join(uuids),
+    return ContainerEdits({
         "GPUPOOL_POD": pod.ref,
         "GPUPOOL_POD_UID": pod.uid,
         "GPUPOOL_CONTAINER": container,
@@ -51,14 +65,16 @@ def container_answer(pod: Pod, container: str, slices: Sequence[Slice], exclusiv
         "GPUPOOL_GPU_MEMORY_MIB": ",".join(str(s.memory_mib) for s in slices),
         "GPUPOOL_GPU_CORE_PCT": ",".join(str(s.core_pct) for s in slices),
         "GPUPOOL_LOGICAL_DEVICES": ",".join(sorted(logical)),
-    }
-    if exclusive:
-        return ContainerAnswer(envs)
-    envs.update(mps_limits(slices))
-    if not mps_pipe_dir:
-        return ContainerAnswer(envs)
-    envs["CUDA_MPS_PIPE_DIRECTORY"] = MPS_PIPE_IN_CONTAINER
-    return ContainerAnswer(envs, (Mount(MPS_PIPE_IN_CONTAINER, mps_pipe_dir),))
+        "GPUPOOL_ISOLATION": provider,
+    })
+
+
+def answer(*parts: ContainerEdits) -> ContainerAnswer:
+    """The Allocate answer of ``parts`` (later parts win on a variable both set)."""
+    total = ContainerEdits()
+    for part in parts:
+        total = total + part
+    return ContainerAnswer(dict(total.envs), total.mounts, total.cdi_devices)
 
 
 def mps_limits(slices: Sequence[Slice]) -> dict[str, str]:

@@ -14,9 +14,15 @@ machines without GPUs: tests, demos, benchmarks. The file::
         health: Healthy             # or Unhealthy (fault injection)
         reason: "XID 79"            # why unhealthy
         present: true               # false: the GPU has vanished
+        processes:                  # per-process usage the usage monitor samples
+          - {pid: 4242, memoryMiB: 3000, smPct: 40}   # smPct optional
+        usageError: ""              # non-empty: sampling this GPU fails (an NVML error)
 
 Faults are injected by editing the file (it is re-read when it changes) or
-from a test through ``set_health`` / ``set_present``, which rewrite the file.
+from a test through ``set_health`` / ``set_present`` / ``set_processes`` /
+``set_usage_error``, which rewrite the file. Compute modes set by the ``mps``
+provider are kept in ``compute_modes`` (``set_compute_mode_error`` makes setting
+them fail). A GPU's memory in use is the sum of its processes'.
 """
 
 from __future__ import annotations
@@ -30,8 +36,15 @@ from typing import Any
 
 import yaml
 
-from gpupool.core.errors import InvalidInput
-from gpupool.nodeagent.gpu import HEALTHY, UNHEALTHY, GpuInfo, HealthListener
+from gpupool.core.errors import GpupoolError, InvalidInput
+from gpupool.nodeagent.gpu import (
+    HEALTHY,
+    UNHEALTHY,
+    GpuInfo,
+    GpuUsage,
+    HealthListener,
+    ProcessUsage,
+)
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +61,8 @@ class FakeGpuBackend:
         self._listener: HealthListener | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.compute_modes: dict[str, bool] = {}  # uuid -> EXCLUSIVE_PROCESS
+        self._mode_error = ""
 
     def discover(self) -> tuple[GpuInfo, ...]:
         with self._lock:
@@ -62,6 +77,31 @@ class FakeGpuBackend:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2)
+
+    # -- usage and compute mode -------------------------------------------------
+    def usage(self) -> tuple[GpuUsage, ...]:
+        with self._lock:
+            entries = [e for e in self._entries if e.get("present", True)]
+        return tuple(_usage(e) for e in sorted(entries, key=lambda e: int(e.get("index", 0))))
+
+    def set_compute_mode(self, uuid: str, exclusive_process: bool) -> None:
+        if self._mode_error:
+            raise GpupoolError(self._mode_error)
+        self.compute_modes[uuid] = exclusive_process
+
+    def set_compute_mode_error(self, reason: str) -> None:
+        """Make ``set_compute_mode`` fail with ``reason`` ("" heals it)."""
+        self._mode_error = reason
+
+    def set_processes(self, uuid: str, processes: list[tuple[int, int, int | None]]) -> None:
+        """Replace the processes on a GPU: (pid, memory MiB, SM % or None)."""
+        self._edit(uuid, {"processes": [
+            {"pid": pid, "memoryMiB": mib, **({} if sm is None else {"smPct": sm})}
+            for pid, mib, sm in processes]})
+
+    def set_usage_error(self, uuid: str, reason: str) -> None:
+        """Make sampling the GPU fail with ``reason`` ("" heals it)."""
+        self._edit(uuid, {"usageError": reason})
 
     # -- fault injection ------------------------------------------------------
     def set_health(self, uuid: str, healthy: bool, reason: str = "") -> None:
@@ -153,6 +193,7 @@ def _gpu(e: Mapping[str, Any], position: int, where: str) -> GpuInfo:
     labels = e.get("labels") or {}
     if not isinstance(labels, dict):
         raise InvalidInput(f"{where}: GPU {uuid} labels must be a mapping")
+    _check_processes(e.get("processes"), uuid, where)
     try:
         return GpuInfo(
             uuid=uuid, index=_int(e, "index", position, uuid, where),
@@ -189,3 +230,27 @@ def _write(path: Path, entries: list[dict[str, Any]]) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(yaml.safe_dump({"gpus": entries}, sort_keys=False))
     os.replace(tmp, path)
+
+
+def _check_processes(processes: Any, uuid: str, where: str) -> None:
+    if processes is None:
+        return
+    if not isinstance(processes, list) or not all(isinstance(p, dict) for p in processes):
+        raise InvalidInput(f"{where}: GPU {uuid}: processes must be a list of mappings")
+    for p in processes:
+        for key in ("pid", "memoryMiB", "smPct"):
+            value = p.get(key, 0)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise InvalidInput(f"{where}: GPU {uuid}: process {key} must be a whole "
+                                   "number >= 0")
+
+
+def _usage(e: Mapping[str, Any]) -> GpuUsage:
+    uuid = str(e["uuid"])
+    if e.get("usageError"):
+        return GpuUsage(uuid, error=f"FAKE NVML: {e['usageError']}")
+    procs = tuple(ProcessUsage(int(p["pid"]), int(p.get("memoryMiB", 0)),
+                               int(p["smPct"]) if "smPct" in p else None)
+                  for p in e.get("processes") or ())
+    busy = [p.sm_pct for p in procs if p.sm_pct is not None]
+    return GpuUsage(uuid, sum(p.memory_mib for p in procs), min(100, sum(busy)), procs)

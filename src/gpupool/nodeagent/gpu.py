@@ -37,6 +37,26 @@ class GpuInfo:
                    self.healthy, freeze_labels(dict(self.labels)))
 
 
+@dataclass(frozen=True, slots=True)
+class ProcessUsage:
+    """One process on one GPU: memory it holds and its SM utilisation (None: no sample)."""
+
+    pid: int
+    memory_mib: int
+    sm_pct: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuUsage:
+    """One GPU's usage sample; ``error`` says why it could not be taken (then skipped)."""
+
+    uuid: str
+    memory_used_mib: int = 0
+    utilization_pct: int | None = None
+    processes: tuple[ProcessUsage, ...] = ()
+    error: str = ""
+
+
 HealthListener = Callable[[tuple[GpuInfo, ...]], None]
 """Called with the full, current list of GPUs whenever any of them changes."""
 
@@ -54,4 +74,13 @@ class GpuBackend(Protocol):
 
     def close(self) -> None:
         """Stop watching and release the driver."""
+        ...
+
+    def usage(self) -> tuple[GpuUsage, ...]:
+        """Memory and utilisation of every GPU and of the processes on it, now."""
+        ...
+
+    def set_compute_mode(self, uuid: str, exclusive_process: bool) -> None:
+        """``EXCLUSIVE_PROCESS`` (only one process, e.g. the MPS server, may open a context)
+        or ``DEFAULT``; raises ``GpupoolError`` saying why it could not."""
         ...

@@ -1,7 +1,8 @@
 """One ``GPUDevice`` object per physical GPU, kept true by the agent.
 
 ``sync`` creates the objects of GPUs it knows, updates spec and labels when
-they change, writes status (health, reason, heartbeat) every time, and
+they change, writes status (health, reason, heartbeat, the node's isolation
+provider, the GPU's isolation state) every time, and
 deletes this node's objects whose GPU the agent no longer knows (garbage
 collection). A GPU that vanished while the agent runs stays, ``Unhealthy``
 with reason ``vanished``, until the agent restarts without it.
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -38,31 +39,38 @@ def label_value(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text)[:63].strip("-_.")
 
 
-def device_spec(node: str, gpu: GpuInfo) -> dict[str, Any]:
+def device_spec(node: str, gpu: GpuInfo, labels: Mapping[str, str] | None = None
+                ) -> dict[str, Any]:
     return {"node": node, "uuid": gpu.uuid, "index": gpu.index, "model": gpu.model,
             "memoryMiB": gpu.memory_mib, "architecture": gpu.architecture,
-            "numaNode": gpu.numa_node, "labels": dict(gpu.labels)}
+            "numaNode": gpu.numa_node, "labels": {**dict(gpu.labels), **(labels or {})}}
 
 
-def device_status(gpu: GpuInfo, now: datetime) -> dict[str, Any]:
+def device_status(gpu: GpuInfo, now: datetime, extra: Mapping[str, Any] | None = None
+                  ) -> dict[str, Any]:
     return {"health": gpu.health, "reason": gpu.reason,
-            "heartbeatTime": now.strftime("%Y-%m-%dT%H:%M:%SZ")}
+            "heartbeatTime": now.strftime("%Y-%m-%dT%H:%M:%SZ"), **(extra or {})}
 
 
-def device_object(node: str, gpu: GpuInfo, now: datetime) -> dict[str, Any]:
+def device_object(node: str, gpu: GpuInfo, now: datetime,
+                  labels: Mapping[str, str] | None = None,
+                  extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     return {
         "apiVersion": names.API_VERSION, "kind": "GPUDevice",
         "metadata": {"name": device_name(gpu.uuid),
                      "labels": {LABEL_NODE: node, LABEL_MODEL: label_value(gpu.model)}},
-        "spec": device_spec(node, gpu), "status": device_status(gpu, now)}
+        "spec": device_spec(node, gpu, labels), "status": device_status(gpu, now, extra)}
 
 
 class Inventory:
     """Publishes the node's GPUs as ``GPUDevice`` objects."""
 
-    def __init__(self, node: str, api: InventoryApi):
+    def __init__(self, node: str, api: InventoryApi, labels: Mapping[str, str] | None = None,
+                 extra_status: Callable[[str], Mapping[str, Any]] = lambda uuid: {}):
         self.node = node
         self.api = api
+        self.labels = dict(labels or {})  # added to every GPU's spec.labels
+        self.extra_status = extra_status  # GPU uuid -> more status fields
 
     def sync(self, gpus: Sequence[GpuInfo], now: datetime) -> None:
         """Make this node's objects match ``gpus``; API errors are logged, the next sync retries."""
@@ -79,7 +87,7 @@ class Inventory:
 
     def _publish(self, gpu: GpuInfo, current: Mapping[str, Any] | None, now: datetime) -> None:
         name = device_name(gpu.uuid)
-        body = device_object(self.node, gpu, now)
+        body = device_object(self.node, gpu, now, self.labels, self.extra_status(gpu.uuid))
         if current is None:
             self._call(self.api.create_device, body)
             self._call(self.api.update_device_status, name, body["status"])

@@ -9,15 +9,20 @@ and their answers update the cache at once.
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from typing import Any
 
+from gpupool.core.errors import GpupoolError
 from gpupool.kube.api import KubeApi
 from gpupool.kube.informer import Feed, Informer
 from gpupool.nodeagent.pods import Pod, pod_from_json
 
+log = logging.getLogger(__name__)
 MEMO_LIMIT = 10_000
+COMPONENT = "gpupool-node-agent"
 
 
 class KubePods:
@@ -59,7 +64,7 @@ class KubePods:
                 return list(self._cache.values())
         return [self._parse(p) for p in self.api.list_pods(node).items]
 
-    def patch_annotations(self, pod: Pod, annotations: Mapping[str, str]) -> Pod:
+    def patch_annotations(self, pod: Pod, annotations: Mapping[str, str | None]) -> Pod:
         new = self._parse(self.api.patch_pod_annotations(
             pod.namespace, pod.name, dict(annotations), pod.resource_version))
         self._remember(new)
@@ -124,3 +129,30 @@ class KubeInventory:
 
     def delete_device(self, name: str) -> None:
         self.api.delete_gpu_device(name)
+
+
+class KubeEvents:
+    """Events about pods, from this node's agent."""
+
+    def __init__(self, api: KubeApi, node: str,
+                 clock: Callable[[], datetime] = lambda: datetime.now(UTC)):
+        self.api = api
+        self.node = node
+        self.clock = clock
+
+    def pod_event(self, pod: Pod, reason: str, message: str, warning: bool = True) -> None:
+        try:
+            self.api.create_pod_event(pod.namespace, pod.name, pod.uid, reason, message,
+                                      warning, COMPONENT, self.node, self.clock())
+        except GpupoolError as exc:
+            log.warning("could not record Event %s about pod %s: %s", reason, pod.ref, exc)
+
+
+class KubeEvictions:
+    """Evictions through the Eviction API."""
+
+    def __init__(self, api: KubeApi):
+        self.api = api
+
+    def evict(self, pod: Pod) -> None:
+        self.api.evict_pod(pod.namespace, pod.name)

@@ -1,13 +1,15 @@
 """This node's GPUs as the core's ``ClusterState``, filled from the pods' decisions.
 
 The node agent re-checks GPU slices only (CPU and memory are kubelet's to
-admit), so allocations enter the state without their CPU and memory.
+admit), so allocations enter the state without their CPU and memory. Only decisions
+that ``trusted`` accepts (``verify.DecisionGate``: signed by gpupool's scheduler for
+that pod, on a pod that asks a GPU) count: a forged decision holds no GPU here.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from gpupool.contract import names
 from gpupool.core.allocation import Allocation
@@ -18,6 +20,12 @@ from gpupool.nodeagent.gpu import GpuInfo
 from gpupool.nodeagent.pods import Pod
 
 log = logging.getLogger(__name__)
+
+Trust = Callable[[Pod], bool]
+
+
+def _any(pod: Pod) -> bool:
+    return True
 
 
 def gpu_only(alloc: Allocation) -> Allocation:
@@ -47,9 +55,10 @@ class NodeView:
     afresh when the GPUs change (health, vanish).
     """
 
-    def __init__(self, node: str, memory_unit_mib: int):
+    def __init__(self, node: str, memory_unit_mib: int, trusted: Trust = _any):
         self.node = node
         self.memory_unit_mib = memory_unit_mib
+        self.trusted = trusted
         self._gpus: tuple[GpuInfo, ...] = ()
         self._state: ClusterState | None = None
 
@@ -73,7 +82,7 @@ class NodeView:
     def _wanted(self, pods: Iterable[Pod], skip_uid: str) -> dict[str, Allocation]:
         want = {}
         for pod in pods:
-            if pod.uid == skip_uid or not holds_gpus(pod):
+            if pod.uid == skip_uid or not holds_gpus(pod) or not self.trusted(pod):
                 continue
             try:
                 decision = pod.decision()
@@ -85,15 +94,32 @@ class NodeView:
         return want
 
 
-def held_devices(pods: Iterable[Pod], skip_uid: str) -> set[str]:
+def held_devices(pods: Iterable[Pod], skip_uid: str, trusted: Trust = _any) -> set[str]:
     """Logical devices the agent served to other pods that still hold GPUs."""
     held: set[str] = set()
     for pod in pods:
         if pod.uid == skip_uid:
             continue
-        try:
-            if holds_gpus(pod):
-                held.update(i for m in pod.served().values() for i in m)
-        except GpupoolError as exc:
-            log.warning("pod %s: %s", pod.ref, exc)
+        held.update(i for m in served_devices(pod, trusted).values() for i in m)
     return held
+
+
+def served_devices(pod: Pod, trusted: Trust = _any) -> dict[str, dict[str, str]]:
+    """What ``pod`` holds of the logical devices by its ``gpupool.io/devices`` record, if it
+    holds GPUs by a trusted decision: per container named in the decision, at most as many
+    devices as the decision gives it (a record cannot claim more than was decided)."""
+    try:
+        if not holds_gpus(pod) or not trusted(pod):
+            return {}
+        decision = pod.decision()
+        served = pod.served()
+    except GpupoolError as exc:
+        log.warning("pod %s: %s", pod.ref, exc)
+        return {}
+    if decision is None:
+        return {}
+    out = {}
+    for container, mapping in served.items():
+        n = sum(1 for s in decision.allocation.slices if s.container == container)
+        out[container] = dict(sorted(mapping.items())[:n])
+    return out

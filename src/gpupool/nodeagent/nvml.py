@@ -18,7 +18,8 @@ from typing import Any
 import pynvml
 
 from gpupool.core.errors import GpupoolError
-from gpupool.nodeagent.gpu import GpuInfo, HealthListener
+from gpupool.nodeagent import nvmlusage
+from gpupool.nodeagent.gpu import GpuInfo, GpuUsage, HealthListener
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,7 @@ class NvmlGpuBackend:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._since_us: dict[str, int] = {}
 
     def discover(self) -> tuple[GpuInfo, ...]:
         with self._lock:
@@ -77,6 +79,18 @@ class NvmlGpuBackend:
             pynvml.nvmlShutdown()
         except pynvml.NVMLError as exc:
             log.warning("nvmlShutdown failed: %s", exc)
+
+    # -- usage and compute mode (the usage monitor, the mps provider) ----------------
+    def usage(self) -> tuple[GpuUsage, ...]:
+        out = []
+        for gpu in self.discover():
+            sample, self._since_us[gpu.uuid] = nvmlusage.sample(
+                gpu.uuid, self._since_us.get(gpu.uuid, 0))
+            out.append(sample)
+        return tuple(out)
+
+    def set_compute_mode(self, uuid: str, exclusive_process: bool) -> None:
+        nvmlusage.set_compute_mode(uuid, exclusive_process)
 
     # -- discovery ----------------------------------------------------------------
     def _query(self) -> list[GpuInfo]:

@@ -32,6 +32,8 @@ class GpuContainer:
     count: int
     memory_mib: int
     core_pct: int
+    env: tuple[str, ...] = ()  # names the container's own ``env`` sets
+    env_from: tuple[str, ...] = ()  # the prefix of each ``envFrom`` source ("" if none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +51,8 @@ class Pod:
     annotations: Mapping[str, str]
     containers: tuple[GpuContainer, ...]
     problem: str = ""  # why the GPU containers could not be read (they are then empty)
+    asks_gpu: bool = True  # some container asks a gpupool GPU resource (any of them)
+    container_ids: tuple[tuple[str, str], ...] = ()  # (runtime container id, container name)
 
     @property
     def ref(self) -> str:
@@ -57,6 +61,14 @@ class Pod:
     @property
     def active(self) -> bool:
         return self.phase not in TERMINAL_PHASES
+
+    @property
+    def signature(self) -> str | None:
+        return self.annotations.get(names.ANNOTATION_SIGNATURE)
+
+    def container_named(self, runtime_id: str) -> str | None:
+        """The name of the container the runtime knows as ``runtime_id``."""
+        return next((n for i, n in self.container_ids if i == runtime_id), None)
 
     def served(self) -> dict[str, dict[str, str]]:
         """What the agent recorded as served: container -> {logical ID: GPU uuid}."""
@@ -129,13 +141,16 @@ def pod_from_json(obj: Mapping[str, Any]) -> Pod:
         gpu = tuple(g for g in (_gpu_container(ref, c) for c in containers) if g is not None)
     except InvalidInput as exc:
         gpu, problem = (), str(exc)
+    status = obj.get("status") or {}
     return Pod(
         namespace=str(meta.get("namespace", "default")), name=str(meta.get("name", "")),
         uid=str(meta.get("uid", "")), resource_version=str(meta.get("resourceVersion", "")),
         created=str(meta.get("creationTimestamp", "")), node=str(spec.get("nodeName") or ""),
-        phase=str((obj.get("status") or {}).get("phase", "Pending")),
+        phase=str(status.get("phase", "Pending")),
         deleting=bool(meta.get("deletionTimestamp")),
-        annotations=dict(meta.get("annotations") or {}), containers=gpu, problem=problem)
+        annotations=dict(meta.get("annotations") or {}), containers=gpu, problem=problem,
+        asks_gpu=bool(gpu) or any(_asks_gpu(c) for c in containers),
+        container_ids=_runtime_ids(status))
 
 
 def _gpu_container(ref: str, c: Mapping[str, Any]) -> GpuContainer | None:
@@ -144,5 +159,37 @@ def _gpu_container(ref: str, c: Mapping[str, Any]) -> GpuContainer | None:
     name = str(c.get("name", ""))
     where = f"pod {ref} container {name}"
     count, memory, core = gpu_numbers(container_amounts(c, where), where)
-    return GpuContainer(name, count, memory, core) if count else None
+    if not count:
+        return None
+    env = tuple(str(e.get("name", "")) for e in c.get("env") or () if isinstance(e, dict))
+    env_from = tuple(str(e.get("prefix") or "") for e in c.get("envFrom") or ()
+                     if isinstance(e, dict))
+    return GpuContainer(name, count, memory, core, env, env_from)
+
+
+_GPU_RESOURCES = (names.RESOURCE_GPU, names.RESOURCE_MEMORY, names.RESOURCE_CORE)
+
+
+def _asks_gpu(c: Mapping[str, Any]) -> bool:
+    """Does the container name a gpupool GPU resource (any amount but zero)? Read leniently:
+    a decision on a pod whose containers ask none is refused, whatever else they say."""
+    res = c.get("resources")
+    if not isinstance(res, dict):
+        return False
+    for part in (res.get("limits"), res.get("requests")):
+        for key, value in (part.items() if isinstance(part, dict) else ()):
+            gpu_key = key in _GPU_RESOURCES or str(key).startswith(names.CLASS_RESOURCE_PREFIX)
+            if gpu_key and str(value).strip() not in ("0", ""):
+                return True
+    return False
+
+
+def _runtime_ids(status: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """(container id without its ``containerd://`` style prefix, name) from the status."""
+    out = []
+    for key in ("initContainerStatuses", "containerStatuses"):
+        for st in status.get(key) or ():
+            if isinstance(st, dict) and isinstance(st.get("containerID"), str):
+                out.append((st["containerID"].partition("://")[2], str(st.get("name", ""))))
+    return tuple(out)
 

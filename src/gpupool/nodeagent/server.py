@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
@@ -24,6 +25,7 @@ from gpupool.core.errors import GpupoolError
 from gpupool.nodeagent.allocator import Allocator
 from gpupool.nodeagent.envs import ContainerAnswer
 from gpupool.nodeagent.logical import LogicalPool
+from gpupool.nodeagent.metrics import NodeMetrics
 from gpupool.nodeagent.proto import deviceplugin_pb2, deviceplugin_pb2_grpc
 
 pb: Any = deviceplugin_pb2  # generated code is not type-checked
@@ -43,10 +45,12 @@ def plugin_options() -> Any:
 class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
     """The v1beta1 DevicePlugin service over a ``LogicalPool`` and an ``Allocator``."""
 
-    def __init__(self, pool: LogicalPool, allocator: Allocator, stopping: threading.Event):
+    def __init__(self, pool: LogicalPool, allocator: Allocator, stopping: threading.Event,
+                 metrics: NodeMetrics | None = None):
         self.pool = pool
         self.allocator = allocator
         self.stopping = stopping
+        self.metrics = metrics
 
     def GetDevicePluginOptions(self, request: Any, context: Any) -> Any:
         return plugin_options()
@@ -71,11 +75,15 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
     def Allocate(self, request: Any, context: Any) -> Any:
         out = []
         for c in request.container_requests:
+            start = time.perf_counter()
             try:
                 out.append(container_response(self.allocator.allocate(list(c.devices_ids))))
             except GpupoolError as exc:
                 log.warning("Allocate %s refused: %s", list(c.devices_ids), exc)
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+            if self.metrics is not None:
+                self.metrics.allocate_seconds.observe(time.perf_counter() - start)
+                self.metrics.allocations.inc()
         return pb.AllocateResponse(container_responses=out)
 
     def PreStartContainer(self, request: Any, context: Any) -> Any:
@@ -97,7 +105,8 @@ def device_list(pool: LogicalPool) -> Any:
 def container_response(answer: ContainerAnswer) -> Any:
     mounts = [pb.Mount(container_path=m.container_path, host_path=m.host_path,
                        read_only=m.read_only) for m in answer.mounts]
-    return pb.ContainerAllocateResponse(envs=answer.envs, mounts=mounts)
+    cdi = [pb.CDIDevice(name=n) for n in answer.cdi_devices]
+    return pb.ContainerAllocateResponse(envs=answer.envs, mounts=mounts, cdi_devices=cdi)
 
 
 class PluginSocket:

@@ -1,0 +1,113 @@
+"""Which decisions the node agent may serve and count: only those gpupool's scheduler made.
+
+A pod author can write any annotation and set ``spec.nodeName``, so a decision in a
+pod's annotations proves nothing by itself. The extender signs every decision (see
+``gpupool.security.signing``); ``DecisionGate.check`` serves or counts a decision only
+when
+
+* the pod asks a gpupool GPU resource at all (a decision on a CPU-only pod is refused:
+  kubelet never calls Allocate for it, yet counting it would block a GPU), and
+* its signature verifies for this pod (uid, namespace, name), the node, the bind time,
+  the resource group and the allocation, byte for byte, with one of gpupool's
+  published keys.
+
+Results are values (``Verdict``). Verified decisions are remembered per (claims,
+signature) — never per uid alone — so an Allocate re-checks the ~40 decisions of a
+node without a signature check each. With verification off (``--decide-unscheduled``,
+for clusters without the extender) every decision counts, as before signing existed.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from gpupool.contract import names
+from gpupool.nodeagent.pods import Pod
+from gpupool.security.signing import KeyMaterialError, SignatureError, claims_of
+
+Verifier = Callable[[str, str, str, Mapping[str, str], str | None], str]
+"""``KeyRingSource.verify``: (uid, namespace, name, annotations, signature) -> key id;
+raises ``SignatureError`` for a decision that must not be served, ``KeyMaterialError``
+while the published keys cannot be read."""
+
+MEMO_LIMIT = 20_000
+
+# refusal codes (metric label ``reason``; sentences carry the details)
+NO_GPU_REQUEST = "no-gpu-request"
+UNSIGNED = "unsigned"
+BAD_SIGNATURE = "bad-signature"
+UNKNOWN_KEY = "unknown-key"
+KEYS_UNAVAILABLE = "keys-unavailable"
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """``ok``, or a refusal: a ``code`` for metrics and a sentence a person can act on.
+
+    ``definite`` refusals (forged, edited, copied, on a CPU-only pod) can be recorded on
+    the pod at once; a refusal because the keys cannot be read now is not definite.
+    """
+
+    ok: bool
+    code: str = ""
+    reason: str = ""
+    definite: bool = True
+
+
+OK = Verdict(True)
+
+
+class DecisionGate:
+    """Verifies pods' decisions for one node; thread-safe."""
+
+    def __init__(self, node: str, verifier: Verifier | None):
+        self.node = node
+        self.verifier = verifier
+        self._lock = threading.Lock()
+        self._verified: dict[tuple[object, ...], str] = {}
+
+    @property
+    def enabled(self) -> bool:
+        return self.verifier is not None
+
+    def check(self, pod: Pod) -> Verdict:
+        """May ``pod``'s decision be served or counted here? (A pod without one: ``OK``.)"""
+        if names.ANNOTATION_ALLOCATION not in pod.annotations:
+            return OK
+        if not pod.asks_gpu:
+            return Verdict(False, NO_GPU_REQUEST, f"pod {pod.ref} carries a gpupool decision "
+                           "but none of its containers asks a gpupool GPU resource")
+        if self.verifier is None:
+            return OK
+        return self._signed(pod)
+
+    def trusted(self, pod: Pod) -> bool:
+        """``check(pod).ok`` (for counting what other pods hold)."""
+        return self.check(pod).ok
+
+    def _signed(self, pod: Pod) -> Verdict:
+        assert self.verifier is not None
+        signature = pod.signature
+        key = (claims_of(pod.uid, pod.namespace, pod.name, pod.annotations), signature)
+        with self._lock:
+            if key in self._verified:
+                return OK
+        try:
+            kid = self.verifier(pod.uid, pod.namespace, pod.name, pod.annotations, signature)
+        except KeyMaterialError as exc:
+            return Verdict(False, KEYS_UNAVAILABLE, str(exc), definite=False)
+        except SignatureError as exc:
+            return Verdict(False, _code(str(exc), signature), str(exc))
+        with self._lock:
+            if len(self._verified) >= MEMO_LIMIT:
+                self._verified.clear()
+            self._verified[key] = kid
+        return OK
+
+
+def _code(message: str, signature: str | None) -> str:
+    if not signature:
+        return UNSIGNED
+    return UNKNOWN_KEY if "is not one of gpupool's published" in message else BAD_SIGNATURE
