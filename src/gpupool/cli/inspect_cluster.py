@@ -32,7 +32,6 @@ from typing import Any
 from gpupool.contract import annotations as records
 from gpupool.contract import names, tenancy
 from gpupool.contract.devices import DeviceRecord, read_device
-from gpupool.contract.podspec_request import pod_request
 from gpupool.core.allocation import Allocation
 from gpupool.core.classes import ClassCatalog
 from gpupool.core.eligibility import Catalogue
@@ -42,6 +41,7 @@ from gpupool.core.quota import Charge, QuotaBook, amount_of_allocation
 from gpupool.core.state import ClusterState
 from gpupool.extender import inventory
 from gpupool.extender.pods import PodFacts, facts_of
+from gpupool.extender.podspec import is_gpupool_resource
 from gpupool.security.signing import KeyRing, SignatureError, claims_of
 
 VERIFIED, FORGED, UNCHECKED = "verified", "forged", "unchecked"
@@ -116,14 +116,19 @@ class LiveCluster:
     tenants: set[str] = field(default_factory=set)
     problems: list[str] = field(default_factory=list)
     signatures: Signatures = field(default_factory=lambda: Signatures(None, "not read"))
+    _by_gpu: dict[str, list[tuple[Holder, int, int, str]]] | None = None
 
     def holders_on(self, uuid: str) -> list[tuple[Holder, int, int, str]]:
-        """(holder, memory MiB, core %, container) of every slice of GPU ``uuid``."""
-        out = []
-        for h in self.holders.values():
-            out += [(h, s.memory_mib, s.core_pct, s.container)
-                    for s in h.allocation.slices if s.gpu_uuid == uuid]
-        return sorted(out, key=lambda t: (not t[0].counted, t[0].pod, t[3]))
+        """(holder, memory MiB, core %, container) of every slice of GPU ``uuid``, counted
+        holders first (indexed by GPU on first use: one pass over the holders)."""
+        if self._by_gpu is None:
+            self._by_gpu = {}
+            for h in self.holders.values():
+                for s in h.allocation.slices:
+                    self._by_gpu.setdefault(s.gpu_uuid, []).append(
+                        (h, s.memory_mib, s.core_pct, s.container))
+        return sorted(self._by_gpu.get(uuid, []),
+                      key=lambda t: (not t[0].counted, t[0].pod, t[3]))
 
 
 def build(nodes: Iterable[Any], devices: Iterable[Mapping[str, Any]], pods: Iterable[Any],
@@ -213,12 +218,13 @@ def _hold(live: LiveCluster, pods: list[Any]) -> None:
     for row in range(len(state.nodes)):  # reserve as if healthy (module docstring)
         for gpu in state.nodes[row].gpus:
             state.set_health(state.nodes[row].name, gpu.uuid, True)
-    for pod, f in facts:
-        if not f.terminal:
-            _hold_decision(live, pod, f)
-    for _, f in facts:
-        if f.node in state.index and not f.terminal and f.uid not in state.allocations:
-            _try_reserve(state, Allocation(f.uid, f.node, f.cpu_milli, f.memory_mib))
+    with state.deferred():  # thousands of holds: each touched row is refreshed once
+        for pod, f in facts:
+            if not f.terminal:
+                _hold_decision(live, pod, f)
+        for _, f in facts:
+            if f.node in state.index and not f.terminal and f.uid not in state.allocations:
+                _try_reserve(state, Allocation(f.uid, f.node, f.cpu_milli, f.memory_mib))
 
 
 def _hold_decision(live: LiveCluster, pod: Any, f: PodFacts) -> None:
@@ -250,11 +256,14 @@ def _hold_decision(live: LiveCluster, pod: Any, f: PodFacts) -> None:
 
 
 def _asks_gpu(pod: Any) -> bool:
-    """Whether the pod's containers ask a gpupool GPU resource (the contract's reading)."""
-    try:
-        return bool(pod_request(pod.to_dict()).gpus)
-    except InvalidInput:
-        return False
+    """Whether a container of the pod asks a gpupool GPU resource (by the extender's
+    resource-name test)."""
+    for c in (pod.spec.containers or []) if pod.spec is not None else []:
+        res = c.resources
+        amounts = {**(res.limits or {}), **(res.requests or {})} if res is not None else {}
+        if any(is_gpupool_resource(name) for name in amounts):
+            return True
+    return False
 
 
 def _try_reserve(state: ClusterState, alloc: Allocation) -> str:
