@@ -4,7 +4,8 @@ The world (``seed_world``): two nodes of two 40 GiB A100s; GPU #1 of gpu-b isola
 its node agent; gpupool's public decision key published; three placed team-a pods
 whose decisions the extender's key signed (train-1: gpu-a #0 8192 MiB 30 %; train-2:
 gpu-b #1 4096 MiB 20 %; train-3, of class a100: gpu-b #0 8192 MiB 10 %), one tenant-x
-pod whose decision on gpu-a #1 (the whole GPU) nobody signed, and two pending team-a
+pod whose decision on gpu-a #1 (the whole GPU) nobody signed, a team-b pod that asks
+no GPU resource yet carries a signed decision on gpu-a #0, and two pending team-a
 pods: one asking two whole GPUs (over its group's quota of 4 GPUs), one asking
 36864 MiB + 50 % of one GPU (fits only gpu-a #1 — if the forged decision counted, it
 would fit nowhere). Group team-a-pool holds both nodes with a quota of 4 GPUs and
@@ -108,6 +109,7 @@ def seed_world(fake: FakeApiServer) -> None:
           "gpu-b", 0, 8192, 10)
     place(fake, pod_obj("evil", "tenant-x", shared(40960, 100)), "gpu-a", 1, 40960, 100,
           signed=False)
+    place(fake, pod_obj("no-gpu", "team-b", {}), "gpu-a", 0, 1024, 5)  # signed, asks no GPU
     fake.seed("pods", pod_obj("waiting", "team-a", {names.RESOURCE_GPU: "2"}, conditions=[
         {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
          "message": f"0/2 nodes are available: 2 gpupool: {QUOTA_MESSAGE}."}]))
@@ -158,7 +160,10 @@ def test_nodes_show_allocation_holders_and_an_isolated_gpu(
     assert a0["corePct"] == {"allocated": 30, "total": 100}
     assert [(h["pod"], h["container"], h["memoryMiB"], h["corePct"], h["signature"],
              h["counted"]) for h in a0["holders"]] == [
-        ("team-a/train-1", "main", 8192, 30, "verified", True)]
+        ("team-a/train-1", "main", 8192, 30, "verified", True),
+        ("team-b/no-gpu", "main", 1024, 5, "verified", False)]
+    assert a0["holders"][1]["note"] == ("the pod asks no gpupool GPU resource, so its "
+                                        "decision can hold no GPU")
     b1 = gpus["gpu-b#1"]
     assert b1["isolation"] == {"state": "Isolated",
                                "reason": "team-a/train-2 used 9000 MiB of its 4096"}
@@ -204,14 +209,14 @@ def test_fragmentation_per_node_is_the_core_measure_against_the_builtin_workload
     frag = {n["name"]: n["fragmentation"] for n in report["nodes"]}
     # free share: gpu-a #0 = min(70 % core, 128 of 160 memory units) = 700, #1 = 1000 (the
     # forged decision does not count); gpu-b #0 = 800, #1 isolated = none
-    a = brute_fragmentation([700, 1000], 62000, BUILTIN_WORKLOAD)
+    a = brute_fragmentation([700, 1000], 61000, BUILTIN_WORKLOAD)
     b = brute_fragmentation([800, -1], 62000, BUILTIN_WORKLOAD)
     assert frag["gpu-a"] == {"milliGpu": round(a), "freeMilliGpu": 1700,
                              "percentOfFree": round(100 * a / 1700, 1)}
     assert frag["gpu-b"] == {"milliGpu": round(b), "freeMilliGpu": 800,
                              "percentOfFree": round(100 * b / 800, 1)}
     cpu = {n["name"]: n["cpuMilli"] for n in report["nodes"]}
-    assert cpu["gpu-a"] == {"allocated": 2000, "total": 64000}  # train-1, and evil's CPU
+    assert cpu["gpu-a"] == {"allocated": 3000, "total": 64000}  # train-1, evil's, no-gpu's
 
 
 def test_the_nodes_table_marks_forged_and_isolated(
