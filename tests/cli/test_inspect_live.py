@@ -390,3 +390,21 @@ def test_a_broken_kubeconfig_is_one_line_and_exit_2_in_a_process(
     assert proc.stdout == "" and "Traceback" not in proc.stderr
     [line] = proc.stderr.strip().splitlines()
     assert f"kubeconfig {broken}: not valid YAML (line 4, column 4" in line
+
+
+def test_without_published_keys_signatures_are_not_checked_and_decisions_count(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with FakeApiServer() as fake:
+        fake.seed("nodes", node_obj("gpu-a"))
+        fake.seed("gpudevices", gpu_obj("gpu-a", 0))
+        place(fake, pod_obj("old", "team-a", shared(2048, 10)), "gpu-a", 0, 2048, 10,
+              signed=False)
+        report = run_json(capsys, "nodes", "--kubeconfig",
+                          str(write_kubeconfig(tmp_path / "config", fake.url)))
+    assert report["signatures"] == {
+        "checked": False, "keys": [],
+        "problem": "ConfigMap gpupool-system/gpupool-decision-keys does not exist (gpupool "
+                   "publishes no decision keys in this cluster; see --gpupool-namespace)"}
+    [holder] = gpus_of(report)["gpu-a#0"]["holders"]
+    assert (holder["signature"], holder["counted"]) == ("unchecked", True)
+    assert gpus_of(report)["gpu-a#0"]["memoryMiB"]["allocated"] == 2048
