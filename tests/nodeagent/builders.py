@@ -75,3 +75,22 @@ def sign(ann: dict[str, str], pod_name: str, keys: SigningKeys = KEYS,
     """``ann`` with the signature the extender would give it for that pod."""
     claims = claims_of(uid or f"uid-{pod_name}", namespace, pod_name, ann)
     return {**ann, names.ANNOTATION_SIGNATURE: keys.active(1e12).sign(claims)}
+
+
+def fake_mps_control(directory: Path) -> Path:
+    """An executable ``nvidia-cuda-mps-control`` in ``directory`` that runs the FAKE one."""
+    import sys
+
+    exe = directory / "nvidia-cuda-mps-control"
+    script = Path(__file__).with_name("fake_mps_control.py")
+    exe.write_text(f"#!/bin/sh\nexec {sys.executable} {script} \"$@\"\n")
+    exe.chmod(0o755)
+    return exe
+
+
+def mps_state(log_dir: Path) -> dict[str, Any]:
+    """What the FAKE MPS control daemon holds (its ``fake-state.json``), {} before it ran."""
+    import json
+
+    path = log_dir / "fake-state.json"
+    return dict(json.loads(path.read_text())) if path.exists() else {}
