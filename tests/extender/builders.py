@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
 from gpupool_testing.fake_apiserver import FakeApiServer
 
+from gpupool.contract import annotations as records
+from gpupool.contract import names
+from gpupool.core.allocation import Allocation
 from gpupool.core.policies import DEFAULT_POLICY
 from gpupool.extender.cache import ClusterCache
 from gpupool.extender.feeds import Feeds, start_feeds
 from gpupool.extender.metrics import Metrics
 from gpupool.extender.service import Extender, Settings
+from gpupool.extender.signatures import DecisionCheck, DecisionKeys
 from gpupool.kube.api import KubeApi
+from gpupool.kube.keystore import ensure_signing_keys, read_signing_keys
+from gpupool.security.signing import SigningKeys, claims_of
 
 
 def now_rfc3339() -> str:
@@ -61,15 +69,47 @@ def seed_cluster(fake: FakeApiServer, nodes: int, gpus: int = 8, model: str = "A
     return names
 
 
+NAMESPACE = "gpupool-system"
+
+
+def local_keys() -> DecisionKeys:
+    """Decision keys held in memory (for caches built without an API server)."""
+    keys = SigningKeys().added(0.0)
+    return DecisionKeys(lambda: keys, time.time, keys=keys)
+
+
+def signed(keys: DecisionKeys, alloc: Allocation, namespace: str, name: str,
+           bind_time: str = "2026-01-01T00:00:00Z", phase: str = names.PHASE_ALLOCATING,
+           group: str | None = None) -> dict[str, str]:
+    """The annotations the extender writes for ``alloc`` (key: the pod uid), signed."""
+    notes = records.encode(alloc, bind_time, phase)
+    if group:
+        notes[names.ANNOTATION_RESOURCE_GROUP] = group
+    notes[names.ANNOTATION_SIGNATURE] = keys.sign(claims_of(alloc.key, namespace, name, notes))
+    return notes
+
+
+def decision_keys(api: KubeApi, clock: Callable[[], float] = time.time) -> DecisionKeys:
+    """The extender's signing keys on this API server, made on first use (as at start)."""
+    first = ensure_signing_keys(api, NAMESPACE, clock())
+    return DecisionKeys(lambda: read_signing_keys(api, NAMESPACE)[0], clock, keys=first)
+
+
 class Replica:
-    """One extender wired to the fake API server (its own client, cache and informers)."""
+    """One extender wired to the fake API server (its own client, keys, cache and
+    informers), as ``gpupool extender`` wires one."""
 
     def __init__(self, fake: FakeApiServer, policy: str = DEFAULT_POLICY, seed: int = 0,
-                 stale_after_s: float = 120.0):
+                 stale_after_s: float = 120.0, clock: Callable[[], float] = time.time,
+                 scheduler_name: str = "gpupool-scheduler"):
         self.api = KubeApi.connect(server=fake.url)
-        self.cache = ClusterCache(stale_after_s=stale_after_s)
+        self.keys = decision_keys(self.api, clock)
+        metrics = Metrics()
+        self.cache = ClusterCache(stale_after_s=stale_after_s, clock=clock,
+                                  decisions=DecisionCheck(self.keys, metrics.unverified))
         self.feeds: Feeds = start_feeds(self.api, self.cache, watch_timeout_s=2)
-        self.extender = Extender(self.cache, Settings(policy, seed=seed), Metrics(), self.api)
+        settings = Settings(policy, seed=seed, scheduler_name=scheduler_name)
+        self.extender = Extender(self.cache, settings, metrics, self.api, self.keys, clock)
 
     def close(self) -> None:
         self.feeds.stop(timeout_s=0.0)  # the watch threads end with their streams

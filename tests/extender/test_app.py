@@ -10,11 +10,10 @@ from gpupool_testing.fake_apiserver import FakeApiServer
 from starlette.testclient import TestClient
 from waiting import wait_for
 
-from gpupool.contract.annotations import encode
 from gpupool.core.allocation import Allocation, Slice
 from gpupool.extender.app import build_app
 
-from .builders import Replica, node_obj, pod_obj
+from .builders import Replica, node_obj, pod_obj, signed
 
 
 @pytest.fixture
@@ -80,9 +79,9 @@ def test_nodes_in_the_same_situation_give_one_reason_whatever_each_has_free(
         for j in range(2):  # both GPUs of the node partly used, each node differently
             uid = f"busy-{node}-{j}"
             busy = pod_obj(uid, {"gpupool.io/gpu-memory": str(used)})
-            busy["metadata"].update(uid=uid, annotations=encode(Allocation(
+            busy["metadata"].update(uid=uid, annotations=signed(replica.keys, Allocation(
                 uid, node, 0, 0, (Slice(f"GPU-{node}-{j}", j, used, 10, "c0"),)),
-                "2026-01-01T00:00:00Z"))
+                "default", uid))
             busy["spec"]["nodeName"] = node
             fake.seed("pods", busy)
     assert wait_for(lambda: len(replica.cache.state.allocations) == 6)

@@ -12,18 +12,20 @@ from typing import Any
 from lightkube.core.decoders import decode_object
 from lightkube.resources.core_v1 import Node
 
-from gpupool.contract import annotations as records
 from gpupool.contract import names
 from gpupool.core.allocation import Allocation, Slice
 from gpupool.extender.cache import ClusterCache
 from gpupool.extender.ledger import Entry
+from gpupool.extender.signatures import DecisionCheck
 from gpupool.kube.summaries import PodSummary
 
-from .builders import gpu_obj, node_obj, pod_obj
+from .builders import gpu_obj, local_keys, node_obj, pod_obj, signed
+
+KEYS = local_keys()
 
 
 def cache_with_node() -> ClusterCache:
-    cache = ClusterCache()
+    cache = ClusterCache(decisions=DecisionCheck(KEYS))
     cache.sync_nodes([Node.from_dict(node_obj("n0"))])
     cache.sync_devices([gpu_obj("n0", j) for j in range(2)])
     return cache
@@ -61,7 +63,7 @@ def summary(pod: dict[str, Any]) -> PodSummary:
 def bound_pod(phase: str) -> dict[str, Any]:
     pod = pod_obj("p", {"gpupool.io/gpu-memory": "4096"})
     pod["metadata"].update(uid="u1", resourceVersion="5",
-                           annotations=records.encode(alloc("u1", 1), "2026-01-01T00:00:00Z"))
+                           annotations=signed(KEYS, alloc("u1", 1), "default", "p"))
     pod["spec"]["nodeName"] = "n0"
     pod["status"]["phase"] = phase
     return pod
@@ -111,8 +113,8 @@ def test_queued_pod_events_apply_in_order_and_none_is_dropped_as_old_news() -> N
     cache = cache_with_node()
     cache.pod_event("MODIFIED", summary(bound_pod("Pending")))
     failed = bound_pod("Pending")
-    failed["metadata"]["annotations"] = records.encode(alloc("u1", 1), "2026-01-01T00:00:00Z",
-                                                       names.PHASE_FAILED)
+    failed["metadata"]["annotations"] = signed(KEYS, alloc("u1", 1), "default", "p",
+                                               phase=names.PHASE_FAILED)
     with LockHolder(cache):
         cache.pod_event("MODIFIED", summary(failed))  # queued: the decision failed
         cache.pod_event("MODIFIED", summary(bound_pod("Pending")))  # equals the cache's

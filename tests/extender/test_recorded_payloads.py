@@ -61,7 +61,7 @@ def cluster(fake: FakeApiServer) -> Iterator[tuple[Replica, TestClient]]:
         fake.seed("nodes", node_obj(name, cpu="8", memory="32Gi"))
         for j in range(gpus):
             fake.seed("gpudevices", gpu_obj(name, j, "fake-a100", 16 * GIB))
-    replica = Replica(fake)
+    replica = Replica(fake, scheduler_name="default-scheduler")  # the recorded profile's
     with TestClient(build_app(replica.extender)) as client:
         yield replica, client
     replica.close()

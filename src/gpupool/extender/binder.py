@@ -1,19 +1,34 @@
 """Bind: re-decide on the chosen node, win the node's GPULedger compare-and-swap, then
-create the Binding that carries the decision annotations; roll back on any failure.
+create the Binding that carries the signed decision; roll back on any failure.
 
-1. Under the cache lock: drop the pod's previous tentative hold, decide among the
-   one node against the freshest state, hold the allocation (source ``bind``).
+The caller (``service.Extender``) has checked the pod as the API server has it (it
+exists, is pending and unbound, names gpupool's scheduler, has the UID asked) and made
+``request`` from it.
+
+1. Under the cache lock: let go of whatever the pod held before its Binding (a bind of
+   an earlier attempt, its leftover ledger entries: ``Commitments.readopt``), decide
+   among the one node against the freshest state, hold the allocation (``bind``).
 2. Check the ledger's entries at the version read plus the new allocation fit the
-   node's GPUs, and write the entry with that resourceVersion as a precondition; a
-   conflict takes in the fresh ledger and decides again (``attempts`` times).
-3. One Binding whose annotations are the decision (the API server copies them onto
-   the pod in the same write). If it fails, the ledger entry and the holds go.
+   node's GPUs, and write the entry with that resourceVersion as a precondition (it
+   replaces the pod's own older entry there); a conflict takes in the fresh ledger and
+   decides again (``attempts`` times).
+3. Sign the decision (``DecisionKeys``) and create one Binding whose annotations are
+   the decision and its signature (the API server copies them onto the pod in the same
+   write). No Binding is sent once ``BIND_DEADLINE_S`` has passed since the bind began
+   (an entry older than that, of a pod still pending, is known to be abandoned:
+   ``commitments``). If the Binding fails, the ledger entry and the holds go; if it
+   succeeds, entries the pod left on other nodes in earlier attempts are removed.
+
+A crash at any step leaves at most a ledger entry of a pending pod: its next bind
+re-uses or replaces it, and it stops holding anything ``PENDING_GRACE_S`` after its
+bind time (docs/design/extender.md, "Crash-consistent binds").
 """
 
 from __future__ import annotations
 
 import logging
 import random
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -32,10 +47,14 @@ from gpupool.extender.ledger import Entry, FitCheck, Ledgers, View
 from gpupool.extender.metrics import Metrics
 from gpupool.extender.protocol import BindingArgs
 from gpupool.extender.refusals import UNKNOWN_NODE
+from gpupool.extender.signatures import DecisionCheck, DecisionKeys
 from gpupool.kube.api import KubeApi
 from gpupool.kube.errors import Conflict, KubeError
+from gpupool.security.signing import claims_of
 
 log = logging.getLogger(__name__)
+
+BIND_DEADLINE_S = 20.0  # no Binding is sent later than this after the bind began
 
 Step = tuple[Allocation, str | None, View, list[str], Any]
 
@@ -44,7 +63,7 @@ class Binder:
     """Binds pods for one extender; thread-safe (state through the cache lock)."""
 
     def __init__(self, cache: ClusterCache, kube: KubeApi, metrics: Metrics, attempts: int,
-                 clock: Callable[[], float]):
+                 clock: Callable[[], float], keys: DecisionKeys):
         self.cache = cache
         self.kube = kube
         self.ledgers = Ledgers(kube)
@@ -52,18 +71,22 @@ class Binder:
         self.metrics = metrics
         self.attempts = attempts
         self.clock = clock
+        self.keys = keys
+        self.deadline_s = BIND_DEADLINE_S
 
     def bind(self, args: BindingArgs, request: PodRequest, placer: Placer,
              rng: random.Random) -> str:
         """'' when bound, else why not (the scheduler shows it and retries)."""
+        began = time.monotonic()
         stamp = self.now()  # one bind time, in the ledger entry and on the pod alike
         placed = self._commit(args, request, placer, rng, stamp)
         if isinstance(placed, str):
             return placed
-        alloc, group = placed
-        notes = records.encode(alloc, stamp, names.PHASE_ALLOCATING)
-        if group:
-            notes[names.ANNOTATION_RESOURCE_GROUP] = group
+        notes = self._signed(args, *placed, stamp)
+        if time.monotonic() - began > self.deadline_s:
+            self._roll_back(args.node, request.key)
+            return (f"binding {args.namespace}/{args.name} to {args.node} took longer than "
+                    f"{self.deadline_s:.0f}s (the API server is slow); the scheduler will retry")
         try:
             self.kube.bind_pod(args.namespace, args.name, args.uid, args.node, notes)
         except KubeError as exc:
@@ -71,7 +94,30 @@ class Binder:
             return f"binding {args.namespace}/{args.name} to {args.node} failed: {exc}"
         with self.cache.lock:
             self.cache.unhold(request.key, "bind")
+        self._remove_superseded(args.node, request.key)
         return ""
+
+    def _signed(self, args: BindingArgs, alloc: Allocation, group: str | None,
+                stamp: str) -> dict[str, str]:
+        """The decision's annotations with their signature (remembered as valid, so that
+        this replica's watch need not verify its own signature again)."""
+        notes = records.encode(alloc, stamp, names.PHASE_ALLOCATING)
+        if group:
+            notes[names.ANNOTATION_RESOURCE_GROUP] = group
+        claims = claims_of(args.uid, args.namespace, args.name, notes)
+        notes[names.ANNOTATION_SIGNATURE] = signature = self.keys.sign(claims)
+        check: DecisionCheck = self.cache.decisions
+        check.vouch(claims, signature)
+        return notes
+
+    def _remove_superseded(self, node: str, key: str) -> None:
+        """Entries of earlier attempts of this pod on other nodes (a crash between a ledger
+        write and its Binding): the pod is bound now, so they hold nothing."""
+        for other in sorted(self.cache.entry_nodes_of(key) - {node}):
+            try:
+                self.ledgers.remove(other, key)
+            except KubeError as exc:  # stale anyway: the next writer of that ledger prunes it
+                log.warning("removing %s from the GPU ledger of %s: %s", key, other, exc)
 
     def _commit(self, args: BindingArgs, request: PodRequest, placer: Placer,
                 rng: random.Random, stamp: str) -> tuple[Allocation, str | None] | str:
@@ -104,7 +150,7 @@ class Binder:
                    rng: random.Random) -> Step | str:
         with self.cache.lock:
             self.cache.flush()
-            self.cache.unhold(request.key, "bind")
+            self.cache.readopt(request.key)
             state = self.cache.state
             i = state.index.get(args.node)
             if i is None:
@@ -131,7 +177,7 @@ class Binder:
         if node is not None:
             try:
                 self.ledgers.remove(node, key)
-            except KubeError as exc:  # the entry expires with the pod (ledger grace)
+            except KubeError as exc:  # stale once the pending grace has passed
                 log.warning("removing %s from the GPU ledger of %s: %s", key, node, exc)
         with self.cache.lock:
             self.cache.unhold(key, "bind")

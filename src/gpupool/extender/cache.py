@@ -6,11 +6,14 @@ handler and every decision takes ``lock``. It keeps
 * the layout: v1 Nodes + their GPUDevices -> core ``Node``s (nodes without any
   GPUDevice are not in the state: nothing gpupool manages can go there);
 * holdings, keyed by pod UID, each with the *sources* that justify it:
-  ``pod`` (a bound pod's decision annotation), ``load`` (a bound pod's CPU and
-  memory without a gpupool decision), ``ledger`` (an entry in a node's
-  GPULedger, possibly written by another replica) and ``bind`` (this replica's
-  bind in flight). A key is released when its last source goes, and at once
-  when its pod is deleted or finishes;
+  ``pod`` (a bound pod's decision annotation, counted only when ``decisions`` vouches
+  for it or it is the pod's own GPULedger entry), ``load`` (a bound pod's CPU and
+  memory without a counted decision), ``ledger`` (an entry in a node's GPULedger,
+  possibly written by another replica; ``commitments`` says when one goes stale) and
+  ``bind`` (this replica's bind in flight). A key is released when its last source
+  goes, and at once when its pod is deleted or finishes;
+* the informer's copy of every pending, unbound pod (``unbound``): what bind decides
+  from, never a request body;
 * the catalogue: resource classes, groups and their quotas (charged per key).
 
 Layout changes arrive from watches at any rate; they are applied lazily
@@ -27,66 +30,72 @@ GPU health follows GPUDevice status and the heartbeat age (``sweep``).
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from gpupool.contract import names
 from gpupool.contract.devices import DeviceRecord, read_device
+from gpupool.core.allocation import Allocation
 from gpupool.core.eligibility import Catalogue
 from gpupool.core.errors import InvalidInput, UnknownName
 from gpupool.core.model import Node
-from gpupool.core.quota import Charge, amount_of_allocation
 from gpupool.core.state import ClusterState
 from gpupool.extender import inventory, ledger
-from gpupool.extender.holdings import Holdings
+from gpupool.extender.commitments import PENDING_GRACE_S, Commitments
 from gpupool.extender.inventory import NodeFacts
 from gpupool.extender.pods import PodFacts, facts_of
+from gpupool.extender.signatures import DecisionCheck
 
 log = logging.getLogger(__name__)
 
 RELAYOUT_ALL_AT = 16  # this many dirty nodes: rebuild the whole state at once
-MEMO_LIMIT = 500_000  # decoded ledger entries kept for reuse
 
 
-class ClusterCache(Holdings):
+class ClusterCache(Commitments):
     """Nodes, GPUs, pods, ledgers and the catalogue, under one lock."""
 
     def __init__(self, memory_unit_mib: int = 256, stale_after_s: float = 120.0,
-                 ledger_grace_s: float = 300.0, clock: Callable[[], float] = time.time):
-        self.lock = threading.RLock()
-        self.clock = clock
+                 ledger_grace_s: float = 300.0, clock: Callable[[], float] = time.time,
+                 decisions: DecisionCheck | None = None,
+                 pending_grace_s: float = PENDING_GRACE_S):
+        super().__init__(ClusterState([], memory_unit_mib), Catalogue(), clock, ledger_grace_s,
+                         pending_grace_s)
         self.stale_after_s = stale_after_s
-        self.ledger_grace_s = ledger_grace_s
-        super().__init__(ClusterState([], memory_unit_mib), Catalogue())
+        self.decisions = decisions or DecisionCheck(None)
         self.catalogue_version = 0
         self.nodes: dict[str, NodeFacts] = {}
         self.devices: dict[str, DeviceRecord] = {}
-        self.pods: dict[str, PodFacts] = {}
+        self.unbound: dict[str, Any] = {}  # uid -> the informer's copy of a pending pod
         self.pods_on: dict[str, set[str]] = {}
         self.pending: deque[tuple[str, PodFacts]] = deque()  # pod events not applied yet
-        self.ledgers: dict[str, ledger.View] = {}
         self.dirty: set[str] = set()
-        self.synced: set[str] = set()
-        self.entry_memo: dict[tuple[str, str], ledger.Entry] = {}
         self.freshness: dict[str, bool] = {}  # GPUDevice -> freshness the last sweep applied
 
     # -- pods -----------------------------------------------------------------------------------
     def sync_pods(self, pods: Iterable[Any]) -> None:
         with self.lock:
             self._apply_pending()  # events of an earlier watch: older than this listing
-            facts = [facts_of(p) for p in pods]
+            listed = list(pods)
+            facts = [facts_of(p, self._counts) for p in listed]
             seen = {f.uid for f in facts}
             with self.state.deferred():  # tens of thousands of holds: rows refresh once
                 for uid in [u for u in self.pods if u not in seen]:
                     self._forget_pod(uid)
+                gone = self.reconcile_listing(seen)
+                self.unbound = {f.uid: p for f, p in zip(facts, listed, strict=True)
+                                if not f.node and not f.terminal}
                 for f in facts:
                     self._apply_pod(f)
+            if gone:
+                log.info("released the GPU ledger entries of %d pods that are gone", len(gone))
             self.synced.add("pods")
 
     def pod_event(self, kind: str, pod: Any) -> None:
-        f = facts_of(pod)  # pure: outside the lock the next decision waits for
+        f = facts_of(pod, self._counts)  # pure: outside the lock the next decision waits for
+        if kind != "DELETED" and not f.node and not f.terminal:
+            self.unbound[f.uid] = pod  # bind reads the pod as the API server has it
         if kind != "DELETED" and not self.pending and self.pods.get(f.uid) == f:
             return  # nothing the cache keeps changed (e.g. a status update by the kubelet)
         self.pending.append((kind, f))
@@ -105,7 +114,21 @@ class ClusterCache(Holdings):
             else:
                 self._apply_pod(f)
 
+    def _counts(self, uid: str, namespace: str, name: str, notes: Mapping[str, str],
+                decision: Allocation, asks_gpu: bool) -> bool:
+        """Whether a pod's recorded decision may hold GPUs (``pods.DecisionFilter``): it
+        must be vouched for by its signature, or be the very entry the extender wrote for
+        this pod in the node's GPULedger (read without the lock: views are immutable)."""
+        view = self.ledgers.get(decision.node)
+        entry = view.entries.get(uid) if view is not None else None
+        vouched = entry is not None and entry.allocation == decision and \
+            entry.pod == f"{namespace}/{name}" and \
+            entry.bind_time == notes.get(names.ANNOTATION_BIND_TIME) and \
+            (entry.group or "") == (notes.get(names.ANNOTATION_RESOURCE_GROUP) or "")
+        return self.decisions.counts(uid, namespace, name, notes, asks_gpu, vouched)
+
     def _forget_pod(self, uid: str) -> None:
+        self.unbound.pop(uid, None)
         f = self.pods.pop(uid, None)
         if f is not None and f.node:
             self.pods_on.get(f.node, set()).discard(uid)
@@ -119,6 +142,7 @@ class ClusterCache(Holdings):
         self.pods[f.uid] = f
         if not f.node:
             return
+        self.unbound.pop(f.uid, None)
         self.pods_on.setdefault(f.node, set()).add(f.uid)
         if old is not None and old.decision is not None and f.decision != old.decision:
             self.unhold(f.uid, "pod")
@@ -197,7 +221,7 @@ class ClusterCache(Holdings):
 
     def sweep(self) -> None:
         """Mark GPUs whose heartbeat went stale unhealthy (and fresh ones healthy again);
-        release ledger-only holdings of unknown pods past the grace period."""
+        release the holds of ledger entries that turned stale (``commitments``)."""
         with self.lock:
             self._apply_pending()  # a pod deleted meanwhile releases its entries
             now = self.clock()
@@ -206,10 +230,7 @@ class ClusterCache(Holdings):
                 if self.freshness.get(dev.name) != fresh:
                     self._refresh_health(dev)
                     self.freshness[dev.name] = fresh
-            for view in self.ledgers.values():
-                for uid, entry in view.entries.items():
-                    if self._stale_entry(uid, entry, now):
-                        self.unhold(uid, "ledger")
+            self.release_stale_entries()
 
     # -- layout ------------------------------------------------------------------------------------
     def flush(self) -> None:
@@ -282,78 +303,6 @@ class ClusterCache(Holdings):
             self.state.add_nodes([node])
         pods = [self.pods[u] for u in self.pods_on.get(name, ()) if u in self.pods]
         self._hold_all(pods, [v for v in [self.ledgers.get(name)] if v is not None])
-
-    # -- ledgers --------------------------------------------------------------------------------
-    def sync_ledgers(self, objs: Iterable[dict[str, Any]]) -> None:
-        with self.lock:
-            views = [ledger.view_of(o, self.entry_memo) for o in objs]
-            gone = set(self.ledgers) - {v.node for v in views}
-            for node in gone:
-                self.ledger_update(ledger.View(node))
-            for view in views:
-                self.ledger_update(view)
-            self.synced.add("ledgers")
-
-    def ledger_event(self, kind: str, obj: dict[str, Any]) -> None:
-        if kind != "DELETED" and self._holds_version(obj):
-            return  # typically this replica's own write, taken in when its bind wrote it
-        if len(self.entry_memo) > MEMO_LIMIT:
-            self.entry_memo = {}
-        view = ledger.view_of(obj, self.entry_memo)
-        with self.lock:
-            self.ledger_update(ledger.View(view.node) if kind == "DELETED" else view)
-
-    def ledger_update(self, view: ledger.View) -> None:
-        """Take in a ledger as read (watch, bind, or conflict); stale versions are ignored."""
-        with self.lock:
-            old = self.ledgers.get(view.node)
-            if old is not None and view.resource_version and old.resource_version and int(
-                    view.resource_version) <= int(old.resource_version):
-                return  # a version taken in already (the watch and the bind both bring it)
-            self.ledgers[view.node] = view
-            for uid in set(old.entries if old else ()) - set(view.entries):
-                self.unhold(uid, "ledger")
-            if view.node in self.state.index:
-                self._hold_ledger(view)
-
-    def _holds_version(self, obj: dict[str, Any]) -> bool:
-        """Whether the ledger ``obj`` is at a version this cache already took in (or an
-        older one): nothing to decode. Read without the lock: a ``View`` is immutable and
-        the versions of one ledger only grow."""
-        meta, spec = obj.get("metadata"), obj.get("spec")
-        if not isinstance(meta, dict) or not isinstance(spec, dict):
-            return False
-        rv = meta.get("resourceVersion")
-        held = self.ledgers.get(str(spec.get("node") or meta.get("name") or ""))
-        if held is None or not isinstance(rv, str) or not rv.isdigit():
-            return False
-        return (held.resource_version or "").isdigit() and int(rv) <= int(
-            held.resource_version or "")
-
-    def _hold_ledger(self, view: ledger.View) -> None:
-        now = self.clock()
-        for uid, entry in view.entries.items():
-            if not self._stale_entry(uid, entry, now):
-                self.hold(entry.allocation, "ledger", self._entry_charge(entry))
-
-    def _entry_charge(self, entry: ledger.Entry) -> Charge:
-        return Charge(amount_of_allocation(entry.allocation), entry.tenant, entry.gpu_class,
-                      entry.group)
-
-    def _stale_entry(self, uid: str, entry: ledger.Entry, now: float) -> bool:
-        """An entry that holds nothing any more: its pod is gone, or unknown for too long."""
-        if uid in self.finished:
-            return True
-        if uid in self.pods:
-            pod = self.pods[uid]
-            return bool(pod.node) and pod.node != entry.allocation.node
-        bound = entry.bind_s
-        return bound is not None and now - bound > self.ledger_grace_s and "pods" in self.synced
-
-    def prunable(self, view: ledger.View) -> list[str]:
-        """Entries of ``view`` a writer may drop (under ``lock``)."""
-        now = self.clock()
-        return [u for u, e in view.entries.items() if self._stale_entry(u, e, now)]
 
     # -- catalogue -----------------------------------------------------------------------------
     def sync_classes(self, objs: Iterable[dict[str, Any]]) -> None:

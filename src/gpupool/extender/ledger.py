@@ -236,6 +236,15 @@ class Ledgers:
         return advanced(view, changes, self.api.patch_ledger(view.node, patch,
                                                              view.resource_version))
 
+    def prune(self, view: View, uids: Iterable[str]) -> View:
+        """Drop ``uids`` if the ledger is still at ``view``'s version (``Conflict`` when it
+        moved on: the next reconciliation looks again)."""
+        changes: dict[str, Any] = {u: None for u in uids if u in view.entries}
+        if not changes or view.resource_version is None:
+            return view
+        return advanced(view, changes, self.api.patch_ledger(
+            view.node, {"spec": {"entries": changes}}, view.resource_version))
+
     def remove(self, node: str, uid: str) -> None:
         """Drop ``uid``'s entry (no precondition: the key is the pod's own)."""
         try:

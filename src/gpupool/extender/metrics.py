@@ -8,7 +8,8 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0
 
 
 class Metrics:
-    """Request latency per verb, decisions, failures by reason, GPUs allocated."""
+    """Request latency per verb, decisions, failures by reason, GPUs allocated, decisions
+    not counted."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -28,3 +29,14 @@ class Metrics:
                                     "Allocated GPU share in whole GPUs (milli-GPU / 1000)",
                                     registry=self.registry)
         self.gpus_total = Gauge("gpupool_gpus", "GPUs the extender knows", registry=self.registry)
+        self.unverified = Counter("gpupool_extender_unverified_decisions_total",
+                                  "Pods whose recorded decision is not counted (once per pod), "
+                                  "by reason: unsigned, invalid, unknown-key, not-a-gpu-pod",
+                                  ["reason"], registry=self.registry)
+        self.refused_bodies = Counter("gpupool_extender_refused_requests_total",
+                                      "Calls refused unread: body over its limit or the budget",
+                                      ["verb"], registry=self.registry)
+        self.closed = Counter("gpupool_extender_connections_closed_total",
+                              "Connections the extender closed, by reason: client-certificate, "
+                              "idle, slow-request, header-too-large", ["reason"],
+                              registry=self.registry)

@@ -4,12 +4,15 @@ A pod holds resources on its node from the moment it is bound until it is
 deleted or reaches ``Succeeded``/``Failed``: its CPU and memory requests (so
 the core sees what is left of the node), and — when gpupool placed it — the
 GPU slices its ``gpupool.io/allocation`` annotation records. A decision whose
-phase the node agent set to ``failed`` holds nothing.
+phase the node agent set to ``failed`` holds nothing, and neither does one the
+cache's ``DecisionFilter`` does not vouch for (unsigned, forged, copied, edited, or on
+a pod that asks no gpupool GPU resource): such a pod holds its CPU and memory only.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -24,6 +27,16 @@ from gpupool.core.quota import Charge, amount_of_allocation
 log = logging.getLogger(__name__)
 
 TERMINAL_PHASES = names.POD_TERMINAL_PHASES
+GPU_RESOURCES = frozenset({names.RESOURCE_GPU, names.RESOURCE_MEMORY, names.RESOURCE_CORE})
+
+DecisionFilter = Callable[[str, str, str, Mapping[str, str], Allocation, bool], bool]
+"""(uid, namespace, name, annotations, decision, asks a GPU) -> may the decision count?"""
+
+
+def no_decisions(uid: str, namespace: str, name: str, notes: Mapping[str, str],
+                 decision: Allocation, asks_gpu: bool) -> bool:
+    """The filter of a reader without keys: no recorded decision counts."""
+    return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +51,7 @@ class PodFacts:
     decision: Allocation | None
     gpu_class: str | None
     group: str | None
+    asks_gpu: bool = False
 
     def held(self) -> Allocation:
         """What the pod holds on its node (its decision, or just CPU and memory)."""
@@ -52,16 +66,20 @@ class PodFacts:
                       self.group)
 
 
-def facts_of(pod: Any) -> PodFacts:
+def facts_of(pod: Any, counts: DecisionFilter = no_decisions) -> PodFacts:
+    """What the cache keeps of ``pod``; its decision only if ``counts`` vouches for it."""
     meta, spec, status = pod.metadata, pod.spec, pod.status
     uid = meta.uid or f"{meta.namespace}/{meta.name}"
+    ns, name = meta.namespace or "default", meta.name or ""
     notes = meta.annotations or {}
     node = (spec.nodeName if spec is not None else None) or ""
-    cpu, mem, gpu_class = _load(spec)
+    cpu, mem, gpu_class, asks_gpu = _load(spec)
     phase = status.phase if status is not None else None
-    return PodFacts(uid, meta.namespace or "default", meta.name or "", node,
-                    phase in TERMINAL_PHASES, cpu, mem, _decision(uid, notes, node),
-                    gpu_class, records.group_of(notes, meta.labels))
+    decision = _decision(uid, notes, node)
+    if decision is not None and not counts(uid, ns, name, notes, decision, asks_gpu):
+        decision = None
+    return PodFacts(uid, ns, name, node, phase in TERMINAL_PHASES, cpu, mem, decision,
+                    gpu_class, records.group_of(notes, meta.labels), asks_gpu)
 
 
 def _decision(uid: str, notes: dict[str, str], node: str) -> Allocation | None:
@@ -72,19 +90,25 @@ def _decision(uid: str, notes: dict[str, str], node: str) -> Allocation | None:
         return None
 
 
-def _load(spec: Any) -> tuple[int, int, str | None]:
-    """(CPU milli, memory MiB, class) the pod requests: containers summed, init max."""
+def _load(spec: Any) -> tuple[int, int, str | None, bool]:
+    """(CPU milli, memory MiB, class, asks a gpupool GPU resource) of the pod's requests:
+    containers summed, init max; any container or init container asking ``gpupool.io/gpu``,
+    ``gpu-memory``, ``gpu-core`` or a class makes it a GPU pod (as kube-scheduler decides
+    which pods reach the extender)."""
     if spec is None:
-        return 0, 0, None
+        return 0, 0, None, False
     cpu = mem = 0
     gpu_class = None
+    asks = False
     for c in spec.containers or ():
-        c_cpu, c_mem, c_class = _container(c)
+        c_cpu, c_mem, c_class, c_asks = _container(c)
         cpu, mem, gpu_class = cpu + c_cpu, mem + c_mem, gpu_class or c_class
+        asks = asks or c_asks
     for c in spec.initContainers or ():
-        c_cpu, c_mem, _ = _container(c)
+        c_cpu, c_mem, _, c_asks = _container(c)
         cpu, mem = max(cpu, c_cpu), max(mem, c_mem)
-    return cpu, mem, gpu_class
+        asks = asks or c_asks
+    return cpu, mem, gpu_class, asks
 
 
 @lru_cache(maxsize=4096)
@@ -97,18 +121,17 @@ def _mib(text: Any) -> int:
     return to_mib(text)
 
 
-def _container(c: Any) -> tuple[int, int, str | None]:
+def _container(c: Any) -> tuple[int, int, str | None, bool]:
     res = c.resources
     if res is None:
-        return 0, 0, None
+        return 0, 0, None, False
     amounts = {**(res.limits or {}), **(res.requests or {})}  # requests win, as in the scheduler
-    gpu_class = None
-    if len(amounts) > 2:  # beyond cpu and memory: maybe a class resource
-        gpu_class = next((k[len(names.CLASS_RESOURCE_PREFIX):] for k in amounts
-                          if k.startswith(names.CLASS_RESOURCE_PREFIX)), None)
+    gpu_class = next((k[len(names.CLASS_RESOURCE_PREFIX):] for k in amounts
+                      if k.startswith(names.CLASS_RESOURCE_PREFIX)), None)
+    asks = gpu_class is not None or not GPU_RESOURCES.isdisjoint(amounts)
     try:
         cpu = _milli(amounts["cpu"]) if "cpu" in amounts else 0  # few distinct strings
         mem = _mib(amounts["memory"]) if "memory" in amounts else 0
     except QuantityError:
-        return 0, 0, gpu_class
-    return cpu, mem, gpu_class
+        return 0, 0, gpu_class, asks
+    return cpu, mem, gpu_class, asks

@@ -8,9 +8,11 @@
 * prioritize: the policy's scores of the sent nodes, scaled to 0..10; only
   hosts with a score above 0 are listed (the scheduler adds nothing for a
   host it does not find, which is what 0 means).
-* bind: ``binder.Binder`` — ``Placer.decide`` among the one node against the
-  freshest state, a compare-and-swap on the node's GPULedger, then one Binding
-  that also carries the decision annotations (docs/design/extender.md).
+* bind: ``gate.bindable_request`` — the pod as the API server has it must exist, be
+  pending, unbound, of gpupool's scheduler and of the UID asked, and its request is made
+  from it — then ``binder.Binder``: ``Placer.decide`` among the one node against the
+  freshest state, a compare-and-swap on the node's GPULedger, then one Binding that also
+  carries the signed decision annotations (docs/design/extender.md).
 * preempt: keeps the nodes where the proposed victims free enough GPU.
 
 Filter and prioritize read request bodies as bytes (``filter_json``,
@@ -18,15 +20,23 @@ Filter and prioritize read request bodies as bytes (``filter_json``,
 Python string per node, see ``nodenames``); ``filter`` and ``prioritize`` take
 decoded JSON for callers that hold it. Bind and preempt take decoded JSON. Bad
 input comes back as an ``Error``, never as an exception.
+
+What a request body says is used only for that call's answer: translations are
+remembered by a digest of the pod's JSON as sent, and prioritize reuses filter's
+candidates only for an equal request on an unchanged state, so no body can change
+what a later call decides for another pod. A pending pod's own leftover hold (a
+ledger entry of an earlier bind that never completed) is set aside while its filter
+and prioritize look at the state (``Commitments.without``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import random
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,10 +54,12 @@ from gpupool.core.state import ClusterState, IntArray
 from gpupool.extender import protocol
 from gpupool.extender.binder import Binder
 from gpupool.extender.cache import ClusterCache
+from gpupool.extender.gate import DEFAULT_SCHEDULER, bindable_request
 from gpupool.extender.metrics import Metrics
 from gpupool.extender.nodenames import MAX_SCORE, Matched, NameTable
-from gpupool.extender.podspec import pod_id, pod_request
+from gpupool.extender.podspec import pod_request
 from gpupool.extender.refusals import Refusals
+from gpupool.extender.signatures import DecisionKeys
 from gpupool.extender.workload import BUILTIN_WORKLOAD, observed_workload
 from gpupool.kube.api import KubeApi
 
@@ -65,6 +77,7 @@ class Settings:
     weights: dict[str, float] = field(default_factory=dict)
     bind_attempts: int = 5
     seed: int = 0
+    scheduler_name: str = DEFAULT_SCHEDULER  # bind acts only on pods naming it
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +85,7 @@ class Cycle:
     """What filter worked out for one pod, reused by prioritize while ``stamp`` holds
     (kube-scheduler's CycleState, kept apart from the long-lived cache)."""
 
-    key: str
+    request: PodRequest
     stamp: tuple[object, ...]
     constraints: Constraints
     candidates: Candidates
@@ -82,18 +95,21 @@ class Extender:
     """The extender's decisions; thread-safe (the cache lock serialises state access)."""
 
     def __init__(self, cache: ClusterCache, settings: Settings, metrics: Metrics,
-                 kube: KubeApi | None = None, clock: Callable[[], float] = time.time):
+                 kube: KubeApi | None = None, keys: DecisionKeys | None = None,
+                 clock: Callable[[], float] = time.time):
         self.cache = cache
         self.settings = settings
         self.metrics = metrics
         self.kube = kube
-        self.binder = Binder(cache, kube, metrics, settings.bind_attempts, clock) \
-            if kube is not None else None
+        if kube is not None and keys is None:
+            raise ValueError("an extender that binds needs its decision signing keys")
+        self.binder = Binder(cache, kube, metrics, settings.bind_attempts, clock, keys) \
+            if kube is not None and keys is not None else None
         self.refusals = Refusals(metrics)
         self.rng = random.Random(settings.seed)
         self.requests: OrderedDict[str, PodRequest] = OrderedDict()
         self.cycles: OrderedDict[str, Cycle] = OrderedDict()
-        self.translated: OrderedDict[tuple[str, str], PodRequest] = OrderedDict()
+        self.translated: OrderedDict[bytes, PodRequest] = OrderedDict()
         self._names_of: dict[str, int] | None = None  # the state.index _names is of
         self._names = NameTable([], {})
         self.workload_note = "built-in"
@@ -148,41 +164,47 @@ class Extender:
 
     def _filter(self, args: protocol.ExtenderArgs) -> bytes:
         try:
-            request = self._request(args.pod)
+            request = self._request(args.pod, args.pod_json)
         except GpupoolError as exc:
             return protocol.encode(self._filter_error(exc))
         with self.cache.lock:
             self.cache.flush()
-            state = self.cache.state
-            table = self._table(state)
+            table = self._table(self.cache.state)
             try:
                 sent = _sent(table, args)
             except InvalidInput as exc:
                 return protocol.encode(self._filter_error(exc))
-            idx = sent.rows
             if not request.gpus:
                 return protocol.filter_answer(args, args.names_json, None)
-            constraints = constraints_for(state, request, self.cache.catalogue)
-            cands = self.placer.candidates(state, request, constraints)
-            if sent.all_known:
-                ok = cands.mask[idx]
-            else:
-                ok = np.zeros(len(idx), np.bool_)
-                ok[idx >= 0] = cands.mask[idx[idx >= 0]]
-            failed = unresolvable = protocol.NO_NODES
-            passing: IntArray | None = None
-            if ok.all():
-                names_json = args.names_json  # every sent node passed: echo the list
-            else:
-                failed, unresolvable = self.refusals.of(
-                    state, request, constraints, self.cache.catalogue_version, sent.names, idx,
-                    ok)
-                passing = np.flatnonzero(ok)
-                names_json = b""  # a NodeList is answered with its node objects
-                if args.cache_capable:
-                    names_json = table.names_json(idx[passing])
-                    table.remember(names_json, idx[passing])  # what prioritize is sent next
-            self._remember(Cycle(request.key, self._stamp(state), constraints, cands))
+            with self.cache.without(request.key):
+                return self._filtered(args, request, table, sent)
+
+    def _filtered(self, args: protocol.ExtenderArgs, request: PodRequest, table: NameTable,
+                  sent: Matched) -> bytes:
+        """Filter's answer on the current state (under the cache lock)."""
+        state = self.cache.state
+        idx = sent.rows
+        constraints = constraints_for(state, request, self.cache.catalogue)
+        cands = self.placer.candidates(state, request, constraints)
+        if sent.all_known:
+            ok = cands.mask[idx]
+        else:
+            ok = np.zeros(len(idx), np.bool_)
+            ok[idx >= 0] = cands.mask[idx[idx >= 0]]
+        failed = unresolvable = protocol.NO_NODES
+        passing: IntArray | None = None
+        if ok.all():
+            names_json = args.names_json  # every sent node passed: echo the list
+        else:
+            failed, unresolvable = self.refusals.of(
+                state, request, constraints, self.cache.catalogue_version, sent.names, idx,
+                ok)
+            passing = np.flatnonzero(ok)
+            names_json = b""  # a NodeList is answered with its node objects
+            if args.cache_capable:
+                names_json = table.names_json(idx[passing])
+                table.remember(names_json, idx[passing])  # what prioritize is sent next
+        self._remember(Cycle(request, self._stamp(state), constraints, cands))
         self.metrics.decisions.labels(
             "filter", "fits" if passing is None or passing.size else "unschedulable").inc()
         return protocol.filter_answer(args, names_json, passing, failed, unresolvable)
@@ -192,21 +214,23 @@ class Extender:
         return (state.layout, state.changes, self.cache.catalogue_version)
 
     def _remember(self, cycle: Cycle) -> None:
-        self.cycles[cycle.key] = cycle
-        self.cycles.move_to_end(cycle.key)
+        key = cycle.request.key
+        self.cycles[key] = cycle
+        self.cycles.move_to_end(key)
         while len(self.cycles) > REMEMBERED_CYCLES:
             self.cycles.popitem(last=False)
 
-    def _request(self, pod: Any) -> PodRequest:
-        """The pod's request; a pod seen before at the same uid and resourceVersion (filter
-        then prioritize of one cycle: the API server changes the version with any change)
-        is not translated again."""
-        revision = _revision(pod)
-        request = self.translated.get(revision) if revision is not None else None
+    def _request(self, pod: Any, pod_json: bytes | None = None) -> PodRequest:
+        """The request of the pod a body sends; a pod sent before byte for byte (filter then
+        prioritize of one cycle) is not translated again. Remembered by a digest of those
+        bytes, never by uid or version alone: another body naming the same uid and
+        resourceVersion gets its own translation."""
+        digest = hashlib.blake2b(pod_json, digest_size=16).digest() if pod_json else None
+        request = self.translated.get(digest) if digest is not None else None
         if request is None:
             request = pod_request(pod)
-            if revision is not None:
-                self.translated[revision] = request
+            if digest is not None:
+                self.translated[digest] = request
                 while len(self.translated) > REMEMBERED_REQUESTS:
                     self.translated.popitem(last=False)
         self.requests[request.key] = request
@@ -220,7 +244,7 @@ class Extender:
         """(constraints, candidates among ``rows``) — reusing the filter's work for this
         pod when nothing changed since."""
         cycle = self.cycles.get(request.key)
-        if cycle is not None and cycle.stamp == self._stamp(state):
+        if cycle is not None and cycle.request == request and cycle.stamp == self._stamp(state):
             c, cands = cycle.constraints, cycle.candidates
         else:
             c = constraints_for(state, request, self.cache.catalogue)
@@ -262,7 +286,7 @@ class Extender:
 
     def _prioritize(self, args: protocol.ExtenderArgs) -> bytes:
         try:
-            request = self._request(args.pod)
+            request = self._request(args.pod, args.pod_json)
         except GpupoolError as exc:
             return self._prioritize_error(exc)
         if not request.gpus:
@@ -276,10 +300,11 @@ class Extender:
             except InvalidInput as exc:
                 return self._prioritize_error(exc)
             rows = sent.rows if sent.all_known else sent.rows[sent.rows >= 0]
-            _, cands = self._cycle_for(state, request, rows)
-            if cands.indices.size == 0:
-                return protocol.NO_PRIORITIES
-            values = self.placer.score(state, request, cands, self.rng).value
+            with self.cache.without(request.key):
+                _, cands = self._cycle_for(state, request, rows)
+                if cands.indices.size == 0:
+                    return protocol.NO_PRIORITIES
+                values = self.placer.score(state, request, cands, self.rng).value
             full = np.zeros(len(state.nodes), np.int64)
             full[cands.indices] = scaled(values)
             scores = full[rows]
@@ -346,35 +371,16 @@ class Extender:
         return usage.allocated_milli / 1000, usage.gpus
 
     def _bind_request(self, args: protocol.BindingArgs) -> PodRequest:
-        known = self.requests.get(args.uid) if args.uid else None
-        if known is not None:
-            return known
-        if self.kube is None:
-            raise InvalidInput(f"pod {args.namespace}/{args.name} was not filtered by this "
-                               "extender and there is no API to read it from")
-        pod = self.kube.get_pod_json(args.namespace, args.name)
-        who = pod_id(pod)
-        if args.uid and who.uid != args.uid:
-            raise InvalidInput(f"pod {args.namespace}/{args.name} has uid {who.uid}, "
-                               f"the scheduler asked to bind {args.uid}")
-        return pod_request(pod)
+        """The request of the pod as the API server has it (``gate``): the informer's copy
+        of a pending pod with this UID, else a fresh read."""
+        return bindable_request(args, self.cache.unbound.get(args.uid), self.kube,
+                                self.settings.scheduler_name)
 
 
 def _sent(table: NameTable, args: protocol.ExtenderArgs) -> Matched:
     """The rows of the nodes ``args`` sends (names decoded already are not parsed again)."""
     return table.match(args.names_json) if args.names is None else \
         table.match_names(args.names)
-
-
-def _revision(pod: Any) -> tuple[str, str] | None:
-    """(uid, resourceVersion) of a pod that has both, else None."""
-    meta = pod.get("metadata") if isinstance(pod, Mapping) else None
-    if not isinstance(meta, Mapping):
-        return None
-    uid, version = meta.get("uid"), meta.get("resourceVersion")
-    if isinstance(uid, str) and uid and isinstance(version, str) and version:
-        return uid, version
-    return None
 
 
 def scaled(values: np.ndarray) -> np.ndarray:

@@ -1,0 +1,226 @@
+"""What the nodes' GPULedgers commit, as the cluster cache holds it, and when an entry
+stops holding anything.
+
+Every bind writes its pod's entry into the node's GPULedger before the Binding
+(``binder``), so an entry can outlive its purpose: the pod was deleted, it was bound
+to another node, or the extender died between the ledger write and the Binding and
+the pod is still pending. An entry is *stale* (held by nobody, dropped by the next
+writer of that ledger, ``prunable``) when
+
+* its pod is known to be gone: deleted or finished, or — **reconciled at once after a
+  restart** — listed in a ledger listing and absent from a pod listing made after it
+  (a pod exists before its entry is written, and UIDs are never reused);
+* its pod is bound to another node;
+* its pod is pending, unbound, and the entry is older than ``pending_grace_s`` (60 s:
+  longer than a bind may take, ``binder.BIND_DEADLINE_S`` plus the Binding's own
+  timeout; younger, it may be another replica's bind in flight);
+* its pod is unknown to this replica (its pod event lags, or it vanished without
+  one) for ``ledger_grace_s``; ``reconcile.LedgerReconciler`` asks the API server
+  about such pods long before that.
+
+A pending pod's own entry never stands in the way of that pod: bind re-decides it
+(``readopt``: the pod's tentative holds are let go and its new entry replaces the
+old one) and filter and prioritize look at the state without it (``without``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from gpupool.core.allocation import Allocation
+from gpupool.core.eligibility import Catalogue
+from gpupool.core.quota import Charge, amount_of_allocation
+from gpupool.core.state import ClusterState
+from gpupool.extender import ledger
+from gpupool.extender.holdings import Holdings
+from gpupool.extender.pods import PodFacts
+
+log = logging.getLogger(__name__)
+
+MEMO_LIMIT = 500_000  # decoded ledger entries kept for reuse
+PENDING_GRACE_S = 60.0
+TENTATIVE = ("bind", "ledger", "load")  # what a pending pod may hold before its Binding
+
+
+class Commitments(Holdings):
+    """Ledger views by node, their entries held in the state; base of ``ClusterCache``."""
+
+    def __init__(self, state: ClusterState, catalogue: Catalogue, clock: Callable[[], float],
+                 ledger_grace_s: float, pending_grace_s: float = PENDING_GRACE_S):
+        super().__init__(state, catalogue)
+        self.lock = threading.RLock()
+        self.clock = clock
+        self.ledger_grace_s = ledger_grace_s
+        self.pending_grace_s = pending_grace_s
+        self.pods: dict[str, PodFacts] = {}
+        self.ledgers: dict[str, ledger.View] = {}
+        self.entry_nodes: dict[str, set[str]] = {}  # pod uid -> nodes whose ledger holds it
+        self.listed_entries: set[str] = set()  # uids of the last ledger listing
+        self.entry_memo: dict[tuple[str, str], ledger.Entry] = {}
+        self.synced: set[str] = set()
+
+    # -- ledgers as read ------------------------------------------------------------------------
+    def sync_ledgers(self, objs: Iterable[dict[str, Any]]) -> None:
+        with self.lock:
+            views = [ledger.view_of(o, self.entry_memo) for o in objs]
+            gone = set(self.ledgers) - {v.node for v in views}
+            for node in gone:
+                self.ledger_update(ledger.View(node))
+            for view in views:
+                self.ledger_update(view)
+            self.listed_entries = {uid for v in views for uid in v.entries}
+            self.synced.add("ledgers")
+
+    def ledger_event(self, kind: str, obj: dict[str, Any]) -> None:
+        if kind != "DELETED" and self._holds_version(obj):
+            return  # typically this replica's own write, taken in when its bind wrote it
+        if len(self.entry_memo) > MEMO_LIMIT:
+            self.entry_memo = {}
+        view = ledger.view_of(obj, self.entry_memo)
+        with self.lock:
+            self.ledger_update(ledger.View(view.node) if kind == "DELETED" else view)
+
+    def ledger_update(self, view: ledger.View) -> None:
+        """Take in a ledger as read (watch, bind, or conflict); stale versions are ignored."""
+        with self.lock:
+            old = self.ledgers.get(view.node)
+            if old is not None and view.resource_version and old.resource_version and int(
+                    view.resource_version) <= int(old.resource_version):
+                return  # a version taken in already (the watch and the bind both bring it)
+            self.ledgers[view.node] = view
+            before = set(old.entries) if old else set()
+            for uid in before - set(view.entries):
+                self._entry_gone(uid, view.node)
+                self.unhold(uid, "ledger")
+            for uid in set(view.entries) - before:
+                self.entry_nodes.setdefault(uid, set()).add(view.node)
+            if view.node in self.state.index:
+                self._hold_ledger(view)
+
+    def _entry_gone(self, uid: str, node: str) -> None:
+        nodes = self.entry_nodes.get(uid)
+        if nodes is not None:
+            nodes.discard(node)
+            if not nodes:
+                del self.entry_nodes[uid]
+
+    def _holds_version(self, obj: dict[str, Any]) -> bool:
+        """Whether the ledger ``obj`` is at a version this cache already took in (or an
+        older one): nothing to decode. Read without the lock: a ``View`` is immutable and
+        the versions of one ledger only grow."""
+        meta, spec = obj.get("metadata"), obj.get("spec")
+        if not isinstance(meta, dict) or not isinstance(spec, dict):
+            return False
+        rv = meta.get("resourceVersion")
+        held = self.ledgers.get(str(spec.get("node") or meta.get("name") or ""))
+        if held is None or not isinstance(rv, str) or not rv.isdigit():
+            return False
+        return (held.resource_version or "").isdigit() and int(rv) <= int(
+            held.resource_version or "")
+
+    def _hold_ledger(self, view: ledger.View) -> None:
+        now = self.clock()
+        for uid, entry in view.entries.items():
+            if not self._stale_entry(uid, entry, now):
+                self.hold(entry.allocation, "ledger", self._entry_charge(entry))
+
+    def _entry_charge(self, entry: ledger.Entry) -> Charge:
+        return Charge(amount_of_allocation(entry.allocation), entry.tenant, entry.gpu_class,
+                      entry.group)
+
+    # -- which entries hold nothing -----------------------------------------------------------
+    def _stale_entry(self, uid: str, entry: ledger.Entry, now: float) -> bool:
+        """An entry that holds nothing any more (the module's docstring says when)."""
+        if uid in self.finished:
+            return True
+        pod = self.pods.get(uid)
+        bound = entry.bind_s
+        if pod is not None:
+            if pod.node:
+                return pod.node != entry.allocation.node
+            return bound is None or now - bound > self.pending_grace_s
+        return bound is not None and now - bound > self.ledger_grace_s and "pods" in self.synced
+
+    def prunable(self, view: ledger.View) -> list[str]:
+        """Entries of ``view`` a writer may drop (under ``lock``)."""
+        now = self.clock()
+        return [u for u, e in view.entries.items() if self._stale_entry(u, e, now)]
+
+    def release_stale_entries(self) -> None:
+        """Let go of the holds of entries that turned stale by age (under ``lock``)."""
+        now = self.clock()
+        for view in self.ledgers.values():
+            for uid, entry in view.entries.items():
+                if self._stale_entry(uid, entry, now):
+                    self.unhold(uid, "ledger")
+
+    def reconcile_listing(self, listed_pods: Iterable[str]) -> list[str]:
+        """After a pod listing: the entries of the last ledger listing whose pods it does not
+        hold are of pods that are gone (the ledger was listed first); they are freed at once.
+        Returns their uids (under ``lock``)."""
+        present = set(listed_pods)
+        gone = [uid for uid in self.listed_entries if uid not in present]
+        for uid in gone:
+            self._finish(uid)
+        self.listed_entries = set()
+        return gone
+
+    # -- a pending pod's own tentative holds ------------------------------------------------------
+    def readopt(self, key: str) -> None:
+        """Let go of what a pending pod holds before its Binding (a bind in flight, its
+        ledger entries, its CPU and memory) so its decision can be made again (under
+        ``lock``). Its entries stay in the ledger objects until replaced or pruned; they
+        are not held again while the pod's new bind holds another allocation."""
+        for source in TENTATIVE:
+            self.unhold(key, source)
+
+    @contextmanager
+    def without(self, key: str) -> Iterator[None]:
+        """The state without the tentative hold of pending pod ``key`` for the block (its
+        own leftover entry must not keep it off a node); the very same allocation is held
+        again after. Nothing else can take the room meanwhile: the caller holds ``lock``."""
+        sources = self.sources.get(key)
+        held: Allocation | None = None
+        if sources and "pod" not in sources:
+            held = self.state.release(key)
+        try:
+            yield
+        finally:
+            if held is not None:
+                self.state.reserve(held)
+
+    def entry_nodes_of(self, key: str) -> set[str]:
+        """The nodes whose ledger holds an entry of ``key``."""
+        with self.lock:
+            return set(self.entry_nodes.get(key, ()))
+
+    def stale_by_node(self) -> Mapping[str, list[str]]:
+        """Per ledger, its stale entries (what ``reconcile`` prunes)."""
+        with self.lock:
+            out = {node: self.prunable(view) for node, view in self.ledgers.items()}
+        return {node: uids for node, uids in out.items() if uids}
+
+    def unknown_entries(self, older_than_s: float) -> list[tuple[str, str, str]]:
+        """(uid, namespace, name) of entries whose pods this cache has not seen, written
+        more than ``older_than_s`` ago (for the reconciler to ask the API server about)."""
+        now = self.clock()
+        out = []
+        with self.lock:
+            for view in self.ledgers.values():
+                for uid, e in view.entries.items():
+                    if uid in self.pods or uid in self.finished or e.bind_s is None or \
+                            now - e.bind_s < older_than_s or "/" not in e.pod:
+                        continue
+                    ns, name = e.pod.split("/", 1)
+                    out.append((uid, ns, name))
+        return out
+
+    def forget_gone(self, uid: str) -> None:
+        """A pod the API server says is gone: its entries hold nothing from now on."""
+        with self.lock:
+            if uid not in self.pods:
+                self._finish(uid)

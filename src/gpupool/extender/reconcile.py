@@ -1,0 +1,91 @@
+"""Keeping the GPULedger objects in step with the live pods, at start and then every sweep.
+
+The cache stops holding a stale entry at once (``commitments``); the objects are put
+right here, so that ``kubectl get gpuledger`` shows what nodes really hold and other
+replicas need not work it out again:
+
+* an entry whose pod this replica has not seen ``unknown_after_s`` after its bind time
+  (its pod event lags, or the pod vanished without one, e.g. a bind whose Binding
+  failed and whose extender died before it could remove the entry) is checked against
+  the API server: a pod that is not there, or is another pod under the same name, is
+  gone, and the entry holds nothing from then on;
+* stale entries are removed from each ledger with a merge patch that carries the
+  resourceVersion they were judged at (a ledger that moved on meanwhile is left for
+  the next round: an entry written since may be a bind in flight).
+
+Each round makes at most ``max_calls`` API calls, so a large backlog is worked off over
+a few rounds instead of in one burst.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from gpupool.extender.cache import ClusterCache
+from gpupool.extender.ledger import Ledgers
+from gpupool.kube.api import KubeApi
+from gpupool.kube.errors import Conflict, KubeError, NotFound
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Reconciled:
+    """What one round did."""
+
+    gone: int = 0
+    pruned: int = 0
+    ledgers: int = 0
+
+
+class LedgerReconciler:
+    def __init__(self, cache: ClusterCache, kube: KubeApi, unknown_after_s: float = 10.0,
+                 max_calls: int = 100):
+        self.cache = cache
+        self.kube = kube
+        self.ledgers = Ledgers(kube)
+        self.unknown_after_s = unknown_after_s
+        self.max_calls = max_calls
+
+    def run_once(self) -> Reconciled:
+        gone, calls = self._check_unknown()
+        pruned = ledgers = 0
+        for node, uids in sorted(self.cache.stale_by_node().items()):
+            if calls >= self.max_calls:
+                break
+            calls += 1
+            view = self.cache.ledgers.get(node)
+            if view is None:
+                continue
+            try:
+                self.cache.ledger_update(self.ledgers.prune(view, uids))
+            except (Conflict, NotFound):
+                continue
+            except KubeError as exc:
+                log.warning("pruning the GPU ledger of %s: %s", node, exc)
+                continue
+            pruned, ledgers = pruned + len(uids), ledgers + 1
+        if gone or pruned:
+            log.info("GPU ledgers reconciled: %d entries of pods that are gone, %d stale "
+                     "entries removed from %d ledgers", gone, pruned, ledgers)
+        return Reconciled(gone, pruned, ledgers)
+
+    def _check_unknown(self) -> tuple[int, int]:
+        gone = calls = 0
+        for uid, namespace, name in self.cache.unknown_entries(self.unknown_after_s):
+            if calls >= self.max_calls:
+                break
+            calls += 1
+            try:
+                pod = self.kube.get_pod(namespace, name)
+                here = pod.metadata is not None and pod.metadata.uid == uid
+            except NotFound:
+                here = False
+            except KubeError as exc:
+                log.warning("checking pod %s/%s of a GPU ledger entry: %s", namespace, name, exc)
+                continue
+            if not here:
+                self.cache.forget_gone(uid)
+                gone += 1
+        return gone, calls
