@@ -11,14 +11,15 @@ from typing import Any
 import msgspec
 import pytest
 from lightkube.resources.core_v1 import Node
+from prometheus_client import generate_latest
 from starlette.testclient import TestClient
 
 from gpupool.core.policies import DEFAULT_POLICY
-from gpupool.extender import app as app_module
 from gpupool.extender.app import build_app
 from gpupool.extender.cache import ClusterCache
 from gpupool.extender.metrics import Metrics
 from gpupool.extender.service import Extender, Settings
+from gpupool.extender.sizing import BodyLimits
 
 from .builders import gpu_obj, node_obj, pod_obj
 
@@ -38,7 +39,8 @@ def filter_body() -> bytes:
                                 "Nodes": None, "NodeNames": NODES})
 
 
-def call(app: Any, path: str, messages: list[dict[str, Any]]) -> list[MutableMapping[str, Any]]:
+def call(app: Any, path: str, messages: list[dict[str, Any]],
+         headers: list[tuple[bytes, bytes]] | None = None) -> list[MutableMapping[str, Any]]:
     """Run one ASGI request whose receive() yields ``messages``; what the app sent."""
     sent: list[MutableMapping[str, Any]] = []
     queue = list(messages)
@@ -49,7 +51,7 @@ def call(app: Any, path: str, messages: list[dict[str, Any]]) -> list[MutableMap
     async def send(message: MutableMapping[str, Any]) -> None:
         sent.append(message)
 
-    scope = {"type": "http", "method": "POST", "path": path, "headers": []}
+    scope = {"type": "http", "method": "POST", "path": path, "headers": headers or []}
     asyncio.run(app(scope, receive, send))
     return sent
 
@@ -71,14 +73,41 @@ def test_a_client_gone_before_the_body_ends_gets_nothing(ext: Extender) -> None:
     assert sent == []
 
 
-def test_an_oversize_body_is_answered_with_an_error(ext: Extender,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(app_module, "MAX_BODY_BYTES", 100)
+def test_an_oversize_body_is_answered_with_an_error(ext: Extender) -> None:
     body = filter_body()
-    _, answer = call(build_app(ext), "/filter", [
+    app = build_app(ext, BodyLimits(100, 100, 100, 10_000))
+    _, answer = call(app, "/filter", [
         {"type": "http.request", "body": body[:80], "more_body": True},
         {"type": "http.request", "body": body[80:], "more_body": False}])
-    assert "larger than 100 bytes" in msgspec.json.decode(answer["body"])["Error"]
+    assert "larger than the 100 bytes" in msgspec.json.decode(answer["body"])["Error"]
+    assert app.reading == 0  # nothing is left reserved
+
+
+def test_a_declared_oversize_body_is_refused_unread_with_the_limit_named(ext: Extender) -> None:
+    body = filter_body()
+    app = build_app(ext, BodyLimits(100, 100, 100, 10_000))
+    headers = [(b"content-length", str(len(body)).encode())]
+    _, answer = call(app, "/filter", [
+        {"type": "http.request", "body": body[:80], "more_body": True},
+        {"type": "http.request", "body": body[80:], "more_body": False}], headers)
+    error = msgspec.json.decode(answer["body"])["Error"]
+    assert f"the request body is {len(body)} bytes, more than the 100" in error
+    assert 'gpupool_extender_refused_requests_total{verb="filter"} 1.0' in \
+        generate_latest(ext.metrics.registry).decode()
+
+
+def test_bodies_past_the_budget_wait_for_nothing_and_are_refused(ext: Extender) -> None:
+    body = filter_body()
+    app = build_app(ext, BodyLimits(len(body), len(body), 100, len(body)))
+    app.reading = 1  # another call is being read
+    headers = [(b"content-length", str(len(body)).encode())]
+    _, answer = call(app, "/filter", [
+        {"type": "http.request", "body": body, "more_body": False}], headers)
+    assert "would pass the extender's budget" in msgspec.json.decode(answer["body"])["Error"]
+    app.reading = 0
+    _, answer = call(app, "/filter", [
+        {"type": "http.request", "body": body, "more_body": False}], headers)
+    assert msgspec.json.decode(answer["body"])["NodeNames"] == NODES
 
 
 def test_a_failure_inside_is_an_error_answer_not_a_500(ext: Extender,
@@ -93,18 +122,28 @@ def test_a_failure_inside_is_an_error_answer_not_a_500(ext: Extender,
     assert response.json()["Error"] == "gpupool filter: internal error: RuntimeError: boom"
 
 
-def test_bind_runs_off_the_event_loop(ext: Extender, monkeypatch: pytest.MonkeyPatch) -> None:
-    threads = []
+def test_every_verb_runs_off_the_event_loop(ext: Extender,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    threads: dict[str, str] = {}
 
-    def bind(body: Any) -> dict[str, str]:
-        threads.append(threading.current_thread().name)
-        return {"Error": ""}
+    def spy(verb: str, answer: Any) -> Any:
+        def handler(body: Any) -> Any:
+            threads[verb] = threading.current_thread().name
+            return answer
+        return handler
 
-    monkeypatch.setattr(ext, "bind", bind)
+    monkeypatch.setattr(ext, "bind", spy("bind", {"Error": ""}))
+    monkeypatch.setattr(ext, "preempt", spy("preempt", {"NodeNameToMetaVictims": {}}))
+    monkeypatch.setattr(ext, "filter_json", spy("filter", b'{"Error":""}'))
+    monkeypatch.setattr(ext, "prioritize_json", spy("prioritize", b"[]"))
     with TestClient(build_app(ext)) as client:
+        for verb in ("filter", "prioritize", "preempt"):
+            assert client.post(f"/{verb}", content=filter_body()).status_code == 200
         answer = client.post("/bind", json={"PodName": "p", "Node": "n0"}).json()
     assert answer == {"Error": ""}
-    assert threads and threads[0].startswith("extender-bind")
+    assert threads["bind"].startswith("extender-bind")
+    assert all(threads[v].startswith("extender-decide") for v in ("filter", "prioritize",
+                                                                  "preempt"))
 
 
 def test_other_methods_and_paths_go_to_starlette(ext: Extender) -> None:

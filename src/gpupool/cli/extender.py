@@ -1,17 +1,27 @@
 """``gpupool extender``: serve the kube-scheduler extender (filter / prioritize / bind).
 
-Wires the pieces: a ``KubeApi`` (kubeconfig file, or the in-cluster service
-account when ``--kubeconfig`` is absent), a ``ClusterCache`` fed by list +
-watch, the ``Extender`` with the chosen policy, and the starlette app under
-uvicorn. A background thread re-checks GPU heartbeats every ``--sweep-every``
-seconds and re-derives FGD's target workload every ``--workload-every``.
+Wires the pieces: a ``KubeApi`` (kubeconfig file, or the in-cluster service account
+when ``--kubeconfig`` is absent); the decision signing keys (made on first start,
+published for node agents); the TLS material (gpupool's own CA, the extender's serving
+certificate and kube-scheduler's client certificate, each made or renewed in Secrets of
+``--namespace``; or a Secret you supply: ``--tls secret``); a ``ClusterCache`` fed by
+list + watch that counts only decisions it can vouch for; the ``Extender`` with the
+chosen policy. The verbs are served over mutual TLS on ``--port`` to clients whose
+certificate names ``--client-name``; ``/healthz``, ``/readyz`` and ``/metrics`` on the
+plain ``--probe-port``. A background thread re-checks GPU heartbeats and reconciles the
+GPU ledgers every ``--sweep-every`` seconds, renews and reloads certificates and
+re-reads the signing keys every ``--tls-every`` seconds, and re-derives FGD's target
+workload every ``--workload-every``.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import threading
+import time
+from dataclasses import dataclass
 from typing import Any
 
 import uvicorn
@@ -19,18 +29,27 @@ import uvicorn
 from gpupool.cli.args import bounded, weight
 from gpupool.core.policies import DEFAULT_POLICY, POLICIES, make_policy
 from gpupool.core.policies.config import PolicyConfig
-from gpupool.extender.app import build_app
+from gpupool.extender.app import build_app, build_probes, build_verbs
 from gpupool.extender.cache import ClusterCache
+from gpupool.extender.connections import ConnectionRules
 from gpupool.extender.feeds import long_lived, start_feeds
+from gpupool.extender.gate import DEFAULT_SCHEDULER
 from gpupool.extender.metrics import Metrics
+from gpupool.extender.reconcile import LedgerReconciler
+from gpupool.extender.server import ThreadedServer, uvicorn_config
 from gpupool.extender.service import Extender, Settings
+from gpupool.extender.signatures import DecisionCheck, DecisionKeys
+from gpupool.extender.sizing import MAX_NODES, BodyLimits
+from gpupool.extender.tls import CLIENT_SECRET, SERVICE, SERVING_SECRET, ReloadingContext, TlsSource
 from gpupool.extender.workload import BUILTIN_WORKLOAD
 from gpupool.kube.api import KubeApi
+from gpupool.kube.keystore import ensure_signing_keys, read_signing_keys
+from gpupool.security.certs import CLIENT_SCHEDULER
 
 log = logging.getLogger("gpupool.extender")
 
-
 SECONDS = bounded(float, 0, above=True)
+PORT = bounded(int, 1, 65535)
 
 
 def register(subparsers: Any) -> None:
@@ -39,8 +58,29 @@ def register(subparsers: Any) -> None:
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster service account)")
     p.add_argument("--server", help=argparse.SUPPRESS)  # a bare API URL (tests, fakes)
+    p.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE") or "gpupool-system",
+                   help="gpupool's namespace: its keys and certificates are Secrets there "
+                        "(default: $POD_NAMESPACE, else gpupool-system)")
     p.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
-    p.add_argument("--port", type=int, default=8888, help="port to listen on (default 8888)")
+    p.add_argument("--port", type=PORT, default=8443,
+                   help="port of the verbs, mutual TLS (default 8443)")
+    p.add_argument("--probe-port", type=PORT, default=8080,
+                   help="port of /healthz, /readyz and /metrics, plain HTTP (default 8080)")
+    _tls_arguments(p)
+    p.add_argument("--scheduler-name", default=DEFAULT_SCHEDULER,
+                   help="bind acts only on pods naming this scheduler (default "
+                        f"{DEFAULT_SCHEDULER})")
+    p.add_argument("--max-nodes", type=bounded(int, 1), default=MAX_NODES,
+                   help="the largest cluster served: sizes the request bodies accepted "
+                        f"(default {MAX_NODES})")
+    p.add_argument("--node-cache-capable", action=argparse.BooleanOptionalAction, default=True,
+                   help="as the scheduler's nodeCacheCapable: names (default) or whole nodes "
+                        "in each call; sizes the request bodies accepted")
+    p.add_argument("--idle-timeout", type=SECONDS, default=30.0, metavar="SECONDS",
+                   help="close a connection idle this long (default 30)")
+    p.add_argument("--request-timeout", type=SECONDS, default=10.0, metavar="SECONDS",
+                   help="close a connection whose request has not fully arrived this long "
+                        "after it began (default 10)")
     p.add_argument("--policy", default=DEFAULT_POLICY, choices=sorted(POLICIES),
                    help=f"placement policy (default {DEFAULT_POLICY})")
     p.add_argument("--weight", type=weight, action="append", default=[], metavar="NAME=X",
@@ -48,11 +88,15 @@ def register(subparsers: Any) -> None:
     p.add_argument("--stale-after", type=SECONDS, default=120.0, metavar="SECONDS",
                    help="a GPU whose GPUDevice heartbeat is older is unhealthy (default 120)")
     p.add_argument("--ledger-grace", type=SECONDS, default=300.0, metavar="SECONDS",
-                   help="ledger entries of pods never seen are dropped after this (default 300)")
+                   help="a ledger entry of a pod never seen (nor found by the API server) "
+                        "holds nothing after this (default 300)")
     p.add_argument("--memory-unit", type=int, default=256, metavar="MIB",
                    help="GPU memory accounting unit in MiB (default 256)")
     p.add_argument("--sweep-every", type=SECONDS, default=15.0, metavar="SECONDS",
-                   help="how often to re-check heartbeats (default 15)")
+                   help="how often to re-check heartbeats and reconcile ledgers (default 15)")
+    p.add_argument("--tls-every", type=SECONDS, default=60.0, metavar="SECONDS",
+                   help="how often to renew and reload certificates and re-read the signing "
+                        "keys (default 60)")
     p.add_argument("--workload-every", type=SECONDS, default=600.0, metavar="SECONDS",
                    help="how often to re-derive FGD's target workload (default 600)")
     p.add_argument("--seed", type=int, default=0, help="seed for tie breaking (default 0)")
@@ -60,38 +104,126 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
+def _tls_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tls", choices=("gpupool", "secret"), default="gpupool",
+                   help="gpupool: make and renew the CA, the serving certificate and "
+                        "kube-scheduler's client certificate in Secrets (default); secret: "
+                        "read --tls-secret as it is (cert-manager), write nothing")
+    p.add_argument("--tls-secret", default=SERVING_SECRET,
+                   help=f"the serving certificate's Secret (default {SERVING_SECRET})")
+    p.add_argument("--client-secret", default=CLIENT_SECRET,
+                   help="the Secret kube-scheduler mounts its client certificate from "
+                        f"(default {CLIENT_SECRET})")
+    p.add_argument("--service", default=SERVICE,
+                   help=f"the Service the scheduler calls, named in the certificate "
+                        f"(default {SERVICE})")
+    p.add_argument("--client-name", action="append", default=None, metavar="NAME",
+                   help="the client certificate's subject common name accepted, repeatable "
+                        f"(default {CLIENT_SCHEDULER})")
+    p.add_argument("--plain-http", action="store_true",
+                   help="UNSAFE, for trying gpupool out: serve the verbs without TLS on "
+                        "--port, to anyone who can reach it (they can bind any pod of "
+                        "gpupool's scheduler)")
+
+
+@dataclass
+class Wired:
+    api: KubeApi
+    extender: Extender
+    keys: DecisionKeys
+    reconciler: LedgerReconciler
+
+
+def _wire(args: argparse.Namespace) -> Wired:
+    api = KubeApi.connect(kubeconfig=args.kubeconfig, server=args.server)
+    first = ensure_signing_keys(api, args.namespace, time.time())
+    keys = DecisionKeys(lambda: read_signing_keys(api, args.namespace)[0], time.time,
+                        keys=first)
+    metrics = Metrics()
+    cache = ClusterCache(args.memory_unit, args.stale_after, args.ledger_grace,
+                         decisions=DecisionCheck(keys, metrics.unverified))
+    settings = Settings(args.policy, dict(args.weight), seed=args.seed,
+                        scheduler_name=args.scheduler_name)
+    extender = Extender(cache, settings, metrics, api, keys)
+    return Wired(api, extender, keys, LedgerReconciler(cache, api))
+
+
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    weights = dict(args.weight)
-    make_policy(args.policy, PolicyConfig(BUILTIN_WORKLOAD, weights))  # fail fast on bad input
-    api = KubeApi.connect(kubeconfig=args.kubeconfig, server=args.server)
-    cache = ClusterCache(args.memory_unit, args.stale_after, args.ledger_grace)
-    extender = Extender(cache, Settings(args.policy, weights, seed=args.seed), Metrics(), api)
+    make_policy(args.policy, PolicyConfig(BUILTIN_WORKLOAD, dict(args.weight)))  # fail fast
+    wired = _wire(args)
+    tls = None if args.plain_http else ReloadingContext(_source(args).material(
+        wired.api, time.time()))
+    extender = wired.extender
     with long_lived():  # the rebuilt cache lives as long as the process
-        feeds = start_feeds(api, cache)
+        feeds = start_feeds(wired.api, extender.cache)
         log.info("cluster view rebuilt: %d GPU nodes, %d allocations; workload: %s",
-                 len(cache.state.nodes), len(cache.state.allocations),
+                 len(extender.cache.state.nodes), len(extender.cache.state.allocations),
                  extender.refresh_policy())
         extender.warm()
+    wired.reconciler.run_once()  # the ledgers put right at once, not after a grace
     stop = threading.Event()
-    threading.Thread(target=_housekeeping, args=(extender, args, stop), daemon=True,
+    threading.Thread(target=_housekeeping, args=(wired, tls, args, stop), daemon=True,
                      name="housekeeping").start()
     try:
-        uvicorn.run(build_app(extender), host=args.host, port=args.port, log_level="warning",
-                    access_log=False)
+        _serve(extender, tls, args)
     finally:
         stop.set()
         feeds.stop()
-        api.close()
+        wired.api.close()
     return 0
 
 
-def _housekeeping(extender: Extender, args: argparse.Namespace, stop: threading.Event) -> None:
-    since_workload = 0.0
+def _source(args: argparse.Namespace) -> TlsSource:
+    return TlsSource(args.namespace, args.tls, args.tls_secret, args.client_secret,
+                     args.service)
+
+
+def _serve(extender: Extender, tls: ReloadingContext | None, args: argparse.Namespace) -> None:
+    metrics = extender.metrics
+    limits = BodyLimits.for_cluster(args.max_nodes, args.node_cache_capable)
+    names = frozenset(args.client_name or [CLIENT_SCHEDULER])
+    rules = ConnectionRules(args.idle_timeout, args.request_timeout,
+                            client_names=None if tls is None else names)
+    log.info("serving the verbs on %s:%d (%s), probes on :%d; bodies accepted: %s",
+             args.host, args.port, "PLAIN HTTP, UNAUTHENTICATED" if tls is None else
+             f"mutual TLS, clients {', '.join(sorted(names))}", args.probe_port,
+             limits.describe())
+    probes = ThreadedServer(build_probes(extender), args.host, port=args.probe_port,
+                            closed=metrics.closed,
+                            rules=ConnectionRules(args.idle_timeout, args.request_timeout))
+    app = build_verbs(extender, limits) if tls is not None else build_app(extender, limits)
+    with probes:
+        uvicorn.Server(uvicorn_config(app, metrics.closed, rules,
+                                      tls.listening if tls else None, host=args.host,
+                                      port=args.port)).run()
+
+
+def _housekeeping(wired: Wired, tls: ReloadingContext | None, args: argparse.Namespace,
+                  stop: threading.Event) -> None:
+    extender = wired.extender
+    since_workload = since_tls = 0.0
     while not stop.wait(args.sweep_every):
         extender.cache.sweep()
+        wired.reconciler.run_once()
         since_workload += args.sweep_every
+        since_tls += args.sweep_every
+        if since_tls >= args.tls_every:
+            since_tls = 0.0
+            wired.keys.reload()
+            _renew(wired.api, tls, args)
         if since_workload >= args.workload_every:
             since_workload = 0.0
             log.info("target workload: %s", extender.refresh_policy())
+
+
+def _renew(api: KubeApi, tls: ReloadingContext | None, args: argparse.Namespace) -> None:
+    if tls is None:
+        return
+    try:
+        if tls.update(_source(args).material(api, time.time())):
+            log.info("serving certificate reloaded from Secret %s/%s", args.namespace,
+                     args.tls_secret)
+    except Exception as exc:  # the API, or material that does not load: keep serving
+        log.warning("renewing the serving certificate: %s", exc)

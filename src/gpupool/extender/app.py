@@ -1,22 +1,33 @@
 """The extender's HTTP face: an ASGI app over an ``Extender``.
 
 Routes: ``POST /filter``, ``/prioritize``, ``/bind``, ``/preempt`` (kube-scheduler
-extender protocol), ``GET /healthz`` (the process answers), ``/readyz`` (the cache has
-listed nodes, GPUs, pods and ledgers), ``/metrics`` (Prometheus text).
+extender protocol), and on the probe app ``GET /healthz`` (the process answers),
+``/readyz`` (the cache has listed nodes, GPUs, pods and ledgers), ``/metrics``
+(Prometheus text). ``gpupool extender`` serves the verbs on the mutual-TLS port and the
+probes on a separate plain port (``build_verbs`` and ``build_probes``); ``build_app``
+puts both on one app (tests, and ``--plain-http`` experiments).
 
-Every extender call answers HTTP 200: a body that is not JSON, or any failure
-inside, comes back in ``Error`` (for prioritize, which has no error field, as
-an empty list), because kube-scheduler shows an ``Error`` to the user verbatim
-but turns an HTTP 500 into "code 500" and drops the body. Filter and
-prioritize run on the event loop (CPU only, under the cache lock); bind, which
-waits on the API server, runs on the app's own thread pool.
+Every extender call answers HTTP 200: a body that is not JSON, too large a body, or any
+failure inside, comes back in ``Error`` (for prioritize and preempt, which have no error
+field, as an empty answer, and the reason is logged), because kube-scheduler shows an
+``Error`` to the user verbatim but turns an HTTP 500 into "code 500" and drops the body.
 
-The four verbs are served by a bare ASGI endpoint: it gathers the body chunks and
-answers the handler's bytes, without starlette's request, routing and response
-objects (about 0.05-0.1 ms of the ~0.25 ms a small call costs over loopback), and
-hands bind to a ``ThreadPoolExecutor`` (a thread hop ~0.05 ms shorter than anyio's
-``run_in_threadpool``); a verb called with another method gets 405. Everything else
-(probes, metrics, unknown paths) goes to a starlette app.
+Bounded work per request:
+
+* a body larger than its verb's limit (``sizing.BodyLimits``) is read and thrown away,
+  never buffered, and answered with an ``Error`` naming the limit; so is a body that
+  would take the bodies being read at once past ``budget_bytes``;
+* a body is read into one buffer of its declared length (no chunk list, no join copy);
+* decoding and deciding run off the event loop, on the app's own thread pools (two
+  threads decide, sixteen bind: kube-scheduler binds asynchronously, up to its
+  parallelism), so the event loop keeps reading other calls while one is decided;
+* slow and idle connections are closed by the server's protocol
+  (``connections.guarded_protocol``).
+
+The four verbs are served by a bare ASGI endpoint: it reads the body and answers the
+handler's bytes, without starlette's request, routing and response objects (about
+0.05-0.1 ms of the ~0.25 ms a small call costs over loopback); a verb called with another
+method gets 405. Everything else goes to ``fallback`` (the probes, or 404).
 """
 
 from __future__ import annotations
@@ -38,15 +49,25 @@ from gpupool.core.errors import InvalidInput
 from gpupool.extender import protocol
 from gpupool.extender.metrics import Metrics
 from gpupool.extender.service import Extender
+from gpupool.extender.sizing import BodyLimits
 
 log = logging.getLogger(__name__)
-MAX_BODY_BYTES = 256 * 1024 * 1024
 BIND_THREADS = 16  # kube-scheduler binds asynchronously, up to its parallelism (16)
-Handler = Callable[[bytes], bytes]
+DECIDE_THREADS = 2
+Body = bytes | bytearray
+Handler = Callable[[Body], bytes]
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 JSON_HEADERS = [(b"content-type", b"application/json")]
+
+REFUSED: dict[str, Callable[[str], bytes]] = {
+    "filter": lambda m: protocol.encode(protocol.filter_error(m)),
+    "prioritize": lambda _m: protocol.NO_PRIORITIES,
+    "bind": lambda m: protocol.encode(protocol.binding_result(m)),
+    "preempt": lambda _m: protocol.encode(protocol.preemption_result({}, {})),
+}
+"""Each verb's answer to a refused call (the message, where the verb has an ``Error``)."""
 
 
 def verb_handlers(extender: Extender) -> dict[str, Handler]:
@@ -56,29 +77,25 @@ def verb_handlers(extender: Extender) -> dict[str, Handler]:
         return lambda body: protocol.encode(handler(protocol.decode(body, name)))
 
     return {
-        "filter": guarded("filter", extender.filter_json,
-                          lambda m: protocol.encode(protocol.filter_error(m))),
-        "prioritize": guarded("prioritize", extender.prioritize_json,
-                              lambda _m: protocol.NO_PRIORITIES),
-        "bind": guarded("bind", decoded(extender.bind, "bind"),
-                        lambda m: protocol.encode(protocol.binding_result(m))),
-        "preempt": guarded("preempt", decoded(extender.preempt, "preempt"),
-                           lambda _m: protocol.encode(protocol.preemption_result({}, {}))),
+        "filter": guarded("filter", extender.filter_json),
+        "prioritize": guarded("prioritize", extender.prioritize_json),
+        "bind": guarded("bind", decoded(extender.bind, "bind")),
+        "preempt": guarded("preempt", decoded(extender.preempt, "preempt")),
     }
 
 
-def guarded(name: str, handler: Handler, on_error: Callable[[str], bytes]) -> Handler:
-    """``handler`` whose failures become ``on_error``'s answer (never a 500)."""
-    def call(body: bytes) -> bytes:
+def guarded(name: str, handler: Callable[[Any], bytes]) -> Handler:
+    """``handler`` whose failures become the verb's refusal (never a 500)."""
+    refuse = REFUSED[name]
+
+    def call(body: Body) -> bytes:
         try:
-            if len(body) > MAX_BODY_BYTES:
-                raise InvalidInput(f"the {name} body is larger than {MAX_BODY_BYTES} bytes")
             return handler(body)
         except InvalidInput as exc:
-            return on_error(str(exc))
+            return refuse(str(exc))
         except Exception as exc:  # never a 500: the scheduler would drop the message
             log.exception("%s failed", name)
-            return on_error(f"gpupool {name}: internal error: {type(exc).__name__}: {exc}")
+            return refuse(f"gpupool {name}: internal error: {type(exc).__name__}: {exc}")
     return call
 
 
@@ -86,15 +103,22 @@ class ExtenderApp:
     """ASGI: ``POST /filter|/prioritize|/bind|/preempt`` answered directly, the rest by
     ``fallback``."""
 
-    def __init__(self, handlers: dict[str, Handler], metrics: Metrics, fallback: Starlette):
+    def __init__(self, handlers: dict[str, Handler], metrics: Metrics, fallback: Any,
+                 limits: BodyLimits | None = None):
         self.fallback = fallback
+        self.limits = limits or BodyLimits.for_cluster()
         self.binds = ThreadPoolExecutor(BIND_THREADS, thread_name_prefix="extender-bind")
+        self.decide = ThreadPoolExecutor(DECIDE_THREADS, thread_name_prefix="extender-decide")
+        self.metrics = metrics
+        self.refused = metrics.refused_bodies
+        self.reading = 0  # bytes of the bodies being read or decided now
         self.verbs = {f"/{name}": (name, handler, metrics.latency.labels(name))
                       for name, handler in handlers.items()}
 
     def paths(self) -> set[str]:
         """Every path served: the verbs' and the fallback's."""
-        return set(self.verbs) | {getattr(r, "path", "") for r in self.fallback.routes}
+        return set(self.verbs) | {getattr(r, "path", "") for r in
+                                  getattr(self.fallback, "routes", ())}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         verb = self.verbs.get(scope["path"]) if scope["type"] == "http" else None
@@ -109,41 +133,103 @@ class ExtenderApp:
             return
         name, handler, latency = verb
         start = time.perf_counter()
-        body = await read_body(receive)
-        if body is None:  # the scheduler went away: nobody to answer
+        size = _declared_length(scope)
+        reserved = self._reserve(name, size)
+        try:
+            answer = await self._answer(name, handler, receive, size, reserved)
+        finally:
+            self.reading -= reserved if isinstance(reserved, int) else 0
+        if answer is None:  # the scheduler went away: nobody to answer
             return
-        if name == "bind":  # waits on the API server: off the event loop
-            answer = await asyncio.get_running_loop().run_in_executor(self.binds, handler, body)
-        else:
-            answer = handler(body)
         latency.observe(time.perf_counter() - start)
         await send({"type": "http.response.start", "status": 200, "headers": [
             *JSON_HEADERS, (b"content-length", b"%d" % len(answer))]})
         await send({"type": "http.response.body", "body": answer})
 
+    def _reserve(self, name: str, size: int | None) -> int | str:
+        """Bytes reserved for the body (the declared length, else the verb's limit), or why
+        the body is refused unread."""
+        limit = self.limits.of(name)
+        if size is not None and size > limit:
+            return (f"gpupool {name}: the request body is {size} bytes, more than the {limit} "
+                    "this extender accepts (sized by --max-nodes and --node-cache-capable)")
+        want = size if size is not None else limit
+        if self.reading + want > self.limits.budget_bytes:
+            return (f"gpupool {name}: {self.reading} bytes of other requests are being read; "
+                    "this one would pass the extender's budget, try again")
+        self.reading += want
+        return want
 
-async def read_body(receive: Receive) -> bytes | None:
-    """The request body (None if the client disconnected). Past ``MAX_BODY_BYTES`` the
-    rest is drained unread: the handler's guard answers that the body is too large."""
+    async def _answer(self, name: str, handler: Handler, receive: Receive, size: int | None,
+                      reserved: int | str) -> bytes | None:
+        if isinstance(reserved, str):
+            return await self._refuse(name, receive, reserved)
+        body = await read_body(receive, size, self.limits.of(name))
+        if body is None:
+            return None
+        if isinstance(body, str):
+            return await self._refuse(name, receive, f"gpupool {name}: {body}", drained=True)
+        pool = self.binds if name == "bind" else self.decide
+        return await asyncio.get_running_loop().run_in_executor(pool, handler, body)
+
+    async def _refuse(self, name: str, receive: Receive, why: str,
+                      drained: bool = False) -> bytes | None:
+        """Throw the rest of the body away, then answer the refusal."""
+        self.refused.labels(name).inc()
+        log.warning("%s refused: %s", name, why)
+        if not drained and not await drain(receive):
+            return None
+        return REFUSED[name](why)
+
+
+def _declared_length(scope: Scope) -> int | None:
+    for key, value in scope.get("headers", ()):
+        if key == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+async def read_body(receive: Receive, size: int | None, limit: int) -> Body | str | None:
+    """The request body: into one buffer of the declared ``size``, else gathered up to
+    ``limit`` (past it the rest is thrown away and the answer is why). None if the client
+    disconnected."""
+    buf = bytearray(size) if size is not None else None
     chunks: list[bytes] = []
-    size = 0
+    got = 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
             return None
         chunk = message.get("body", b"")
-        if size <= MAX_BODY_BYTES:
+        if buf is not None and got + len(chunk) <= len(buf):
+            buf[got:got + len(chunk)] = chunk
+        elif buf is None and got + len(chunk) <= limit:
             chunks.append(chunk)
-        size += len(chunk)
+        got += len(chunk)
         if not message.get("more_body", False):
-            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            break
+    if got > (len(buf) if buf is not None else limit):
+        return f"the request body is larger than the {limit} bytes this extender accepts"
+    if buf is not None:
+        return buf if got == len(buf) else buf[:got]
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-def build_app(extender: Extender) -> ExtenderApp:
-    """The ASGI app serving ``extender``."""
-    metrics = extender.metrics
-    handlers = verb_handlers(extender)
+async def drain(receive: Receive) -> bool:
+    """Read the rest of a body and throw it away; False if the client disconnected."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return False
+        if not message.get("more_body", False):
+            return True
 
+
+def build_probes(extender: Extender) -> Starlette:
+    """``/healthz``, ``/readyz`` and ``/metrics``."""
     async def healthz(request: Request) -> Response:
         return PlainTextResponse("ok")
 
@@ -154,8 +240,19 @@ def build_app(extender: Extender) -> ExtenderApp:
         return JSONResponse({"ready": False, "waiting for": missing}, status_code=503)
 
     async def prometheus(request: Request) -> Response:
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(generate_latest(extender.metrics.registry),
+                        media_type=CONTENT_TYPE_LATEST)
 
-    return ExtenderApp(handlers, metrics, Starlette(routes=[
-        Route("/healthz", healthz), Route("/readyz", readyz), Route("/metrics", prometheus),
-    ]))
+    return Starlette(routes=[Route("/healthz", healthz), Route("/readyz", readyz),
+                             Route("/metrics", prometheus)])
+
+
+def build_verbs(extender: Extender, limits: BodyLimits | None = None) -> ExtenderApp:
+    """The four verbs alone (anything else: 404)."""
+    return ExtenderApp(verb_handlers(extender), extender.metrics, Starlette(), limits)
+
+
+def build_app(extender: Extender, limits: BodyLimits | None = None) -> ExtenderApp:
+    """The verbs and the probes on one app."""
+    return ExtenderApp(verb_handlers(extender), extender.metrics, build_probes(extender),
+                       limits)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from operator import itemgetter
 from typing import Any, TypeVar
 
@@ -45,8 +45,9 @@ class ExtenderArgs:
 
     pod: Mapping[str, Any]
     names_json: bytes
-    nodes: list[Mapping[str, Any]] | None  # the NodeList items when nodeCacheCapable is false
-    names: list[str] | None = None
+    nodes: list[Any] | None  # the NodeList items when nodeCacheCapable is false (raw JSON
+    names: list[str] | None = None  # values when read from bytes: echoed, never decoded)
+    pod_json: bytes = b""  # the pod as sent, when read from bytes
 
     @property
     def cache_capable(self) -> bool:
@@ -63,7 +64,7 @@ def parse_args(body: Any) -> ExtenderArgs:
     return _with_nodes(_pod(args.get("pod")), args.get("nodes"))
 
 
-def read_args(body: bytes, what: str) -> ExtenderArgs:
+def read_args(body: bytes | bytearray, what: str) -> ExtenderArgs:
     """``ExtenderArgs`` from a request body, ``NodeNames`` left undecoded."""
     try:
         raw = _RAW_OBJECT.decode(body)
@@ -72,18 +73,64 @@ def read_args(body: bytes, what: str) -> ExtenderArgs:
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise InvalidInput(f"gpupool {what}: the request is not valid JSON ({exc})") from None
     args = {k.lower(): v for k, v in raw.items()}
-    pod = _pod(_decoded(args.get("pod"), what))
+    pod_raw = args.get("pod")
+    pod_json = bytes(pod_raw) if pod_raw is not None else b""
+    pod = _pod(decode(pod_json, what) if pod_raw is not None else None)
     names = args.get("nodenames")
     if names is not None and bytes(names) != b"null":
         names_json = bytes(names)
         if names_json[:1] != b"[":
             raise InvalidInput(NOT_A_LIST)
-        return ExtenderArgs(pod, names_json, None)
-    return _with_nodes(pod, _decoded(args.get("nodes"), what))
+        return ExtenderArgs(pod, names_json, None, pod_json=pod_json)
+    nodes = args.get("nodes")
+    if nodes is None or bytes(nodes) == b"null":
+        raise InvalidInput("ExtenderArgs has neither NodeNames nor Nodes")
+    items = _raw_items(bytes(nodes), what)
+    if items is None:  # not the shape kube-scheduler writes: read it as any JSON
+        return replace(_with_nodes(pod, decode(bytes(nodes), what)), pod_json=pod_json)
+    return ExtenderArgs(pod, b"", items, [_raw_node_name(n) for n in items], pod_json)
 
 
-def _decoded(raw: msgspec.Raw | None, what: str) -> Any:
-    return None if raw is None else decode(bytes(raw), what)
+class _Meta(msgspec.Struct):
+    name: Any = None
+
+
+class _Named(msgspec.Struct):
+    metadata: _Meta | None = None
+
+
+class _RawList(msgspec.Struct):
+    items: list[msgspec.Raw] | None = None
+
+
+_RAW_LIST = msgspec.json.Decoder(_RawList)
+_NAMED = msgspec.json.Decoder(_Named)
+
+
+def _raw_items(node_list: bytes, what: str) -> list[msgspec.Raw] | None:
+    """The items of a NodeList as raw JSON values (a node's JSON is only echoed back, so
+    it is never decoded into Python objects: a NodeList of thousands of nodes costs its
+    bytes, not a hundred times them); None when the list is not spelled as Go writes it."""
+    try:
+        items = _RAW_LIST.decode(node_list).items
+    except msgspec.ValidationError:
+        return None
+    except msgspec.DecodeError as exc:
+        raise InvalidInput(f"gpupool {what}: the request is not valid JSON ({exc})") from None
+    if items is None or len(items) > MAX_NODES:
+        return None
+    return items
+
+
+def _raw_node_name(node: msgspec.Raw) -> str:
+    try:
+        meta = _NAMED.decode(node).metadata
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        meta = None
+    name = meta.name if meta is not None else None
+    if not isinstance(name, str) or not name:
+        raise InvalidInput("a node in ExtenderArgs.Nodes has no metadata.name")
+    return name
 
 
 def _pod(pod: Any) -> Mapping[str, Any]:
@@ -245,7 +292,7 @@ class Priorities:
 NO_PRIORITIES = b"[]"
 
 
-def decode(body: bytes, what: str) -> Any:
+def decode(body: bytes | bytearray, what: str) -> Any:
     """Decoded JSON of a request body, or ``InvalidInput`` saying why not."""
     try:
         return msgspec.json.decode(body)
