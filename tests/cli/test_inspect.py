@@ -97,6 +97,7 @@ def test_the_table_marks_the_chosen_node_and_gives_reasons(
     (["--pod", "{ok}", "--policy", "fastest"], "unknown policy 'fastest'"),
     (["--pod", "{ok}", "--nodes", "{bad_cluster}"], "every GPU needs its memory"),
     (["--pod", "{ok}", "--seed", "x"], "invalid int value"),
+    (["nodes"], "--nodes FILE is for explaining offline; a live view reads the cluster"),
 ])
 def test_bad_input_prints_one_line_and_exits_2(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], words: str) -> None:

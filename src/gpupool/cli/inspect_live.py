@@ -63,12 +63,12 @@ def add_options(parser: Any, *, copy: bool = False) -> None:
                              f"published (default {GPUPOOL_NAMESPACE})")
     parser.add_argument("--stale-after", type=bounded(float, 0, above=True), metavar="SECONDS",
                         default=default(120.0),
-                        help="a GPU whose heartbeat is older counts as unhealthy, as the "
-                             "extender's flag of the same name (default 120)")
+                        help="a GPU whose heartbeat is older takes no new slices, as with "
+                             "the extender's flag of the same name (default 120)")
     parser.add_argument("--memory-unit", type=bounded(int, 1), metavar="MIB",
                         default=default(256),
-                        help="GPU memory accounting unit, as the extender's flag of the same "
-                             "name (default 256)")
+                        help="GPU memory accounting unit, as with the extender's flag of the "
+                             "same name (default 256)")
     parser.add_argument("--request-timeout", type=bounded(float, 0, above=True),
                         metavar="SECONDS", default=default(30.0),
                         help="how long to wait for each API call (default 30)")
@@ -111,6 +111,11 @@ def add_views(subparsers: Any, *, copies: bool) -> list[argparse.ArgumentParser]
 
 
 def connect(args: argparse.Namespace) -> tuple[KubeApi, kubeconfig.Loaded]:
+    offline = [flag for flag in ("nodes", "pod", "running")
+               if getattr(args, flag, None) is not None]
+    if offline:
+        raise InvalidInput(f"--{offline[0]} FILE is for explaining offline; a live view "
+                           "reads the cluster (leave out the view's name, or the files)")
     loaded = kubeconfig.load(args.kubeconfig, args.context)
     return KubeApi(loaded.config, timeout_s=args.request_timeout), loaded
 
