@@ -54,10 +54,13 @@ def make_agent(short_dir: Path, apiserver: FakeApiServer) -> Iterator[AgentFacto
     def make(gpus: int = 2, split: int = 4, memory_mib: int = 16384, heartbeat_s: float = 30.0,
              inventory: bool = False, start: bool = True, cache: bool = True,
              decide_unscheduled: bool = False, monitor_s: float = 3600.0,
-             proc_root: Path | None = None, **guards: Any) -> NodeAgent:
+             proc_root: Path | None = None,
+             provider_for: Callable[[FakeGpuBackend], Any] | None = None,
+             **guards: Any) -> NodeAgent:
         """An agent on the FAKE GPUs; decisions verified with the test cluster's keys
         (published in the FAKE API server) unless ``decide_unscheduled``; ``guards``
-        override parts of ``Guards`` (provider, exposure, action, overuse, metrics)."""
+        override parts of ``Guards`` (provider, exposure, action, overuse, metrics);
+        ``provider_for`` makes the isolation provider from the FAKE GPU backend."""
         path = write_gpus(short_dir / "gpus.yaml", gpus, memory_mib)
         api = KubeApi.connect(server=apiserver.url)
         publish(api, NAMESPACE, KEYS)
@@ -70,7 +73,10 @@ def make_agent(short_dir: Path, apiserver: FakeApiServer) -> Iterator[AgentFacto
                        evictions=KubeEvictions(api))
         for key, value in guards.items():
             setattr(parts, key, value)
-        agent = NodeAgent(config, FakeGpuBackend(path, poll_s=0.02), pods,
+        backend = FakeGpuBackend(path, poll_s=0.02)
+        if provider_for is not None:
+            parts.provider = provider_for(backend)
+        agent = NodeAgent(config, backend, pods,
                           KubeInventory(api.fork()) if inventory else None, guards=parts)
         started.append((agent, pods, api))
         if start:

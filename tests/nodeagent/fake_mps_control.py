@@ -134,10 +134,17 @@ def client() -> int:
         with sock:
             sock.sendall((line + "\n").encode())
             sock.shutdown(socket.SHUT_WR)
-            reply = b"".join(iter(lambda: sock.recv(4096), b""))
+            reply = _read_all(sock)
         if reply:
             print(reply.decode())
     return 0
+
+
+def _read_all(sock: socket.socket) -> bytes:
+    chunks = []
+    while chunk := sock.recv(4096):
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 
 from gpupool.core.errors import GpupoolError
@@ -68,6 +69,8 @@ class MpsProvider:
         self.timeout_s = timeout_s
         self.daemons: dict[str, MpsDaemon] = {}
         self.restarts: dict[str, int] = {}
+        self._retry_at: dict[str, float] = {}  # after failed restarts: when to try again
+        self._backoff: dict[str, float] = {}
         self._problems: dict[str, str] = {}
         self._modes: dict[str, bool] = {}  # GPU uuid -> EXCLUSIVE_PROCESS set by us
         self._changed: Callable[[], None] = lambda: None
@@ -120,20 +123,33 @@ class MpsProvider:
                 self._check(daemon)
 
     def _check(self, daemon: MpsDaemon) -> None:
+        """Restart a daemon that is not serving; after failed restarts, back off (doubling
+        up to a minute) so that a daemon that cannot start is not retried in a loop."""
+        uuid = daemon.uuid
+        if time.monotonic() < self._retry_at.get(uuid, 0.0):
+            return
         problem = daemon.problem()
         if not problem:
-            self._set_problem(daemon.uuid, "")
+            self._set_problem(uuid, "")
             return
-        log.warning("MPS control daemon of GPU %s: %s; restarting it", daemon.uuid, problem)
-        self._set_problem(daemon.uuid, problem)
-        self.restarts[daemon.uuid] = self.restarts.get(daemon.uuid, 0) + 1
+        failing = uuid in self.problems()
+        (log.info if failing else log.warning)(
+            "MPS control daemon of GPU %s: %s; restarting it", uuid, problem)
+        self._set_problem(uuid, problem)
+        self.restarts[uuid] = self.restarts.get(uuid, 0) + 1
         try:
             daemon.restart()
         except MpsError as exc:
-            log.error("GPU %s takes no shared slices: %s", daemon.uuid, exc)
-            self._set_problem(daemon.uuid, str(exc))
+            wait = min(60.0, 2 * max(self.health_s, self._backoff.get(uuid, 0.0)))
+            self._backoff[uuid] = wait
+            self._retry_at[uuid] = time.monotonic() + wait
+            (log.info if failing else log.error)(
+                "GPU %s takes no shared slices: %s (next try in %.1f s)", uuid, exc, wait)
+            self._set_problem(uuid, str(exc))
         else:
-            self._set_problem(daemon.uuid, "")
+            self._backoff.pop(uuid, None)
+            self._retry_at.pop(uuid, None)
+            self._set_problem(uuid, "")
 
     def _set_problem(self, uuid: str, problem: str) -> None:
         with self._lock:
