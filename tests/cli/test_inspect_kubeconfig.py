@@ -145,6 +145,8 @@ NOT_YAML = "apiVersion: v1\nclusters:\n  - name: a\n   cluster: {}\n"
      "{path}: certificate-authority {dir}/missing-ca.crt does not exist"),
     (config(user={"tokenFile": "/nonexistent/token"}), None,
      "{path}: tokenFile /nonexistent/token does not exist"),
+    (config(user={"client-certificate-data": "!!not base64", "client-key-data": "eA=="}), None,
+     "{path}: user 'one': client-certificate-data is not base64"),
 ])
 def test_a_kubeconfig_that_is_not_usable_is_one_line_naming_the_file(
         tmp_path: Path, doc: Any, context: str | None, words: str) -> None:

@@ -9,6 +9,7 @@ import inspect
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -100,3 +101,34 @@ def test_a_bad_flag_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -
 def test_no_view_prints_the_help_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert kubectl.main([]) == 2
     assert "kubectl gpupool nodes [NODE ...]" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("extra", "words"), [
+    ({"cluster": {"server": "https://127.0.0.1:9", "certificate-authority": "{ca}"}},
+     "kubeconfig {path}: context one: cannot set up a connection to https://127.0.0.1:9 "
+     "(SSLError: "),
+    ({"user": {"exec": {"apiVersion": "client.authentication.k8s.io/v1beta1",
+                        "command": "no-such-credential-plugin"}}},
+     "calling the Kubernetes API at https://127.0.0.1:9 (context one of kubeconfig {path}) "
+     "failed: FileNotFoundError: "),
+])
+def test_credentials_that_cannot_be_used_are_one_line_and_exit_2(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: dict[str, Any],
+        words: str) -> None:
+    ca = tmp_path / "ca.crt"
+    ca.write_text("not a certificate\n")
+    cluster = {"server": "https://127.0.0.1:9"}
+    user: dict[str, Any] = {"token": "t"}
+    if "cluster" in extra:
+        cluster = {k: v.format(ca=ca) for k, v in extra["cluster"].items()}
+    if "user" in extra:
+        user = extra["user"]
+    path = tmp_path / "config"
+    path.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "one",
+        "clusters": [{"name": "one", "cluster": cluster}],
+        "contexts": [{"name": "one", "context": {"cluster": "one", "user": "one"}}],
+        "users": [{"name": "one", "user": user}]}))
+    assert kubectl.main(["groups", "--kubeconfig", str(path)]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("kubectl gpupool: " + words.format(path=path)), line

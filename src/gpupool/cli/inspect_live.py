@@ -117,19 +117,27 @@ def connect(args: argparse.Namespace) -> tuple[KubeApi, kubeconfig.Loaded]:
         raise InvalidInput(f"--{offline[0]} FILE is for explaining offline; a live view "
                            "reads the cluster (leave out the view's name, or the files)")
     loaded = kubeconfig.load(args.kubeconfig, args.context)
-    return KubeApi(loaded.config, timeout_s=args.request_timeout), loaded
+    try:
+        return KubeApi(loaded.config, timeout_s=args.request_timeout), loaded
+    except (OSError, ValueError) as exc:  # TLS files lightkube could not load
+        raise kubeconfig.KubeconfigError(
+            f"{loaded.source}: context {loaded.context}: cannot set up a connection to "
+            f"{loaded.server} ({type(exc).__name__}: {exc})") from None
 
 
 @contextmanager
 def _naming_the_server(loaded: kubeconfig.Loaded) -> Iterator[None]:
     """A call nothing answered says which server was tried, and from which configuration."""
+    where = f"{loaded.server} (context {loaded.context} of {loaded.source})"
     try:
         yield
     except KubeError as exc:
         if exc.code:
             raise
-        raise KubeError(f"cannot reach the Kubernetes API at {loaded.server} (context "
-                        f"{loaded.context} of {loaded.source}): {exc}") from None
+        raise KubeError(f"cannot reach the Kubernetes API at {where}: {exc}") from None
+    except (OSError, ValueError) as exc:  # e.g. the credential plugin the context runs
+        raise KubeError(f"calling the Kubernetes API at {where} failed: "
+                        f"{type(exc).__name__}: {exc}") from None
 
 
 def gather(api: KubeApi, args: argparse.Namespace) -> LiveCluster:

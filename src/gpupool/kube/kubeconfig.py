@@ -25,6 +25,8 @@ what is wrong, in one line.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -252,11 +254,27 @@ def _check_refs(ctx: _Entry, name: str, merged: Mapping[str, Mapping[str, _Entry
                               f"server {server!r} is not an http:// or https:// URL")
     user = merged["users"].get(ctx.value.user or "")
     _check_file(cluster, "certificate-authority", cluster.value.certificate_auth)
+    _check_data(cluster, f"cluster {ctx.value.cluster!r}", "certificate-authority-data",
+                cluster.value.certificate_auth_data)
     if user is not None:
         for key, path in (("client-certificate", user.value.client_cert),
                           ("client-key", user.value.client_key),
                           ("tokenFile", user.value.token_file)):
             _check_file(user, key, path)
+        for key, data in (("client-certificate-data", user.value.client_cert_data),
+                          ("client-key-data", user.value.client_key_data)):
+            _check_data(user, f"user {ctx.value.user!r}", key, data)
+
+
+def _check_data(entry: _Entry, what: str, key: str, data: str | None) -> None:
+    """Inline certificates and keys are base64 (else lightkube fails obscurely)."""
+    if data is None:
+        return
+    try:
+        base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise KubeconfigError(f"kubeconfig {entry.origin}: {what}: {key} is not "
+                              "base64") from None
 
 
 def _check_file(entry: _Entry, key: str, path: str | None) -> None:
