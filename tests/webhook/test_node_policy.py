@@ -54,7 +54,8 @@ def test_a_node_agent_advances_the_phase_and_claims_devices_of_its_own_nodes_pod
               "gpupool.io/devices": '{"main":{"v-1":"GPU-n1-0"}}'}
     outcome = POLICY.admit(pod_update("n1", served, sub=sub))
     assert outcome.applies and outcome.allowed, outcome.message
-    failed = {**DECISION, "gpupool.io/phase": "failed", "gpupool.io/reason": "not signed"}
+    failed = {**DECISION, "gpupool.io/phase": "failed", "gpupool.io/reason": "not signed",
+              "gpupool.io/over-use": '{"main":"memory"}'}
     assert POLICY.admit(pod_update("n1", failed)).allowed
 
 

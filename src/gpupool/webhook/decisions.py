@@ -3,8 +3,8 @@
 A pod's ``gpupool.io/*`` annotations (except the two a user sets: ``gpupool.io/mode``
 and ``gpupool.io/affinity``) are gpupool's record of a GPU decision. Nobody may create
 a pod carrying them, and an update may add, change or remove them only when the
-caller's account is allowed that key (``Writers``): the node agent its phase, reason
-and device claim; the extender writes decisions only through the Binding
+caller's account is allowed that key (``Writers``): the node agent its phase, reason,
+device claim and over-use record; the extender writes decisions only through the Binding
 (``pods/binding``), which the same rule checks. Signatures still protect a decision
 that slips past (docs/security.md); this rule makes the attempt visible and early.
 Pure: no I/O.
@@ -26,8 +26,10 @@ DECISION_KEYS = frozenset({
     names.ANNOTATION_DEVICES, names.ANNOTATION_RESOURCE_GROUP,
 })
 """The decision record; every other ``gpupool.io/`` key but ``USER_KEYS`` is guarded too."""
+ANNOTATION_OVER_USE = "gpupool.io/over-use"
+"""The node agent's record of a container using more than its slice (its monitor)."""
 NODE_AGENT_KEYS = frozenset({names.ANNOTATION_PHASE, names.ANNOTATION_REASON,
-                             names.ANNOTATION_DEVICES})
+                             names.ANNOTATION_DEVICES, ANNOTATION_OVER_USE})
 NODE_AGENT_DECIDING_KEYS = NODE_AGENT_KEYS | {names.ANNOTATION_ALLOCATION, names.ANNOTATION_NODE,
                                               names.ANNOTATION_BIND_TIME}
 """With ``--decide-unscheduled`` the node agent writes the decision itself (unsigned)."""
@@ -82,7 +84,8 @@ def refuse_create(who: str, keys: list[str]) -> str:
 def refuse_update(who: str, user: str, keys: list[str]) -> str:
     return (f"{who}: {user or 'an anonymous user'} may not add, change or remove "
             f"{', '.join(keys)}: gpupool's decision annotations are written only by "
-            "gpupool's extender (in the Binding) and node agents (phase, reason, devices)")
+            "gpupool's extender (in the Binding) and node agents (phase, reason, devices, "
+            "over-use)")
 
 
 def check_pod_write(who: str, user: str, operation: str, old: Mapping[str, Any] | None,
