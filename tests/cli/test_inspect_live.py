@@ -36,6 +36,7 @@ from gpupool.contract import annotations as records
 from gpupool.contract import names
 from gpupool.core.allocation import Allocation, Slice
 from gpupool.core.workload import TargetWorkload
+from gpupool.extender.ledger import Entry
 from gpupool.extender.workload import BUILTIN_WORKLOAD
 from gpupool.security.signing import SigningKeys, claims_of
 
@@ -408,3 +409,35 @@ def test_without_published_keys_signatures_are_not_checked_and_decisions_count(
     [holder] = gpus_of(report)["gpu-a#0"]["holders"]
     assert (holder["signature"], holder["counted"]) == ("unchecked", True)
     assert gpus_of(report)["gpu-a#0"]["memoryMiB"]["allocated"] == 2048
+
+
+def test_an_unsigned_decision_counts_only_when_its_ledger_entry_vouches_for_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with FakeApiServer() as fake:
+        fake.seed("nodes", node_obj("gpu-a"))
+        for j in (0, 1):
+            fake.seed("gpudevices", gpu_obj("gpu-a", j))
+        fake.seed("configmaps", {"metadata": {"name": "gpupool-decision-keys",
+                                              "namespace": "gpupool-system"},
+                                 "data": KEYS.public().to_data()})
+        place(fake, pod_obj("old", "team-a", shared(2048, 10)), "gpu-a", 0, 2048, 10,
+              signed=False)
+        place(fake, pod_obj("edited", "team-a", shared(2048, 10)), "gpu-a", 1, 2048, 10,
+              signed=False)
+        entries = {}
+        for name, gpu, memory_mib in (("old", 0, 2048), ("edited", 1, 1024)):
+            uid = fake.get("pods", name, "team-a")["metadata"]["uid"]
+            alloc = Allocation(uid, "gpu-a", 1000, 1024,
+                               (Slice(f"GPU-gpu-a-{gpu}", gpu, memory_mib, 10, "main"),))
+            entries[uid] = Entry(alloc, f"team-a/{name}", BIND_TIME, "team-a", None,
+                                 "team-a-pool").to_json()
+        fake.seed("gpuledgers", {"metadata": {"name": "gpu-a"},
+                                 "spec": {"node": "gpu-a", "entries": entries}})
+        report = run_json(capsys, "nodes", "--kubeconfig",
+                          str(write_kubeconfig(tmp_path / "config", fake.url)))
+    gpus = gpus_of(report)
+    [old] = gpus["gpu-a#0"]["holders"]
+    assert (old["pod"], old["signature"], old["counted"]) == ("team-a/old", "ledger", True)
+    [edited] = gpus["gpu-a#1"]["holders"]  # its annotation says 2048 MiB, its entry 1024
+    assert (edited["pod"], edited["signature"], edited["counted"]) == (
+        "team-a/edited", "forged", False)

@@ -39,18 +39,18 @@ from gpupool.core.errors import GpupoolError, InvalidInput
 from gpupool.core.groups import GroupCatalog
 from gpupool.core.quota import Charge, QuotaBook, amount_of_allocation
 from gpupool.core.state import ClusterState
-from gpupool.extender import inventory
+from gpupool.extender import inventory, ledger
 from gpupool.extender.pods import PodFacts, facts_of
-from gpupool.extender.podspec import is_gpupool_resource
 from gpupool.security.signing import KeyRing, SignatureError, claims_of
 
-VERIFIED, FORGED, UNCHECKED = "verified", "forged", "unchecked"
+VERIFIED, FORGED, UNCHECKED, LEDGER = "verified", "forged", "unchecked", "ledger"
 
 
 @dataclass(frozen=True, slots=True)
 class Signature:
     """How a decision's ``gpupool.io/signature`` stands: ``state`` is verified, forged
-    (not counted) or unchecked (the keys could not be read; counted)."""
+    (not counted), unchecked (the keys could not be read; counted) or ledger (not signed
+    but the very entry the extender wrote for the pod in its node's GPULedger; counted)."""
 
     present: bool
     state: str
@@ -116,6 +116,7 @@ class LiveCluster:
     tenants: set[str] = field(default_factory=set)
     problems: list[str] = field(default_factory=list)
     signatures: Signatures = field(default_factory=lambda: Signatures(None, "not read"))
+    ledgers: dict[str, ledger.View] = field(default_factory=dict)  # by node
     _by_gpu: dict[str, list[tuple[Holder, int, int, str]]] | None = None
 
     def holders_on(self, uuid: str) -> list[tuple[Holder, int, int, str]]:
@@ -134,7 +135,7 @@ class LiveCluster:
 def build(nodes: Iterable[Any], devices: Iterable[Mapping[str, Any]], pods: Iterable[Any],
           classes: Iterable[Mapping[str, Any]], groups: Iterable[Mapping[str, Any]],
           signatures: Signatures, now_s: float, stale_after_s: float,
-          memory_unit_mib: int) -> LiveCluster:
+          memory_unit_mib: int, ledgers: Iterable[Mapping[str, Any]] = ()) -> LiveCluster:
     """The live cluster from listed objects (lightkube Node and Pod models, CR dicts)."""
     problems: list[str] = []
     records_by_node = _devices(devices, problems)
@@ -153,6 +154,8 @@ def build(nodes: Iterable[Any], devices: Iterable[Mapping[str, Any]], pods: Iter
             takes = inventory.is_fresh(rec, now_s, stale_after_s) and not rec.isolated
             live.gpus[rec.gpu.uuid] = Gpu(rec, takes, age, age is not None and age > stale_after_s)
     _read_catalogue(live, classes, groups)
+    with _quiet(ledger.__name__):  # undecodable entries are left out, as the extender does
+        live.ledgers = {v.node: v for v in (ledger.view_of(obj) for obj in ledgers)}
     _hold(live, list(pods))
     _apply_health(live)
     return live
@@ -198,9 +201,9 @@ def _name(obj: Mapping[str, Any]) -> str:
 
 
 @contextmanager
-def _quiet_pod_reader() -> Iterator[None]:
-    """The extender's pod reader logs broken decisions; here they become problems."""
-    logger = logging.getLogger(facts_of.__module__)
+def _quiet(module: str) -> Iterator[None]:
+    """The extender's readers log what they leave out; here it becomes problems."""
+    logger = logging.getLogger(module)
     before = logger.disabled
     logger.disabled = True
     try:
@@ -212,7 +215,7 @@ def _quiet_pod_reader() -> Iterator[None]:
 def _hold(live: LiveCluster, pods: list[Any]) -> None:
     """Reserve what every live pod holds (decisions first, then CPU and memory of bound
     pods without a counted decision) and charge quota, as the extender counts them."""
-    with _quiet_pod_reader():
+    with _quiet(facts_of.__module__):
         facts = [(p, facts_of(p)) for p in pods]
     state = live.state
     for row in range(len(state.nodes)):  # reserve as if healthy (module docstring)
@@ -239,8 +242,12 @@ def _hold_decision(live: LiveCluster, pod: Any, f: PodFacts) -> None:
     if alloc is None:
         return  # marked failed, or made for another node
     signature = live.signatures.check(f.uid, f.namespace, f.name, notes)
+    if signature.state == FORGED and _in_ledger(live, f, alloc, notes):
+        signature = Signature(signature.present, LEDGER, message=(
+            f"{signature.message}; but it is the entry the extender wrote for this pod in "
+            f"GPULedger {alloc.node}, which vouches for it"))
     why = "forged decision: " + signature.message if signature.state == FORGED else ""
-    if not why and not _asks_gpu(pod):
+    if not why and not f.asks_gpu:
         why = "the pod asks no gpupool GPU resource, so its decision can hold no GPU"
     if not why and f.node not in live.state.index:
         why = f"node {f.node} has no GPUs gpupool knows"
@@ -255,15 +262,17 @@ def _hold_decision(live: LiveCluster, pod: Any, f: PodFacts) -> None:
                                                f.namespace, f.gpu_class, f.group))
 
 
-def _asks_gpu(pod: Any) -> bool:
-    """Whether a container of the pod asks a gpupool GPU resource (by the extender's
-    resource-name test)."""
-    for c in (pod.spec.containers or []) if pod.spec is not None else []:
-        res = c.resources
-        amounts = {**(res.limits or {}), **(res.requests or {})} if res is not None else {}
-        if any(is_gpupool_resource(name) for name in amounts):
-            return True
-    return False
+def _in_ledger(live: LiveCluster, f: PodFacts, alloc: Allocation,
+                notes: Mapping[str, str]) -> bool:
+    """Whether the decision is the very entry the extender wrote for this pod in its
+    node's GPULedger (an object only the extender may write): the extender counts such a
+    decision as if signed (decisions bound before signing existed)."""
+    view = live.ledgers.get(alloc.node)
+    entry = view.entries.get(f.uid) if view is not None else None
+    return entry is not None and entry.allocation == alloc and \
+        entry.pod == f"{f.namespace}/{f.name}" and \
+        entry.bind_time == notes.get(names.ANNOTATION_BIND_TIME) and \
+        (entry.group or "") == (notes.get(names.ANNOTATION_RESOURCE_GROUP) or "")
 
 
 def _try_reserve(state: ClusterState, alloc: Allocation) -> str:

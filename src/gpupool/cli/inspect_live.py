@@ -152,9 +152,21 @@ def gather(api: KubeApi, args: argparse.Namespace) -> LiveCluster:
     groups = _optional(api.list_resource_groups, "ResourceGroup", problems)
     live = build(api.list_nodes().items, devices, api.list_pods().items, classes, groups,
                  read_signatures(api, args.gpupool_namespace), time.time(), args.stale_after,
-                 args.memory_unit)
+                 args.memory_unit, _ledgers(api, problems))
     live.problems[:0] = problems
     return live
+
+
+def _ledgers(api: KubeApi, problems: list[str]) -> list[Any]:
+    """The GPU ledgers (they vouch for decisions bound before signing existed)."""
+    try:
+        return list(api.list_ledgers().items)
+    except KubeError as exc:
+        if not exc.code:
+            raise
+        problems.append(f"GPU ledgers cannot be read ({exc}): an unsigned decision the "
+                        "extender vouches for by its ledger entry shows as forged")
+        return []
 
 
 def _optional(lister: Callable[[], Any], kind: str, problems: list[str]) -> list[Any]:

@@ -167,8 +167,8 @@ def _decision_facts(report: Report) -> Iterator[tuple[str, str]]:
         yield "counted", "yes" if d["counted"] else f"no: {d['why']}"
     sig = report["signature"]
     if sig is not None:
-        state = {"verified": "verified", "forged": "FORGED",
-                 "unchecked": "not checked"}[sig["state"]]
+        state = {"verified": "verified", "forged": "FORGED", "unchecked": "not checked",
+                 "ledger": "vouched for by the GPU ledger"}[sig["state"]]
         yield "signature", f"{'present' if sig['present'] else 'absent'}, {state}: " \
                            f"{sig['message']}"
 

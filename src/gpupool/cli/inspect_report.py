@@ -126,7 +126,9 @@ def pod_report(live: LiveCluster, pod: Any, policy: str, seed: int) -> Report:
     request = _request(pod, report)
     if records.has_decision(notes):
         report["decision"] = _decision(live, uid, notes, node)
-        sig = live.signatures.check(uid, ns, name, notes)
+        holder = live.holders.get(uid)
+        sig = holder.signature if holder is not None else \
+            live.signatures.check(uid, ns, name, notes)
         report["signature"] = {"present": sig.present, "state": sig.state,
                                "key": sig.key or None, "message": sig.message}
     if node is None and request is not None and request.gpus:
