@@ -44,7 +44,8 @@ Container = tuple[str, int, int, int]
 
 
 def pod(name: str, containers: Sequence[Container], node: str = NODE,
-        ann: dict[str, str] | None = None, created: str = "2026-01-01T00:00:00Z") -> dict[str, Any]:
+        ann: dict[str, str] | None = None, created: str = "2026-01-01T00:00:00Z",
+        uid: str | None = None) -> dict[str, Any]:
     cs = []
     for cname, count, mem, core in containers:
         limits = {names.RESOURCE_GPU: str(count)}
@@ -54,20 +55,20 @@ def pod(name: str, containers: Sequence[Container], node: str = NODE,
             limits[names.RESOURCE_CORE] = str(core)
         cs.append({"name": cname, "image": "cuda", "resources": {"limits": limits}})
     return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": "default", "uid": f"uid-{name}",
+            "metadata": {"name": name, "namespace": "default", "uid": uid or f"uid-{name}",
                          "annotations": dict(ann or {}), "creationTimestamp": created},
             "spec": {"nodeName": node, "containers": cs}}
 
 
 def decision(pod_name: str, slices: Sequence[tuple[str, int, int, int, str]],
-             node: str = NODE, exclusive: bool = False, keys: SigningKeys | None = KEYS
-             ) -> dict[str, str]:
+             node: str = NODE, exclusive: bool = False, keys: SigningKeys | None = KEYS,
+             uid: str | None = None) -> dict[str, str]:
     """Extender-style annotations, signed as the extender signs them at bind (``keys``
     None: unsigned); slices are (uuid, index, memory MiB, core %, container)."""
-    alloc = Allocation(f"uid-{pod_name}", node, 1000, 1024,
+    alloc = Allocation(uid or f"uid-{pod_name}", node, 1000, 1024,
                        tuple(Slice(u, i, m, c, n) for u, i, m, c, n in slices), exclusive)
     ann = annotations.encode(alloc, BIND_TIME)
-    return sign(ann, pod_name, keys) if keys is not None else ann
+    return sign(ann, pod_name, keys, uid) if keys is not None else ann
 
 
 def sign(ann: dict[str, str], pod_name: str, keys: SigningKeys = KEYS,
@@ -94,3 +95,31 @@ def mps_state(log_dir: Path) -> dict[str, Any]:
 
     path = log_dir / "fake-state.json"
     return dict(json.loads(path.read_text())) if path.exists() else {}
+
+
+def pod_uid(n: int) -> str:
+    """A pod UID as the API server makes them (kubelet's cgroup paths carry it)."""
+    return f"{n:08x}-1d1b-4c3e-9a8f-5b9d2a6f7e01"
+
+
+def container_id(n: int) -> str:
+    return f"{n:064x}"
+
+
+def cgroup_v2(uid: str, cid: str) -> str:
+    """``/proc/<pid>/cgroup`` of a container under the systemd driver (cgroup v2)."""
+    u = uid.replace("-", "_")
+    return (f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{u}.slice/"
+            f"cri-containerd-{cid}.scope\n")
+
+
+def write_cgroup(proc_root: Path, pid: int, text: str) -> None:
+    (proc_root / str(pid)).mkdir(parents=True, exist_ok=True)
+    (proc_root / str(pid) / "cgroup").write_text(text)
+
+
+def running(obj: dict[str, Any], containers: dict[str, str]) -> dict[str, Any]:
+    """The pod with status.containerStatuses naming each container's runtime id."""
+    return {**obj, "status": {"phase": "Running", "containerStatuses": [
+        {"name": n, "containerID": f"containerd://{cid}", "image": "cuda", "imageID": "",
+         "ready": True, "restartCount": 0} for n, cid in containers.items()]}}
