@@ -10,6 +10,7 @@ from pathlib import Path
 
 from gpupool_testing.fake_apiserver import FakeApiServer
 
+from gpupool.cli.webhook import _pod_node as pod_node_of
 from gpupool.controller.loop import Controller
 from gpupool.kube.controller_ops import ControllerApi
 from gpupool.kube.keystore import PUBLIC_CONFIG_MAP, KeyRingSource
@@ -72,6 +73,8 @@ def test_the_webhooks_rbac_covers_making_renewing_and_publishing_its_certificate
             keeper.refresh()  # steady state
             fake.delete("secrets", "gpupool-webhook-tls", NS)
             keeper.refresh()  # renewal
+            fake.seed("pods", placed_pod("a", "lab", "n1", slices("n1", (0, GIB, 10))))
+            assert pod_node_of(api)("lab", "a") == "n1"  # a node agent's eviction checked
         finally:
             api.close()
         calls = needed(fake.requests)

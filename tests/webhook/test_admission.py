@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from gpupool.core.errors import InvalidInput
 from gpupool.webhook.admission import Settings, mutate, validate
 from gpupool.webhook.decisions import NODE_AGENT_KEYS, Writers
 from gpupool.webhook.review import BadReview, Verdict, answer, read_review
@@ -298,3 +299,44 @@ def test_a_denial_and_a_patch_take_the_admission_review_v1_form() -> None:
     patched = answer("u2", Verdict.allow(ops))["response"]
     assert patched["patchType"] == "JSONPatch"
     assert json.loads(base64.b64decode(patched["patch"])) == ops
+
+
+# -- node-scoped evictions -----------------------------------------------------------------------
+def eviction(user: str = NODE_AGENT, node: str | None = "n1") -> Obj:
+    obj = {"apiVersion": "policy/v1", "kind": "Eviction",
+           "metadata": {"name": "p", "namespace": "team-a"}}
+    extra = {"authentication.kubernetes.io/node-name": [node]} if node else {}
+    return review(obj, sub="eviction", user=user, extra=extra, kind="Eviction")
+
+
+def evicting(where: dict[tuple[str, str], str | None]) -> Settings:
+    def pod_node(namespace: str, name: str) -> str | None:
+        if (namespace, name) not in where:
+            raise InvalidInput("the API server is away")
+        return where[(namespace, name)]
+    return Settings(writers=SETTINGS.writers, node_scoped=frozenset({NODE_AGENT}),
+                    pod_node=pod_node)
+
+
+def judge(review_obj: Obj, settings: Settings) -> Verdict:
+    return validate(read_review(body(review_obj)), settings)
+
+
+def test_a_node_agent_evicts_only_pods_on_its_own_node() -> None:
+    assert judge(eviction(), evicting({("team-a", "p"): "n1"})).allowed
+    verdict = judge(eviction(), evicting({("team-a", "p"): "n2"}))
+    assert not verdict.allowed
+    assert verdict.message == ("the node agent of node n1 may not evict pod team-a/p, which is "
+                               "bound to node n2")
+
+
+def test_an_eviction_is_refused_without_a_node_bound_token_or_when_the_pod_cannot_be_read(
+        ) -> None:
+    assert "pod-bound service-account token" in judge(
+        eviction(node=None), evicting({("team-a", "p"): "n1"})).message
+    assert "cannot check the pod's node" in judge(eviction(), evicting({})).message
+    assert judge(eviction(), evicting({("team-a", "p"): None})).allowed  # gone: API says 404
+
+
+def test_other_accounts_evictions_are_not_the_webhooks_business() -> None:
+    assert judge(eviction(user="alice"), evicting({("team-a", "p"): "n2"})).allowed

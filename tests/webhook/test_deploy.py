@@ -110,6 +110,15 @@ def test_the_node_agents_and_extenders_own_writes_are_sent_and_allowed() -> None
     assert conditions(HOOKS["bindings.validate.gpupool.io"], plain["request"]) is False
 
 
+def test_only_node_agents_evictions_are_sent() -> None:
+    hook = HOOKS["evictions.validate.gpupool.io"]
+    obj = {"apiVersion": "policy/v1", "kind": "Eviction",
+           "metadata": {"name": "p", "namespace": "team-a"}}
+    assert conditions(hook, review(obj, sub="eviction", user=NODE_AGENT)["request"]) is True
+    assert conditions(hook, review(obj, sub="eviction", user="alice")["request"]) is False
+    assert hook["rules"][0]["resources"] == ["pods/eviction"]
+
+
 def test_every_webhook_is_v1_fails_closed_skips_the_system_namespaces_and_calls_the_service(
         ) -> None:
     for hook in [MUTATING, *HOOKS.values()]:

@@ -24,7 +24,8 @@ from typing import Any
 from prometheus_client import start_http_server
 
 from gpupool.cli.args import bounded
-from gpupool.kube.errors import KubeError
+from gpupool.kube.api import KubeApi
+from gpupool.kube.errors import KubeError, NotFound
 from gpupool.kube.webhook_ops import WebhookApi
 from gpupool.webhook.admission import Settings
 from gpupool.webhook.certificates import CertificateKeeper, CertificatePlan
@@ -34,6 +35,7 @@ from gpupool.webhook.decisions import (
     Writers,
     service_account,
 )
+from gpupool.webhook.evictions import PodNode
 from gpupool.webhook.metrics import Metrics
 from gpupool.webhook.server import HttpsServer, WebhookApp
 from gpupool.webhook.tls import ServingTls
@@ -95,12 +97,24 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
-def settings_of(args: argparse.Namespace) -> Settings:
+def settings_of(args: argparse.Namespace, api: KubeApi | None = None) -> Settings:
     agent = service_account(args.namespace, args.node_agent_account)
     keys = NODE_AGENT_DECIDING_KEYS if args.node_agent_decides else NODE_AGENT_KEYS
     writers = Writers({agent: keys},
                       frozenset({service_account(args.namespace, args.extender_account)}))
-    return Settings(args.scheduler_name, writers, args.guard == "all-pods")
+    return Settings(args.scheduler_name, writers, args.guard == "all-pods",
+                    frozenset({agent}), _pod_node(api) if api is not None else None)
+
+
+def _pod_node(api: KubeApi) -> PodNode:
+    """Look a pod's node up (evictions by node agents), on its own connection."""
+    def pod_node(namespace: str, name: str) -> str | None:
+        try:
+            pod = api.get_pod(namespace, name)
+        except NotFound:
+            return None
+        return (pod.spec.nodeName if pod.spec else None) or ""
+    return pod_node
 
 
 def plan_of(args: argparse.Namespace) -> CertificatePlan:
@@ -124,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
         _first_certificate(keeper, stop)
         if stop.is_set():
             return 0
-        app = WebhookApp(settings_of(args), metrics, lambda: tls.loaded)
+        app = WebhookApp(settings_of(args, api.fork()), metrics, lambda: tls.loaded)
         server = HttpsServer(app.app, tls, args.host, args.port)
         port = server.start()
         if args.metrics_port:

@@ -9,6 +9,7 @@ Mutating (``/mutate``), pods CREATE: gpupool's scheduler and the implied
 * pods and pods/status UPDATE: decision annotations change only by their writers;
 * pods/ephemeralcontainers UPDATE: the new ephemeral containers' environment;
 * pods/binding CREATE: a Binding carries a decision only from gpupool's extender;
+* pods/eviction CREATE by a node agent: only of a pod on its own node (``evictions``);
 * resourceclasses / resourcegroups CREATE and UPDATE: they parse (``contract.tenancy``).
 
 Anything else is allowed: the webhook configurations send only what is listed here.
@@ -24,7 +25,7 @@ from gpupool.contract import tenancy
 from gpupool.contract.podspec_request import pod_request
 from gpupool.core.errors import InvalidInput
 from gpupool.core.request import PodRequest
-from gpupool.webhook import decisions, environment, scheduling
+from gpupool.webhook import decisions, environment, evictions, scheduling
 from gpupool.webhook.review import Request, Verdict
 
 
@@ -35,6 +36,8 @@ class Settings:
     scheduler: str = "gpupool-scheduler"
     writers: decisions.Writers = field(default_factory=decisions.Writers)
     guard_all_pods: bool = True  # NVIDIA_VISIBLE_DEVICES naming GPUs refused on every pod
+    node_scoped: frozenset[str] = frozenset()  # accounts that may evict on their node only
+    pod_node: evictions.PodNode | None = None  # how to look a pod's node up
 
 
 def pod_ref(request: Request) -> str:
@@ -106,6 +109,9 @@ def _validate_pod(request: Request, settings: Settings) -> Verdict:
         return Verdict.deny(why) if why else Verdict.allow()
     if sub == "ephemeralcontainers":
         return _validate_ephemeral(request, settings)
+    if sub == "eviction":
+        why = evictions.check_eviction(request, settings.node_scoped, settings.pod_node)
+        return Verdict.deny(why) if why else Verdict.allow()
     if sub not in ("", "status"):
         return Verdict.allow()
     why = decisions.check_pod_write(who, request.username, request.operation, request.old,
