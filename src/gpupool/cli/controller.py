@@ -55,6 +55,8 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("httpx", "httpx2"):  # one line per API request at INFO
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.root.level))
     api = ControllerApi.open(kubeconfig=args.kubeconfig, server=args.server)
     verify = None
     if not args.trust_unsigned_decisions:

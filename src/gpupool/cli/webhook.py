@@ -128,6 +128,8 @@ def plan_of(args: argparse.Namespace) -> CertificatePlan:
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("httpx", "httpx2"):  # one line per API request at INFO
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.root.level))
     api = WebhookApi.open(kubeconfig=args.kubeconfig, server=args.server)
     metrics = Metrics()
     tls = ServingTls(Path(args.cert_dir or tempfile.mkdtemp(prefix="gpupool-webhook-")))
