@@ -19,9 +19,18 @@ node of 8 GPUs × 10 logical devices and measures:
   fallback) — how many runs give both pods exactly their decided GPUs;
 * fault → ListAndWatch latency: a GPU injected unhealthy until kubelet's
   stream shows its logical devices Unhealthy, and recovery → Healthy again;
-  both for in-process injection and for an edit of the fake GPU file (polled).
+  both for in-process injection and for an edit of the fake GPU file (polled);
+* decision verification: every decision is signed (Ed25519) and the agent
+  verifies it with the keys it reads from the FAKE API server's ConfigMap, as
+  deployed. Allocate in its own process is measured with verification and,
+  as the baseline of the same run, with ``--decide-unscheduled`` (no
+  verification); the cost of one signature check, of a remembered check, and of
+  decoding the same decision (the baseline) are timed directly;
+* one usage-monitor sample at 8 GPUs × 100 processes (80 pods of 10 processes,
+  each process's cgroup file in a temporary /proc tree): wall and CPU time, and
+  as the baseline of the same run the cost of reading the 800 cgroup files alone.
 
-Targets (issue 4): Allocate p99 ≤ 10 ms; fault and recovery ≤ 1 s.
+Targets: Allocate p99 ≤ 10 ms with verification; fault and recovery ≤ 1 s.
 
     .venv/bin/python bench/bench_nodeagent.py [--pods 400] [--faults 20] [--race-runs 100]
 """
@@ -47,12 +56,21 @@ sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "testing"))  # gpupool_testing: the fake API server
 
 from gpupool_testing.fake_apiserver import FakeApiServer  # noqa: E402
-from nodeagent.builders import NODE, decision, pod, uuid_of, write_gpus  # noqa: E402
-from nodeagent.kubelet_standin import FakeKubelet  # noqa: E402
+from nodeagent.builders import (  # noqa: E402
+    KEYS,
+    NAMESPACE,
+    NODE,
+    decision,
+    pod,
+    uuid_of,
+    write_gpus,
+)
+from nodeagent.kubelet_standin import FakeKubelet, runtime_gpus  # noqa: E402
 from nodeagent.test_race import random_pod  # noqa: E402
 
 from gpupool.kube.api import KubeApi  # noqa: E402
-from gpupool.nodeagent.agent import AgentConfig, NodeAgent  # noqa: E402
+from gpupool.kube.keystore import KeyRingSource, publish  # noqa: E402
+from gpupool.nodeagent.agent import AgentConfig, Guards, NodeAgent  # noqa: E402
 from gpupool.nodeagent.fakegpus import FakeGpuBackend  # noqa: E402
 from gpupool.nodeagent.kubeview import KubePods  # noqa: E402
 from gpupool.nodeagent.logical import Split  # noqa: E402
@@ -194,9 +212,8 @@ def race_once(run: int, rng: random.Random, kubelet: FakeKubelet, api: FakeApiSe
     ok = True
     for p, want in order:
         try:
-            envs = kubelet.admit(p, rng).envs
-            ok &= all(sorted(envs[c]["NVIDIA_VISIBLE_DEVICES"].split(",")) == sorted(u)
-                      for c, u in want.items())
+            got = kubelet.admit(p, rng)
+            ok &= all(runtime_gpus(got, c) == sorted(u) for c, u in want.items())
         except Exception:  # a refusal or a failed start counts as a wrong run
             ok = False
     for p, _ in order:
@@ -205,16 +222,22 @@ def race_once(run: int, rng: random.Random, kubelet: FakeKubelet, api: FakeApiSe
     return ok
 
 
-def allocate_in_own_process(pods: int) -> list[float]:
-    """Allocate latencies with the agent run as ``gpupool device-plugin`` in a subprocess."""
+def allocate_in_own_process(pods: int, verify: bool = True) -> list[float]:
+    """Allocate latencies with the agent run as ``gpupool device-plugin`` in a subprocess
+    (``verify`` False: ``--decide-unscheduled``, which verifies nothing)."""
     root = Path(tempfile.mkdtemp(prefix="gps-", dir="/tmp"))
     with FakeApiServer() as api:
         kubelet = FakeKubelet(root / "kubelet").start()
         gpus = write_gpus(root / "gpus.yaml", GPUS, 81920)
+        client = KubeApi.connect(server=api.url)
+        publish(client, NAMESPACE, KEYS)
+        client.close()
         proc = subprocess.Popen(
             [sys.executable, "-m", "gpupool.cli.main", "device-plugin", "--node-name", NODE,
              "--api-server", api.url, "--kubelet-dir", str(kubelet.root), "--fake-gpus",
-             str(gpus), "--split", str(SPLIT), "--log-level", "ERROR"])
+             str(gpus), "--split", str(SPLIT), "--log-level", "ERROR", "--namespace",
+             NAMESPACE, "--isolation-provider", "none", "--metrics-port", "0",
+             *([] if verify else ["--decide-unscheduled"])])
         try:
             kubelet.wait_registrations(1, timeout=60)
             kubelet.wait_update(lambda d: len(d) == GPUS * SPLIT)
@@ -236,10 +259,12 @@ def main() -> int:
     with FakeApiServer() as api:
         kubelet = FakeKubelet(root / "kubelet").start()
         client = KubeApi.connect(server=api.url)
+        publish(client, NAMESPACE, KEYS)
         config = AgentConfig(NODE, root / "kubelet", Split(SPLIT), watch_s=0.05)
         pods = KubePods(client)
+        keys = KeyRingSource(client, NAMESPACE, time.time)
         agent = NodeAgent(config, FakeGpuBackend(write_gpus(root / "gpus.yaml", GPUS, 81920)),
-                          pods)
+                          pods, guards=Guards(verifier=keys.verify))
         pods.start(NODE)
         agent.start()
         try:
@@ -254,7 +279,15 @@ def main() -> int:
             kubelet.stop()
             client.close()
     own = allocate_in_own_process(args.pods)
+    unverified = allocate_in_own_process(args.pods, verify=False)
     report(own, allocate, base, faults)
+    tail = p99(unverified)
+    print(f"Allocate, own process, WITHOUT verification (baseline): p50 "
+          f"{ms(statistics.median(unverified))}, p99 {ms(tail)}; with / without: p50 "
+          f"{statistics.median(own) / statistics.median(unverified):.2f}, p99 "
+          f"{p99(own) / tail:.2f}")
+    verification_cost()
+    monitor_sample()
     with_api, guessing = race(args.race_runs, True), race(args.race_runs, False)
     print(f"two pods bound at once, {args.race_runs} randomized runs: both pods got their "
           f"decided GPUs in {with_api} with the PodResources handshake, {guessing} with "
@@ -279,6 +312,90 @@ def report(own: list[float], allocate: list[float], base: dict[str, float],
         print(f"{name} -> ListAndWatch over {len(values)}: p50 {ms(statistics.median(values))}, "
               f"max {ms(max(values))}  (target <= 1 s: "
               f"{'met' if max(values) <= 1.0 else 'MISSED'})")
+
+
+def verification_cost(n: int = 2000) -> None:
+    """One Ed25519 check of a decision, a remembered check, and decoding it (baseline)."""
+    from gpupool.contract import annotations
+    from gpupool.nodeagent.pods import pod_from_json
+    from gpupool.nodeagent.verify import DecisionGate
+    from gpupool.security.signing import claims_of
+
+    ring = KEYS.public()
+    pods = [pod_from_json(pod(f"v{i}", [("main", 1, 1024, 10)], ann=decision(
+        f"v{i}", [(uuid_of(i % GPUS), i % GPUS, 1024, 10, "main")]))) for i in range(n)]
+    claims = [(claims_of(p.uid, p.namespace, p.name, p.annotations), p.signature)
+              for p in pods]
+    start = time.perf_counter()
+    for c, sig in claims:
+        ring.verify(c, sig)
+    check = (time.perf_counter() - start) / n
+    gate = DecisionGate(NODE, lambda u, ns, name, ann, sig: ring.verify(
+        claims_of(u, ns, name, ann), sig))
+    for p in pods:
+        gate.check(p)
+    start = time.perf_counter()
+    for p in pods:
+        gate.check(p)
+    remembered = (time.perf_counter() - start) / n
+    start = time.perf_counter()
+    for p in pods:
+        annotations.decode(p.uid, p.annotations)
+    decode = (time.perf_counter() - start) / n
+    print(f"decision verification over {n} decisions: Ed25519 check {check * 1e6:.0f} us, "
+          f"remembered (the Allocate path after the first) {remembered * 1e6:.1f} us; "
+          f"decoding the decision (baseline) {decode * 1e6:.0f} us; check / decode = "
+          f"{check / decode:.1f}")
+
+
+def monitor_sample(per_gpu: int = 100, rounds: int = 20) -> None:
+    """One usage sample at GPUS x ``per_gpu`` processes; wall and CPU time."""
+    from nodeagent.builders import cgroup_v2, container_id, pod_uid, running, write_cgroup
+
+    from gpupool.nodeagent.monitor import MonitorConfig, UsageMonitor
+    from gpupool.nodeagent.nodestate import holds_gpus
+    from gpupool.nodeagent.overuse import OveruseConfig, OveruseTracker
+    from gpupool.nodeagent.pods import pod_from_json
+    from gpupool.nodeagent.verify import DecisionGate
+    from gpupool.security.signing import claims_of
+
+    root = Path(tempfile.mkdtemp(prefix="gpm-", dir="/tmp"))
+    backend = FakeGpuBackend(write_gpus(root / "gpus.yaml", GPUS, 81920))
+    pods, pid = [], 1000
+    for g in range(GPUS):
+        procs = []
+        for k in range(per_gpu // 10):
+            n = g * 100 + k
+            name, uid, cid = f"m{n}", pod_uid(n), container_id(n)
+            ann = decision(name, [(uuid_of(g), g, 4096, 10, "main")], uid=uid)
+            ann["gpupool.io/phase"] = "allocated"
+            pods.append(pod_from_json(running(pod(name, [("main", 1, 4096, 10)], uid=uid,
+                                                  ann=ann), {"main": cid})))
+            for _ in range(10):
+                pid += 1
+                write_cgroup(root / "proc", pid, cgroup_v2(uid, cid))
+                procs.append((pid, 300, 1))
+        backend.set_processes(uuid_of(g), procs)
+    assert all(holds_gpus(p) for p in pods)
+    ring = KEYS.public()
+    gate = DecisionGate(NODE, lambda u, ns, name, ann, sig: ring.verify(
+        claims_of(u, ns, name, ann), sig))
+    monitor = UsageMonitor(MonitorConfig(NODE, root / "proc"), backend.usage, lambda: pods,
+                           gate, OveruseTracker(OveruseConfig()), lambda c, p: None)
+    walls, cpus = [], []
+    for _ in range(rounds):
+        wall, cpu = time.perf_counter(), time.process_time()
+        changes = monitor.sample_once()
+        walls.append(time.perf_counter() - wall)
+        cpus.append(time.process_time() - cpu)
+    assert not changes.current and len(monitor.last) == len(pods)
+    files = [root / "proc" / str(p) / "cgroup" for p in range(1001, pid + 1)]
+    io = statistics.median(timed(lambda: [f.read_text() for f in files], rounds))
+    print(f"usage-monitor sample, {GPUS} GPUs x {per_gpu} processes ({len(pods)} pods), "
+          f"{rounds} samples: wall p50 {ms(statistics.median(walls))} (first {ms(walls[0])}), "
+          f"CPU p50 {ms(statistics.median(cpus))}; baseline reading the {len(files)} cgroup "
+          f"files alone {ms(io)}; sample / read = {statistics.median(walls) / io:.2f}")
+    backend.close()
 
 
 if __name__ == "__main__":

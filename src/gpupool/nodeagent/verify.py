@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from gpupool.contract import names
 from gpupool.nodeagent.pods import Pod
-from gpupool.security.signing import KeyMaterialError, SignatureError, claims_of
+from gpupool.security.signing import KeyMaterialError, SignatureError
 
 Verifier = Callable[[str, str, str, Mapping[str, str], str | None], str]
 """``KeyRingSource.verify``: (uid, namespace, name, annotations, signature) -> key id;
@@ -66,7 +66,7 @@ class DecisionGate:
         self.node = node
         self.verifier = verifier
         self._lock = threading.Lock()
-        self._verified: dict[tuple[object, ...], str] = {}
+        self._verified: dict[tuple[str | None, ...], str] = {}
 
     @property
     def enabled(self) -> bool:
@@ -89,11 +89,12 @@ class DecisionGate:
 
     def _signed(self, pod: Pod) -> Verdict:
         assert self.verifier is not None
-        signature = pod.signature
-        key = (claims_of(pod.uid, pod.namespace, pod.name, pod.annotations), signature)
-        with self._lock:
-            if key in self._verified:
-                return OK
+        signature, ann = pod.signature, pod.annotations
+        key = (pod.uid, pod.namespace, pod.name, signature, ann.get(names.ANNOTATION_NODE),
+               ann.get(names.ANNOTATION_BIND_TIME), ann.get(names.ANNOTATION_RESOURCE_GROUP),
+               ann.get(names.ANNOTATION_ALLOCATION))  # what the signature covers, and it
+        if key in self._verified:  # a dict lookup is atomic; writes take the lock
+            return OK
         try:
             kid = self.verifier(pod.uid, pod.namespace, pod.name, pod.annotations, signature)
         except KeyMaterialError as exc:
