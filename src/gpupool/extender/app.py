@@ -14,9 +14,10 @@ field, as an empty answer, and the reason is logged), because kube-scheduler sho
 
 Bounded work per request:
 
-* a body larger than its verb's limit (``sizing.BodyLimits``) is read and thrown away,
-  never buffered, and answered with an ``Error`` naming the limit; so is a body that
-  would take the bodies being read at once past ``budget_bytes``;
+* a body larger than its verb's limit (``sizing.BodyLimits``) is answered at once with
+  an ``Error`` naming the limit, and never buffered: the server reads the rest and
+  throws it away; so is a body that would take the bodies being read at once past
+  ``budget_bytes``;
 * a body is read into one buffer of its declared length (no chunk list, no join copy);
 * decoding and deciding run off the event loop, on the app's own thread pools (two
   threads decide, sixteen bind: kube-scheduler binds asynchronously, up to its
@@ -163,22 +164,21 @@ class ExtenderApp:
     async def _answer(self, name: str, handler: Handler, receive: Receive, size: int | None,
                       reserved: int | str) -> bytes | None:
         if isinstance(reserved, str):
-            return await self._refuse(name, receive, reserved)
+            return self._refuse(name, reserved)
         body = await read_body(receive, size, self.limits.of(name))
         if body is None:
             return None
         if isinstance(body, str):
-            return await self._refuse(name, receive, f"gpupool {name}: {body}", drained=True)
+            return self._refuse(name, f"gpupool {name}: {body}")
         pool = self.binds if name == "bind" else self.decide
         return await asyncio.get_running_loop().run_in_executor(pool, handler, body)
 
-    async def _refuse(self, name: str, receive: Receive, why: str,
-                      drained: bool = False) -> bytes | None:
-        """Throw the rest of the body away, then answer the refusal."""
+    def _refuse(self, name: str, why: str) -> bytes:
+        """The refusal, answered at once: the server reads the rest of the body and throws
+        it away (HTTP/1.1 lets a server answer before the request ends; kube-scheduler's
+        Go client reads such an early answer)."""
         self.refused.labels(name).inc()
         log.warning("%s refused: %s", name, why)
-        if not drained and not await drain(receive):
-            return None
         return REFUSED[name](why)
 
 
@@ -194,9 +194,10 @@ def _declared_length(scope: Scope) -> int | None:
 
 async def read_body(receive: Receive, size: int | None, limit: int) -> Body | str | None:
     """The request body: into one buffer of the declared ``size``, else gathered up to
-    ``limit`` (past it the rest is thrown away and the answer is why). None if the client
+    ``limit`` (past it, reading stops and the answer is why). None if the client
     disconnected."""
     buf = bytearray(size) if size is not None else None
+    cap = size if size is not None else limit
     chunks: list[bytes] = []
     got = 0
     while True:
@@ -204,28 +205,18 @@ async def read_body(receive: Receive, size: int | None, limit: int) -> Body | st
         if message["type"] == "http.disconnect":
             return None
         chunk = message.get("body", b"")
-        if buf is not None and got + len(chunk) <= len(buf):
+        if got + len(chunk) > cap:
+            return f"the request body is larger than the {limit} bytes this extender accepts"
+        if buf is not None:
             buf[got:got + len(chunk)] = chunk
-        elif buf is None and got + len(chunk) <= limit:
+        else:
             chunks.append(chunk)
         got += len(chunk)
         if not message.get("more_body", False):
             break
-    if got > (len(buf) if buf is not None else limit):
-        return f"the request body is larger than the {limit} bytes this extender accepts"
     if buf is not None:
         return buf if got == len(buf) else buf[:got]
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-
-async def drain(receive: Receive) -> bool:
-    """Read the rest of a body and throw it away; False if the client disconnected."""
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return False
-        if not message.get("more_body", False):
-            return True
 
 
 def build_probes(extender: Extender) -> Starlette:

@@ -74,13 +74,13 @@ class GuardedHttp(HttpToolsProtocol):
                                                             self._idle)
 
     def data_received(self, data: bytes) -> None:
-        if self._in_headers:
+        counting = self._in_headers
+        super().data_received(data)
+        if counting and self._in_headers:  # still no end of the headers in what came
             self._header_seen += len(data)
-            if self._header_seen > self.rules.header_bytes:
+            if self._header_seen > self.rules.header_bytes and not self.transport.is_closing():
                 self._close("header-too-large", "request headers over %d bytes",
                             self.rules.header_bytes)
-                return
-        super().data_received(data)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
