@@ -82,6 +82,7 @@ def test_the_envvar_strategy_is_what_a_pod_could_override(
     ({"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100"}, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"),
     ({"CUDA_DEVICE_MEMORY_LIMIT_0": "80g"}, "CUDA_DEVICE_MEMORY_LIMIT_0"),
     ({"LD_PRELOAD": "/x.so"}, "LD_PRELOAD"),
+    ({"LD_AUDIT": "/x.so"}, "LD_AUDIT"),
     ({"CUDA_DISABLE_CONTROL": "true"}, "CUDA_DISABLE_CONTROL"),
 ])
 def test_a_container_that_sets_its_own_gpu_variables_is_refused_and_nothing_served(
