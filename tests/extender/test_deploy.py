@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import pytest
 import yaml
@@ -12,13 +13,17 @@ import yaml
 from gpupool.contract import names
 from gpupool.core.allocation import Allocation
 from gpupool.core.selector import Operator
-from gpupool.extender.app import build_app
+from gpupool.extender.app import build_verbs
 from gpupool.extender.cache import ClusterCache
+from gpupool.extender.gate import DEFAULT_SCHEDULER
 from gpupool.extender.ledger import Entry
 from gpupool.extender.metrics import Metrics
 from gpupool.extender.service import Extender, Settings
+from gpupool.extender.tls import CLIENT_SECRET, SERVICE
+from gpupool.security.certs import service_names
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+NAMESPACE = "gpupool-system"
 YAMLS = sorted(DEPLOY.rglob("*.yaml"))
 
 
@@ -92,14 +97,14 @@ def scheduler_config() -> dict[str, Any]:
 def test_the_scheduler_config_calls_the_extender_for_gpupool_resources() -> None:
     config = scheduler_config()
     assert config["kind"] == "KubeSchedulerConfiguration"
-    assert config["profiles"][0]["schedulerName"] == "gpupool-scheduler"
+    assert config["profiles"][0]["schedulerName"] == DEFAULT_SCHEDULER
     (ext,) = config["extenders"]
     assert ext["nodeCacheCapable"] is True and ext["ignorable"] is False
     managed = {m["name"]: m["ignoredByScheduler"] for m in ext["managedResources"]}
     assert managed[names.RESOURCE_MEMORY] is True and managed[names.RESOURCE_CORE] is True
     assert managed[names.RESOURCE_GPU] is False  # the node agent advertises it
     assert all(v for k, v in managed.items() if k.startswith(names.CLASS_RESOURCE_PREFIX))
-    routes = build_app(Extender(ClusterCache(), Settings("best-fit"), Metrics())).paths()
+    routes = build_verbs(Extender(ClusterCache(), Settings("best-fit"), Metrics())).paths()
     verbs = ("filterVerb", "prioritizeVerb", "bindVerb", "preemptVerb")
     assert {"/" + ext[v] for v in verbs} <= routes
 
@@ -112,3 +117,41 @@ def test_the_extender_rbac_grants_what_it_calls_and_no_pod_writes() -> None:
     assert grants["", "pods"] == {"get", "list", "watch"}
     assert grants["gpupool.io", "gpuledgers"] >= {"create", "patch", "get", "list", "watch"}
     assert "patch" not in grants["gpupool.io", "gpudevices"]
+
+
+def doc(path: str, kind: str) -> dict[str, Any]:
+    return next(d for d in docs_of(DEPLOY / "extender" / path) if d["kind"] == kind)
+
+
+def test_the_scheduler_calls_the_extender_over_mutual_tls_with_the_mounted_secret() -> None:
+    (ext,) = scheduler_config()["extenders"]
+    assert ext["enableHTTPS"] is True and ext["tlsConfig"]["insecure"] is False
+    url = urlparse(ext["urlPrefix"])
+    assert url.scheme == "https" and url.hostname in service_names(SERVICE, NAMESPACE)
+    deployment = doc("deployment.yaml", "Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert f"--port={ports['https']}" in container["args"] and url.port == ports["https"]
+    assert container["livenessProbe"]["httpGet"]["port"] == "probes"
+    scheduler = doc("scheduler.yaml", "Deployment")["spec"]["template"]["spec"]
+    mounts = {m["name"]: m["mountPath"] for m in scheduler["containers"][0]["volumeMounts"]}
+    secret = next(v for v in scheduler["volumes"] if "secret" in v)
+    assert secret["secret"]["secretName"] == CLIENT_SECRET
+    folder = mounts[secret["name"]]
+    assert {ext["tlsConfig"][k] for k in ("certFile", "keyFile", "caFile")} == {
+        f"{folder}/tls.crt", f"{folder}/tls.key", f"{folder}/ca.crt"}
+    assert not any("subPath" in m for m in scheduler["containers"][0]["volumeMounts"])
+
+
+def test_the_network_policy_lets_only_the_scheduler_reach_the_verbs() -> None:
+    policy = doc("networkpolicy.yaml", "NetworkPolicy")["spec"]
+    assert policy["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": SERVICE}
+    assert policy["policyTypes"] == ["Ingress"]
+    verbs = [r for r in policy["ingress"] if {p["port"] for p in r["ports"]} == {8443}]
+    (rule,) = verbs
+    scheduler_labels = doc("scheduler.yaml", "Deployment")["spec"]["template"]["metadata"][
+        "labels"]
+    (source,) = rule["from"]
+    assert source["podSelector"]["matchLabels"].items() <= scheduler_labels.items()
+    others = [r for r in policy["ingress"] if r is not rule]
+    assert all({p["port"] for p in r["ports"]} == {8080} for r in others)
