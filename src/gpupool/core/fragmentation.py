@@ -19,6 +19,13 @@ node of another model: there all of the node's free share is its fragment, as
 in the FGD authors' harness (a "no access" fragment). The node's model enters
 ``measure`` as its *access class*: nodes whose models admit the same shapes
 share a class (``access``); without model-bound shapes there is one class.
+
+A model may also count *dead share* (``DeadShare``, off unless asked for; FGD
+does not): free share on a GPU that is less than ``below``, the share only the
+rarest sharing tasks fit in, weighted like ``weight`` tasks of the workload
+that cannot use it::
+
+    F'_n = F_n + weight · W · Σ_g free_g · [free_g < below]
 """
 
 from __future__ import annotations
@@ -32,6 +39,19 @@ from gpupool.core.workload import TargetWorkload
 
 DENSE_ENTRIES = 1 << 18  # at most 2 MB of precomputed answers per GPU width (real workloads:
 # ~2,000 entries; a workload of thousands of shapes with hundreds of shares searches)
+
+
+@dataclass(frozen=True, slots=True)
+class DeadShare:
+    """Free share below ``below`` milli-GPU on a GPU counts ``weight`` times more."""
+
+    below: int
+    weight: float
+
+    def measure(self, usable: IntArray, all_weight: int) -> IntArray:
+        per_task = round(self.weight * all_weight)
+        return np.asarray(np.where(usable < self.below, usable, 0).sum(axis=1) * per_task,
+                          np.int64)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,9 +99,11 @@ class FragmentationModel:
     0.12x for one of 1,700 shapes. Integer sums throughout: the figures are exact.
     """
 
-    def __init__(self, workload: TargetWorkload, dense_entries: int = DENSE_ENTRIES):
+    def __init__(self, workload: TargetWorkload, dense_entries: int = DENSE_ENTRIES,
+                 dead: DeadShare | None = None):
         self.workload = workload
         self.dense_entries = dense_entries
+        self.dead = dead
         groups: dict[int, list[tuple[int, int, int, int]]] = {}
         self._bound: list[frozenset[str]] = []  # the distinct model sets of model-bound shapes
         for shape, w in zip(workload.shapes, workload.weights, strict=True):
@@ -171,6 +193,8 @@ class FragmentationModel:
         ``access``: the rows' access classes (``access(state)[rows]``), when model-bound."""
         usable = np.maximum(free, 0)
         out = usable.sum(axis=1) * self._all_weight
+        if self.dead is not None:
+            out = out + self.dead.measure(usable, self._all_weight)
         if not self._shapes or not free.shape[0]:
             return np.asarray(out, np.int64)
         width = free.shape[1]

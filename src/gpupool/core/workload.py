@@ -32,12 +32,15 @@ class TaskShape:
 class TargetWorkload:
     shapes: tuple[TaskShape, ...]
     weights: tuple[int, ...]
+    memory_mib: tuple[int, ...] = ()  # mean memory of each shape's pods; (): not known
 
     def __post_init__(self) -> None:
         if len(self.shapes) != len(self.weights) or not self.shapes:
             raise InvalidInput("a target workload needs at least one shape and one weight each")
         if any(w <= 0 for w in self.weights):
             raise InvalidInput("target workload weights must be positive")
+        if self.memory_mib and len(self.memory_mib) != len(self.shapes):
+            raise InvalidInput("a target workload's memory figures must be one per shape")
 
     @property
     def total_weight(self) -> int:
@@ -64,7 +67,20 @@ class TargetWorkload:
 
     @staticmethod
     def from_requests(requests: Iterable[PodRequest], coverage: float = 0.95) -> TargetWorkload:
-        return TargetWorkload.from_shapes((shape_of(r) for r in requests), coverage)
+        """The popular shapes of ``requests``, with the mean memory each shape's pods ask."""
+        pairs = [(shape_of(r), r.memory_mib) for r in requests]
+        chosen = TargetWorkload.from_shapes((s for s, _ in pairs), coverage)
+        return chosen.with_memory(pairs)
+
+    def with_memory(self, observed: Iterable[tuple[TaskShape, int]]) -> TargetWorkload:
+        """This workload with each shape's mean memory among ``observed`` (shape, MiB)."""
+        totals = {s: [0, 0] for s in self.shapes}
+        for shape, memory in observed:
+            if shape in totals:
+                totals[shape][0] += memory
+                totals[shape][1] += 1
+        means = tuple(round(t / n) if n else 0 for t, n in (totals[s] for s in self.shapes))
+        return TargetWorkload(self.shapes, self.weights, means)
 
 
 def _order(s: TaskShape) -> tuple[int, int, int, tuple[str, ...]]:

@@ -6,7 +6,8 @@ grows least:
     ΔF_n     = ( F_n(after placing on n) − F_n(before) ) / W      (expected milli-GPU)
     score(n) = ⌊ 100 · σ(−ΔF_n / 1000) ⌋                          (σ: logistic)
 
-W is the target workload's total weight. The score is put on kube-scheduler's
+W is the target workload's total weight (``dead``: see
+``fragmentation.DeadShare``; FGD itself counts none). The score is put on kube-scheduler's
 integer 0–100 scale through the logistic function, as the authors' harness
 does; nodes whose fragmentation changes by nearly the same amount then tie,
 and ties go to the first node in node order (``placement.choose``). With the
@@ -27,7 +28,7 @@ import numpy as np
 
 from gpupool.core.errors import InvalidInput
 from gpupool.core.fit import need_milli
-from gpupool.core.fragmentation import FragmentationModel
+from gpupool.core.fragmentation import DeadShare, FragmentationModel
 from gpupool.core.policies.config import PolicyConfig
 from gpupool.core.policies.rowcache import RowCache, RowCaches
 from gpupool.core.scoring import GpuOrder, ScoreInput, Scores
@@ -54,10 +55,10 @@ class Fgd:
     name = "fgd"
     gpu_order = GpuOrder.TIGHTEST
 
-    def __init__(self, config: PolicyConfig):
+    def __init__(self, config: PolicyConfig, dead: DeadShare | None = None):
         if config.workload is None:
             raise InvalidInput("policy fgd needs a target workload (the popular task shapes)")
-        self.frag = FragmentationModel(config.workload)
+        self.frag = FragmentationModel(config.workload, dead=dead)
         self._deltas = RowCaches({"value": np.int64, "gpu": np.int64})
         self._before: RowCache | None = None
         self.weight_total = float(config.workload.total_weight)
