@@ -57,6 +57,7 @@ RSS ≤ 300 MiB and rebuild ≤ 5 s at 5,000 nodes / 50,000 pods.
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import random
 import resource
@@ -77,15 +78,20 @@ import httpx
 import msgspec
 
 from gpupool.contract.annotations import encode
+from gpupool.contract.names import ANNOTATION_SIGNATURE
 from gpupool.core.allocation import Allocation, Slice
 from gpupool.core.policies import DEFAULT_POLICY
 from gpupool.extender.app import build_app, verb_handlers
 from gpupool.extender.cache import ClusterCache
 from gpupool.extender.feeds import long_lived, start_feeds
+from gpupool.extender.ledger import Entry
 from gpupool.extender.metrics import Metrics
 from gpupool.extender.server import ThreadedServer
 from gpupool.extender.service import Extender, Settings
+from gpupool.extender.signatures import DecisionCheck, DecisionKeys
 from gpupool.kube.api import KubeApi
+from gpupool.kube.keystore import SIGNING_SECRET, read_signing_keys
+from gpupool.security.signing import SigningKeys, claims_of
 from gpupool.sim.window import ADAPTIVE, nodes_to_find
 
 from machine import line as machine_line
@@ -124,23 +130,37 @@ def pod_obj(name: str, limits: dict[str, str], uid: str | None = None, node: str
     meta: dict[str, Any] = {"name": name, "namespace": "bench", "annotations": notes or {}}
     if uid:
         meta["uid"] = uid
-    spec: dict[str, Any] = {"containers": [{"name": "main", "resources": res}]}
+    spec: dict[str, Any] = {"schedulerName": "gpupool-scheduler",
+                            "containers": [{"name": "main", "resources": res}]}
     if node:
         spec["nodeName"] = node
     return {"metadata": meta, "spec": spec,
             "status": {"phase": "Running" if node else "Pending"}}
 
 
-def cluster_lines(nodes: int, busy_pods: int, cpu_pods: int, seed: int) -> Iterator[str]:
-    """JSON lines for the fake API: nodes, GPUDevices, bound pods with decisions."""
+BIND_TIME = "2026-01-01T00:00:00Z"
+NAMESPACE = "gpupool-system"
+KEYS = SigningKeys().added(0.0)  # the extender's decision keys in the seeded cluster
+
+
+def cluster_lines(nodes: int, busy_pods: int, cpu_pods: int, seed: int,
+                  record: str = "ledgers") -> Iterator[str]:
+    """JSON lines for the fake API: nodes, GPUDevices, bound pods with decisions, and the
+    extender's decision keys. Each decision is vouched for as in a cluster the extender
+    ran: by its entry in the node's GPULedger and its signature (``record="ledgers"``), or
+    by its signature alone (``"signatures"``: the ledgers lost, every decision verified)."""
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     rng = random.Random(seed)
+    yield json.dumps({"kind": "secrets", "object": {
+        "metadata": {"name": SIGNING_SECRET, "namespace": NAMESPACE}, "type": "Opaque",
+        "data": {k: base64.b64encode(v.encode()).decode() for k, v in KEYS.to_data().items()}}})
     for i in range(nodes):
         yield json.dumps({"kind": "nodes", "object": node_obj(f"n{i:05d}")})
         for j in range(GPUS):
             yield json.dumps({"kind": "gpudevices", "object": gpu_obj(f"n{i:05d}", j, stamp)})
     free = {(i, j): 100 for i in range(nodes) for j in range(GPUS)}
     slots = list(free)
+    ledgers: dict[str, dict[str, Any]] = {}
     for k in range(busy_pods):  # shared slices of 10-40 % on random GPUs with room
         i, j = rng.choice(slots)
         core = rng.choice((10, 20, 30, 40))
@@ -152,11 +172,28 @@ def cluster_lines(nodes: int, busy_pods: int, cpu_pods: int, seed: int) -> Itera
                                                          core * GPU_MIB // 100, core, "main"),))
         limits = {"gpupool.io/gpu-memory": str(core * GPU_MIB // 100),
                   "gpupool.io/gpu-core": str(core)}
-        yield json.dumps({"kind": "pods", "object": pod_obj(
-            f"busy-{k}", limits, uid, node, encode(alloc, "2026-01-01T00:00:00Z"))})
+        notes = encode(alloc, BIND_TIME)
+        notes[ANNOTATION_SIGNATURE] = KEYS.active(0).sign(claims_of(uid, "bench", uid, notes))
+        if record == "ledgers":
+            ledgers.setdefault(node, {})[uid] = Entry(alloc, f"bench/{uid}", BIND_TIME,
+                                                      "bench").to_json()
+        yield json.dumps({"kind": "pods", "object": pod_obj(f"busy-{k}", limits, uid, node,
+                                                            notes)})
+    for node, entries in sorted(ledgers.items()):
+        yield json.dumps({"kind": "gpuledgers", "object": {
+            "metadata": {"name": node}, "spec": {"node": node, "entries": entries}}})
     for k in range(cpu_pods):
         yield json.dumps({"kind": "pods", "object": pod_obj(
             f"cpu-{k}", {}, f"cpu-{k}", f"n{rng.randrange(nodes):05d}")})
+
+
+def wired(kube: KubeApi, policy: str, seed: int) -> Extender:
+    """An extender wired as ``gpupool extender`` wires one (its keys read from the
+    seeded Secret, a cache that counts only decisions it can vouch for)."""
+    keys = DecisionKeys(lambda: read_signing_keys(kube, NAMESPACE)[0], time.time)
+    metrics = Metrics()
+    cache = ClusterCache(decisions=DecisionCheck(keys, metrics.unverified))
+    return Extender(cache, Settings(policy, seed=seed), metrics, kube, keys)
 
 
 class FakeApi:
@@ -566,8 +603,8 @@ def measure(nodes: int, opts: Options) -> list[tuple[str, dict[str, float]]]:
 def measure_policy(api: FakeApi, policy: str, opts: Options
                    ) -> list[tuple[str, dict[str, float]]]:
     kube = KubeApi.connect(server=api.url)
-    cache = ClusterCache()
-    ext = Extender(cache, Settings(policy, seed=opts.seed), Metrics(), kube)
+    ext = wired(kube, policy, opts.seed)
+    cache = ext.cache
     with long_lived():  # as `gpupool extender` starts
         feeds = start_feeds(kube, cache, watch_timeout_s=30)
         ext.refresh_policy()
@@ -630,7 +667,7 @@ def rebuild_child(url: str) -> None:
     """In a fresh process: list everything, rebuild, report time and memory as JSON."""
     start = time.perf_counter()
     kube = KubeApi.connect(server=url, timeout_s=120)
-    cache = ClusterCache()
+    cache = wired(kube, DEFAULT_POLICY, 0).cache
     handlers = [0.0]
     for name in ("sync_nodes", "sync_devices", "sync_classes", "sync_groups", "sync_ledgers",
                  "sync_pods"):
@@ -647,9 +684,10 @@ def rebuild_child(url: str) -> None:
     feeds.stop(timeout_s=0.0)
 
 
-def measure_rebuild(nodes: int, pods: int, seed: int) -> dict[str, float]:
+def measure_rebuild(nodes: int, pods: int, seed: int, record: str = "ledgers"
+                    ) -> dict[str, float]:
     gpu_pods = pods * 3 // 5
-    api = FakeApi(cluster_lines(nodes, gpu_pods, pods - gpu_pods, seed))
+    api = FakeApi(cluster_lines(nodes, gpu_pods, pods - gpu_pods, seed, record))
     try:
         out = subprocess.run([sys.executable, __file__, "--rebuild-child", api.url],
                              capture_output=True, text=True, timeout=600, check=True)
@@ -708,6 +746,9 @@ def main() -> None:
     parser.add_argument("--no-rebuild", action="store_true", help="skip the rebuild")
     parser.add_argument("--rebuild-nodes", type=int, default=5000)
     parser.add_argument("--rebuild-pods", type=int, default=50_000)
+    parser.add_argument("--rebuild-signed", action="store_true",
+                        help="also rebuild a cluster whose ledgers are lost (every decision's "
+                        "signature verified)")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
     parser.add_argument("--rebuild-child", help=argparse.SUPPRESS)
@@ -729,16 +770,22 @@ def main() -> None:
         if n > 0:
             report(n, measure(n, opts), opts)
     if not args.no_rebuild:
-        rebuild(args.rebuild_nodes, args.rebuild_pods, args.seed)
+        rebuild(args.rebuild_nodes, args.rebuild_pods, args.seed,
+                ("ledgers", "signatures") if args.rebuild_signed else ("ledgers",))
     print("\n" + machine_line("after"))
 
 
-def rebuild(nodes: int, pods: int, seed: int) -> None:
-    r = measure_rebuild(nodes, pods, seed)
-    print(f"\nrebuild from the API: {r['nodes']:.0f} nodes, {r['pods']:.0f} pods "
-          f"({r['gpu_allocations']:.0f} with GPU decisions) in {r['seconds']:.2f} s "
-          f"(of which the cache's own work {r['cache_seconds']:.2f} s; the rest is listing "
-          f"from the fake API server and decoding); peak RSS {r['rss_mib']:.0f} MiB")
+def rebuild(nodes: int, pods: int, seed: int, records: tuple[str, ...] = ("ledgers",)
+            ) -> None:
+    for record in records:
+        r = measure_rebuild(nodes, pods, seed, record)
+        how = "vouched for by their GPULedger entries" if record == "ledgers" else \
+            "each signature verified (no ledgers)"
+        print(f"\nrebuild from the API: {r['nodes']:.0f} nodes, {r['pods']:.0f} pods "
+              f"({r['gpu_allocations']:.0f} with GPU decisions, {how}) in "
+              f"{r['seconds']:.2f} s (of which the cache's own work {r['cache_seconds']:.2f} "
+              "s; the rest is listing from the fake API server and decoding); peak RSS "
+              f"{r['rss_mib']:.0f} MiB")
 
 
 if __name__ == "__main__":
