@@ -193,3 +193,16 @@ def test_malformed_signatures_are_refused_with_a_reason_and_never_raise(signatur
 def test_a_ring_with_a_broken_key_is_refused_as_a_whole() -> None:
     with pytest.raises(KeyMaterialError, match="not a PEM public key"):
         KeyRing.from_data({"0123456789abcdef.pem": "-----BEGIN PUBLIC KEY-----\nxx\n"})
+
+
+def test_a_broken_published_key_refuses_every_decision_with_the_reason(
+        kubelet: FakeKubelet, make_agent: AgentFactory, apiserver: FakeApiServer) -> None:
+    make_agent(gpus=1, split=4)
+    ready(kubelet, 4)
+    apiserver.patch("configmaps", "gpupool-decision-keys", {"data": {
+        "0123456789abcdef.pem": "not a key"}}, "gpupool-system")
+    p = pod("p1", [("main", 1, 1024, 10)],
+            ann=decision("p1", [(uuid_of(0), 0, 1024, 10, "main")], keys=SigningKeys().added(0)))
+    apiserver.seed("pods", p)
+    message = refused(kubelet, p)
+    assert "decision keys cannot be read" in message and "not a PEM public key" in message
