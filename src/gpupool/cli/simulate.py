@@ -29,6 +29,9 @@ from gpupool.sim.campaign import (
     default_workers,
     run_campaign,
 )
+from gpupool.sim.generate import MIXES_FILE, find_mix
+from gpupool.sim.generate import scenario as mix_scenario
+from gpupool.sim.learning import LEARN_EVERY
 from gpupool.sim.report import write_all
 from gpupool.sim.scenario import Scenario
 from gpupool.sim.sources import scenario_from_files
@@ -92,6 +95,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         "(0: kube-scheduler's adaptive default; default 100: every node)")
     p.add_argument("--weight", type=weight, action="append", default=[], metavar="NAME=X",
                    help="policy weight, e.g. fgd-balance.lambda=0.5 (repeatable)")
+    p.add_argument("--mix", metavar="NAME",
+                   help="a generated workload on the published 1,213-node cluster instead of "
+                        "--nodes/--pods (names: the mix file's; see docs/simulator.md)")
+    p.add_argument("--mixes", type=Path, default=MIXES_FILE, metavar="FILE",
+                   help="the mix file --mix reads (default: the one gpupool ships)")
+    p.add_argument("--learn", action="store_true",
+                   help="policies learn the target workload from the arrivals, as the "
+                        "extender does, instead of being handed the whole trace's")
+    p.add_argument("--learn-every", type=bounded(float, 1.0), default=LEARN_EVERY, metavar="N",
+                   help=f"with --learn: re-derive the workload every N arrivals (protocol "
+                        f"mode) or seconds (timed mode); default {LEARN_EVERY:.0f}")
     p.set_defaults(func=simulate)
     _one_line_errors(p)
 
@@ -117,6 +131,11 @@ def _one_line_errors(parser: argparse.ArgumentParser) -> None:
 
 
 def load(args: argparse.Namespace) -> Scenario:
+    if args.mix is not None:
+        if args.nodes is not None or args.pods is not None:
+            raise InvalidInput("--mix generates its own cluster and workload; it does not go "
+                               "with --nodes/--pods")
+        return mix_scenario(find_mix(args.mix, args.mixes))
     if (args.nodes is None) != (args.pods is None):
         raise InvalidInput("--nodes and --pods go together (neither: the built-in synthetic "
                            "cluster and workload)")
@@ -137,7 +156,8 @@ def simulate(args: argparse.Namespace) -> int:
     policies = check_policies(args.policy or DEFAULT_POLICIES)
     started = time.perf_counter()
     campaign = Campaign(load(args), policies, args.seeds, SimMode(args.mode), args.inflate,
-                        dict(args.weight), args.nodes_to_score)
+                        dict(args.weight), args.nodes_to_score,
+                        args.learn_every if args.learn else None)
     workers = args.workers or default_workers(len(campaign.jobs))
     runs = _with_progress(campaign, workers)
     stats = aggregate(runs)
@@ -172,6 +192,8 @@ def _table(campaign: Campaign, stats: Sequence[PolicyStats], wall: float) -> Tab
     if windowed:
         title += (f", kube-scheduler window {nodes_to_find(len(s.nodes), campaign.nodes_to_score)}"
                   f" nodes")
+    if campaign.learn_every is not None:
+        title += f", workload learned every {campaign.learn_every:g}"
     table = Table(title=title, caption=f"mean ± std over seeds; failed pods: mean per run; "
                                        f"decision: median; total wall time {wall:.1f} s")
     table.add_column("policy")

@@ -2,7 +2,8 @@
 
 Every policy gets the same ``PolicyConfig``: the target workload of the original
 (un-inflated) pods, which FGD-type policies need and the others ignore, and the
-weights given on the command line.
+weights given on the command line — or, with ``learn_every``, learns its
+workload from the arrivals as the extender does (``gpupool.sim.learning``).
 """
 
 from __future__ import annotations
@@ -44,10 +45,13 @@ class Campaign:
     inflate: float = 1.3
     weights: dict[str, float] = field(default_factory=dict)
     nodes_to_score: int = ALL_NODES  # kube-scheduler's percentageOfNodesToScore (0: adaptive)
+    learn_every: float | None = None  # learn the workload online (gpupool.sim.learning)
 
     def __post_init__(self) -> None:
         if not self.policies or not self.seeds:
             raise InvalidInput("a simulation needs at least one policy and one seed")
+        if self.learn_every is not None and not self.learn_every > 0:
+            raise InvalidInput(f"the learning interval must be > 0 (got {self.learn_every})")
         nodes_to_find(len(self.scenario.nodes), self.nodes_to_score)  # refuses a bad share
 
     @property
@@ -72,9 +76,9 @@ def run_one(campaign: Campaign, config: PolicyConfig, policy: str, seed: int,
             progress: Progress | None = None) -> Run:
     if campaign.mode is SimMode.TIMED:
         return run_timed(campaign.scenario, policy, seed, config, progress,
-                         campaign.nodes_to_score)
+                         campaign.nodes_to_score, campaign.learn_every)
     return run_protocol(campaign.scenario, policy, seed, campaign.inflate, config, progress,
-                        campaign.nodes_to_score)
+                        campaign.nodes_to_score, campaign.learn_every)
 
 
 def run_campaign(campaign: Campaign, workers: int = 1,

@@ -7,7 +7,8 @@ the GPUs they match; the masks come from ``gpupool.core.eligibility.class_mask``
 With ``nodes_to_score`` below 100 a pod is decided among the nodes of
 kube-scheduler's window only (``gpupool.sim.window``), as the extender would see
 them; a pod placed only after its first window was refused is counted in
-``bounced``.
+``bounced``. With ``learn_every`` the policy learns its target workload from the
+arrivals (``gpupool.sim.learning``) instead of being handed ``config``'s.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from gpupool.core.policies import make_policy
 from gpupool.core.policies.config import PolicyConfig
 from gpupool.core.request import PodRequest
 from gpupool.core.state import ClusterState, IntArray
+from gpupool.sim.learning import Learner
 from gpupool.sim.window import ALL_NODES, NodeWindow
 
 
@@ -36,16 +38,25 @@ class Decider:
     """Decides placements on ``state`` with one named policy and a seeded generator."""
 
     def __init__(self, state: ClusterState, policy: str, config: PolicyConfig, seed: int,
-                 classes: Iterable[ResourceClass] = (), nodes_to_score: int = ALL_NODES):
+                 classes: Iterable[ResourceClass] = (), nodes_to_score: int = ALL_NODES,
+                 learn_every: float | None = None):
         self.state = state
+        self.policy = policy
         self.window = NodeWindow(len(state.nodes), nodes_to_score)
         self.bounced = 0
-        self.placer = Placer(make_policy(policy, config))
+        self.learner = None if learn_every is None else Learner(learn_every, config.weights)
+        start = config if self.learner is None else self.learner.start()
+        self.placer = Placer(make_policy(policy, start))
         self.rng = random.Random(policy_seed(seed))
         self.catalog = ClassCatalog(classes)
 
-    def decide(self, request: PodRequest) -> Allocation | None:
-        """The allocation the policy picks, or None when no node fits (never explained)."""
+    def decide(self, request: PodRequest, now: float = 0.0) -> Allocation | None:
+        """The allocation the policy picks, or None when no node fits (never explained);
+        ``now`` is the run's clock, which paces learning."""
+        if self.learner is not None:
+            learned = self.learner.arrived(request, now, self.state)
+            if learned is not None:
+                self.placer = Placer(make_policy(self.policy, learned))
         constraints = self.constraints(request)
         if self.window.whole:
             return self._decide(request, constraints, None)

@@ -71,6 +71,7 @@ class ProtocolRun:
     decision_total_s: float  # Σ Placer.decide; wall_s minus this is the simulator's own cost
     nodes_to_score: int = ALL_NODES  # kube-scheduler's percentageOfNodesToScore (0: adaptive)
     bounced_pods: int = 0  # placed only after kube-scheduler's first window was refused
+    workload_refreshes: int = 0  # times the policy re-learned its workload (--learn)
 
     def summary(self) -> dict[str, object]:
         """The run's line in summary.json (the curve goes to the CSV)."""
@@ -110,14 +111,16 @@ def node_order(scenario: Scenario, seed: int) -> list[Node]:
 
 def run_protocol(scenario: Scenario, policy: str, seed: int, inflate: float,
                  config: PolicyConfig, progress: Progress | None = None,
-                 nodes_to_score: int = ALL_NODES) -> ProtocolRun:
+                 nodes_to_score: int = ALL_NODES, learn_every: float | None = None
+                 ) -> ProtocolRun:
     """One run of the protocol; ``progress`` is told how many pods were placed since last
-    call; ``nodes_to_score`` < 100: each pod sees kube-scheduler's window of nodes only."""
+    call; ``nodes_to_score`` < 100: each pod sees kube-scheduler's window of nodes only;
+    ``learn_every``: the policy learns its workload every that many arrivals."""
     rng = random.Random(seed)
     state = ClusterState(node_order(scenario, seed))
     capacity = state.usage().capacity_milli
     order = arrival_order(scenario.requests, capacity, inflate, rng)
-    decider = Decider(state, policy, config, seed, scenario.classes, nodes_to_score)
+    decider = Decider(state, policy, config, seed, scenario.classes, nodes_to_score, learn_every)
     demands = [demand_milli(r) for r in order]
     started = time.perf_counter()
     allocated, decision_s, tally = _place_all(decider, order, demands, progress)
@@ -132,7 +135,8 @@ def run_protocol(scenario: Scenario, policy: str, seed: int, inflate: float,
         tally.before(full + 1), tally.by_kind(), tally.by_reason(), xs, ys, round(wall, 4),
         round(float(np.median(decision_s)) * 1e3, 4),
         round(float(np.percentile(decision_s, 99)) * 1e3, 4), round(float(decision_s.sum()), 4),
-        decider.window.percentage, decider.bounced)
+        decider.window.percentage, decider.bounced,
+        0 if decider.learner is None else decider.learner.refreshes)
 
 
 def _place_all(decider: Decider, order: Sequence[PodRequest], demands: Sequence[int],
@@ -147,7 +151,7 @@ def _place_all(decider: Decider, order: Sequence[PodRequest], demands: Sequence[
     now, clock = 0, time.perf_counter
     for i, request in enumerate(order):
         t0 = clock()
-        allocation = decider.decide(request)
+        allocation = decider.decide(request, i)
         decision_s[i] = clock() - t0
         if allocation is not None:
             state.reserve(allocation)

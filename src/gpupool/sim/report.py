@@ -47,6 +47,7 @@ def summary(campaign: Campaign, runs: Sequence[Run], stats: Sequence[PolicyStats
         "seeds": list(campaign.seeds),
         "weights": dict(campaign.weights),
         "nodes_to_score": campaign.nodes_to_score,
+        "learn_every": campaign.learn_every,
         "wall_s": round(wall_s, 3),
         "policies": {p.policy: {k: v for k, v in dataclasses.asdict(p).items() if k != "policy"}
                      for p in stats},

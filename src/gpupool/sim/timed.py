@@ -55,6 +55,7 @@ class TimedRun:
     decision_p99_ms: float
     nodes_to_score: int = ALL_NODES  # kube-scheduler's percentageOfNodesToScore (0: adaptive)
     bounced_pods: int = 0  # placed only after kube-scheduler's first window was refused
+    workload_refreshes: int = 0  # times the policy re-learned its workload (--learn)
 
     def summary(self) -> dict[str, object]:
         row = dataclasses.asdict(self)
@@ -78,9 +79,11 @@ def events(pods: Sequence[TracePod]) -> list[tuple[float, int, int]]:
 
 
 def run_timed(scenario: Scenario, policy: str, seed: int, config: PolicyConfig,
-              progress: Progress | None = None, nodes_to_score: int = ALL_NODES) -> TimedRun:
-    """Replay ``scenario`` with its creation and deletion times."""
-    replay = _Replay(scenario, policy, seed, config, nodes_to_score)
+              progress: Progress | None = None, nodes_to_score: int = ALL_NODES,
+              learn_every: float | None = None) -> TimedRun:
+    """Replay ``scenario`` with its creation and deletion times (``learn_every``: the
+    policy learns its workload every that many seconds)."""
+    replay = _Replay(scenario, policy, seed, config, nodes_to_score, learn_every)
     started = time.perf_counter()
     replay.run(events(scenario.pods), progress)
     return replay.result(time.perf_counter() - started)
@@ -90,14 +93,14 @@ class _Replay:
     """State of one timed replay; ``run`` is the hot loop."""
 
     def __init__(self, scenario: Scenario, policy: str, seed: int, config: PolicyConfig,
-                 nodes_to_score: int = ALL_NODES):
+                 nodes_to_score: int = ALL_NODES, learn_every: float | None = None):
         self.scenario, self.policy, self.seed = scenario, policy, seed
         self.state = ClusterState(scenario.nodes)
         self.capacity = self.state.usage().capacity_milli
         if self.capacity <= 0:
             raise InvalidInput("the cluster has no GPU")
         self.decider = Decider(self.state, policy, config, seed, scenario.classes,
-                               nodes_to_score)
+                               nodes_to_score, learn_every)
         self.tally = FailureTally(self.state)
         self.additive = all(asks_no_gpu_memory(p.request) for p in scenario.pods)
         self.times: list[float] = []
@@ -112,7 +115,7 @@ class _Replay:
         for t, kind, k in timeline:
             request = pods[k].request
             if kind == ARRIVE:
-                now += self.arrive(k)
+                now += self.arrive(k, t)
                 arrived += 1
                 self.last_arrival = t
                 if progress is not None and arrived % PROGRESS_EVERY == 0:
@@ -128,10 +131,10 @@ class _Replay:
         if progress is not None:
             progress(arrived % PROGRESS_EVERY)
 
-    def arrive(self, k: int) -> int:
+    def arrive(self, k: int, at: float) -> int:
         request = self.scenario.pods[k].request
         t0 = time.perf_counter()
-        allocation = self.decider.decide(request)
+        allocation = self.decider.decide(request, at)
         self.decision_s.append(time.perf_counter() - t0)
         if allocation is None:
             self.tally.record(k, request)
@@ -157,7 +160,8 @@ class _Replay:
             self.peak_live, xs, ys, round(wall_s, 4),
             round(float(np.median(decisions)) * 1e3, 4),
             round(float(np.percentile(decisions, 99)) * 1e3, 4),
-            self.decider.window.percentage, self.decider.bounced)
+            self.decider.window.percentage, self.decider.bounced,
+            0 if self.decider.learner is None else self.decider.learner.refreshes)
 
 
 def time_mean(times: FloatArray, pct: FloatArray, until: float) -> float:
