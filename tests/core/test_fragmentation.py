@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pytest
 
-from gpupool.core.fragmentation import DENSE_ENTRIES, FragmentationModel
+from gpupool.core.fragmentation import DENSE_ENTRIES, DeadShare, FragmentationModel
 from gpupool.core.model import uniform_node
 from gpupool.core.state import ClusterState
 from gpupool.core.workload import TargetWorkload, TaskShape
@@ -110,3 +110,13 @@ def test_cpu_only_shapes_count_the_whole_free_share() -> None:
     model = FragmentationModel(TargetWorkload((TaskShape(1000, 0, 0),), (5,)))
     assert model.measure(np.array([[300, -1], [0, 0]]), np.array([10**6, 0])).tolist() == \
         [5 * 300, 0]
+
+
+def test_dead_share_counts_free_share_below_the_line_weight_times_more() -> None:
+    workload = TargetWorkload((TaskShape(1000, 1, 500), TaskShape(0, 0, 0)), (3, 1))
+    plain = FragmentationModel(workload)
+    dead = FragmentationModel(workload, dead=DeadShare(below=220, weight=2.0))
+    free = np.array([[210, 220, 1000, -1], [0, 50, 219, 600]])
+    cpu = np.array([10**6, 10**6])
+    extra = dead.measure(free, cpu) - plain.measure(free, cpu)
+    assert extra.tolist() == [2 * 4 * 210, 2 * 4 * (50 + 219)]  # W = 4; 220 is not below
