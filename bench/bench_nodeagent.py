@@ -77,6 +77,8 @@ from gpupool.nodeagent.logical import Split  # noqa: E402
 from gpupool.nodeagent.podresources import PodResourcesClient  # noqa: E402
 from gpupool.nodeagent.proto import deviceplugin_pb2 as dp  # noqa: E402
 
+from machine import line as machine_line  # noqa: E402
+
 GPUS, SPLIT = 8, 10
 ON_NODE = 40  # pods kept on the node while measuring
 
@@ -255,6 +257,7 @@ def main() -> int:
     parser.add_argument("--race-runs", type=int, default=100)
     args = parser.parse_args()
     logging.disable(logging.WARNING)  # refusals and fallbacks are expected here; figures only
+    print(machine_line("before"))
     root = Path(tempfile.mkdtemp(prefix="gpb-", dir="/tmp"))
     with FakeApiServer() as api:
         kubelet = FakeKubelet(root / "kubelet").start()
@@ -292,6 +295,7 @@ def main() -> int:
     print(f"two pods bound at once, {args.race_runs} randomized runs: both pods got their "
           f"decided GPUs in {with_api} with the PodResources handshake, {guessing} with "
           f"oldest-pod guessing (ratio {with_api / max(guessing, 1):.2f})")
+    print(machine_line("after"))
     return 0
 
 

@@ -71,6 +71,7 @@ class Actions:
         self._dirty: set[str] = set()  # pod uids whose annotation is to be (re)written
 
     def __call__(self, changes: Changes, pods: dict[str, Pod]) -> None:
+        self._evicted &= set(pods)  # forget pods that are gone
         for o in changes.started:
             self._start(o, pods.get(o.seen.pod_uid))
         for o in changes.ended:
@@ -86,7 +87,7 @@ class Actions:
     # -- start / end ---------------------------------------------------------------------
     def _start(self, o: OverUse, pod: Pod | None) -> None:
         what = o.sentence()
-        log.warning("over-use: %s (for %s); action: %s", what, "the grace period", self.action)
+        log.warning("over-use past the grace period: %s; action: %s", what, self.action)
         self._flagged_at[o.seen.key] = self.wall().strftime("%Y-%m-%dT%H:%M:%SZ")
         self._dirty.add(o.seen.pod_uid)
         if self.metrics is not None:
