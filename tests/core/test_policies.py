@@ -210,7 +210,7 @@ TRACE_LIKE = {810: 1000, 470: 700, 320: 300, 230: 130, 220: 45, 160: 45}
          "a workload that shares no GPU has no dead share"])
 def test_dead_share_line_is_where_the_rarest_sharing_pods_end(
         sizes: dict[int, int], filler: float, expected: int) -> None:
-    shapes = tuple(TaskShape(1000, 1, m) for m in sizes) + (TaskShape(1000, 1, 1000),)
+    shapes = (*(TaskShape(1000, 1, m) for m in sizes), TaskShape(1000, 1, 1000))
     workload = TargetWorkload(shapes, (*sizes.values(), 100))
     assert dead_below(workload, filler) == expected
 
