@@ -189,8 +189,16 @@ def cluster_lines(nodes: int, busy_pods: int, cpu_pods: int, seed: int,
 
 def wired(kube: KubeApi, policy: str, seed: int) -> Extender:
     """An extender wired as ``gpupool extender`` wires one (its keys read from the
-    seeded Secret, a cache that counts only decisions it can vouch for)."""
-    keys = DecisionKeys(lambda: read_signing_keys(kube, NAMESPACE)[0], time.time)
+    seeded Secret on a connection let go after, a cache that counts only decisions it
+    can vouch for)."""
+    def load() -> SigningKeys:
+        secrets = kube.fork()
+        try:
+            return read_signing_keys(secrets, NAMESPACE)[0]
+        finally:
+            secrets.close()
+
+    keys = DecisionKeys(load, time.time)
     metrics = Metrics()
     cache = ClusterCache(decisions=DecisionCheck(keys, metrics.unverified))
     return Extender(cache, Settings(policy, seed=seed), metrics, kube, keys)

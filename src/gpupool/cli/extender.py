@@ -21,6 +21,8 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,11 +42,19 @@ from gpupool.extender.server import ThreadedServer, uvicorn_config
 from gpupool.extender.service import Extender, Settings
 from gpupool.extender.signatures import DecisionCheck, DecisionKeys
 from gpupool.extender.sizing import MAX_NODES, BodyLimits
-from gpupool.extender.tls import CLIENT_SECRET, SERVICE, SERVING_SECRET, ReloadingContext, TlsSource
+from gpupool.extender.tls import (
+    CLIENT_SECRET,
+    SERVICE,
+    SERVING_SECRET,
+    ReloadingContext,
+    ServingMaterial,
+    TlsSource,
+)
 from gpupool.extender.workload import BUILTIN_WORKLOAD
 from gpupool.kube.api import KubeApi
 from gpupool.kube.keystore import ensure_signing_keys, read_signing_keys
 from gpupool.security.certs import CLIENT_SCHEDULER
+from gpupool.security.signing import SigningKeys
 
 log = logging.getLogger("gpupool.extender")
 
@@ -134,11 +144,28 @@ class Wired:
     reconciler: LedgerReconciler
 
 
+@contextmanager
+def briefly(api: KubeApi) -> Iterator[KubeApi]:
+    """A connection of its own for an occasional call (Secrets and ConfigMaps, through
+    lightkube's client): the client is let go after the call, so the ~15 MiB it holds is
+    not held through the rebuild of the cache."""
+    other = api.fork()
+    try:
+        yield other
+    finally:
+        other.close()
+
+
 def _wire(args: argparse.Namespace) -> Wired:
     api = KubeApi.connect(kubeconfig=args.kubeconfig, server=args.server)
-    first = ensure_signing_keys(api, args.namespace, time.time())
-    keys = DecisionKeys(lambda: read_signing_keys(api, args.namespace)[0], time.time,
-                        keys=first)
+
+    def load() -> SigningKeys:
+        with briefly(api) as secrets:
+            return read_signing_keys(secrets, args.namespace)[0]
+
+    with briefly(api) as secrets:
+        first = ensure_signing_keys(secrets, args.namespace, time.time())
+    keys = DecisionKeys(load, time.time, keys=first)
     metrics = Metrics()
     cache = ClusterCache(args.memory_unit, args.stale_after, args.ledger_grace,
                          decisions=DecisionCheck(keys, metrics.unverified))
@@ -153,8 +180,7 @@ def run(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     make_policy(args.policy, PolicyConfig(BUILTIN_WORKLOAD, dict(args.weight)))  # fail fast
     wired = _wire(args)
-    tls = None if args.plain_http else ReloadingContext(_source(args).material(
-        wired.api, time.time()))
+    tls = None if args.plain_http else ReloadingContext(_material(wired.api, args))
     extender = wired.extender
     with long_lived():  # the rebuilt cache lives as long as the process
         feeds = start_feeds(wired.api, extender.cache)
@@ -175,9 +201,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _source(args: argparse.Namespace) -> TlsSource:
-    return TlsSource(args.namespace, args.tls, args.tls_secret, args.client_secret,
-                     args.service)
+def _material(api: KubeApi, args: argparse.Namespace) -> ServingMaterial:
+    source = TlsSource(args.namespace, args.tls, args.tls_secret, args.client_secret,
+                       args.service)
+    with briefly(api) as secrets:
+        return source.material(secrets, time.time())
 
 
 def _serve(extender: Extender, tls: ReloadingContext | None, args: argparse.Namespace) -> None:
@@ -222,7 +250,7 @@ def _renew(api: KubeApi, tls: ReloadingContext | None, args: argparse.Namespace)
     if tls is None:
         return
     try:
-        if tls.update(_source(args).material(api, time.time())):
+        if tls.update(_material(api, args)):
             log.info("serving certificate reloaded from Secret %s/%s", args.namespace,
                      args.tls_secret)
     except Exception as exc:  # the API, or material that does not load: keep serving

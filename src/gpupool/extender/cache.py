@@ -77,7 +77,7 @@ class ClusterCache(Commitments):
     def sync_pods(self, pods: Iterable[Any]) -> None:
         with self.lock:
             self._apply_pending()  # events of an earlier watch: older than this listing
-            listed = list(pods)
+            listed = pods if isinstance(pods, list) else list(pods)
             facts = [facts_of(p, self._counts) for p in listed]
             seen = {f.uid for f in facts}
             with self.state.deferred():  # tens of thousands of holds: rows refresh once

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Set
 from contextlib import contextmanager
 from typing import Any
 
@@ -58,7 +58,8 @@ class Commitments(Holdings):
         self.pending_grace_s = pending_grace_s
         self.pods: dict[str, PodFacts] = {}
         self.ledgers: dict[str, ledger.View] = {}
-        self.entry_nodes: dict[str, set[str]] = {}  # pod uid -> nodes whose ledger holds it
+        self.entry_node: dict[str, str] = {}  # pod uid -> a node whose ledger holds it
+        self.entry_more: dict[str, set[str]] = {}  # ... and the others (rare: crash leftovers)
         self.listed_entries: set[str] = set()  # uids of the last ledger listing
         self.entry_memo: dict[tuple[str, str], ledger.Entry] = {}
         self.synced: set[str] = set()
@@ -97,16 +98,26 @@ class Commitments(Holdings):
                 self._entry_gone(uid, view.node)
                 self.unhold(uid, "ledger")
             for uid in set(view.entries) - before:
-                self.entry_nodes.setdefault(uid, set()).add(view.node)
+                self._entry_added(uid, view.node)
             if view.node in self.state.index:
                 self._hold_ledger(view)
 
+    def _entry_added(self, uid: str, node: str) -> None:
+        first = self.entry_node.setdefault(uid, node)
+        if first != node:
+            self.entry_more.setdefault(uid, set()).add(node)
+
     def _entry_gone(self, uid: str, node: str) -> None:
-        nodes = self.entry_nodes.get(uid)
-        if nodes is not None:
-            nodes.discard(node)
-            if not nodes:
-                del self.entry_nodes[uid]
+        more = self.entry_more.get(uid)
+        if self.entry_node.get(uid) == node:
+            if more:
+                self.entry_node[uid] = more.pop()
+            else:
+                self.entry_node.pop(uid, None)
+        elif more is not None:
+            more.discard(node)
+        if more is not None and not more:
+            del self.entry_more[uid]
 
     def _holds_version(self, obj: dict[str, Any]) -> bool:
         """Whether the ledger ``obj`` is at a version this cache already took in (or an
@@ -158,11 +169,10 @@ class Commitments(Holdings):
                 if self._stale_entry(uid, entry, now):
                     self.unhold(uid, "ledger")
 
-    def reconcile_listing(self, listed_pods: Iterable[str]) -> list[str]:
-        """After a pod listing: the entries of the last ledger listing whose pods it does not
-        hold are of pods that are gone (the ledger was listed first); they are freed at once.
-        Returns their uids (under ``lock``)."""
-        present = set(listed_pods)
+    def reconcile_listing(self, present: Set[str]) -> list[str]:
+        """After a pod listing (``present``: the uids it holds): the entries of the last
+        ledger listing whose pods it does not hold are of pods that are gone (the ledger was
+        listed first); they are freed at once. Returns their uids (under ``lock``)."""
         gone = [uid for uid in self.listed_entries if uid not in present]
         for uid in gone:
             self._finish(uid)
@@ -196,7 +206,8 @@ class Commitments(Holdings):
     def entry_nodes_of(self, key: str) -> set[str]:
         """The nodes whose ledger holds an entry of ``key``."""
         with self.lock:
-            return set(self.entry_nodes.get(key, ()))
+            first = self.entry_node.get(key)
+            return set() if first is None else {first, *self.entry_more.get(key, ())}
 
     def stale_by_node(self) -> Mapping[str, list[str]]:
         """Per ledger, its stale entries (what ``reconcile`` prunes)."""
