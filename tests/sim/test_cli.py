@@ -97,6 +97,10 @@ def test_csv_trace_runs_the_protocol(tmp_path: Path) -> None:
         (["--nodes-to-score", "101"],
          "--nodes-to-score: expected a whole number from 0 to 100, got 101"),
         (["--frobnicate"], "unrecognized arguments: --frobnicate"),
+        (["--mix", "no-such-mix"], "no mix named 'no-such-mix'"),
+        (["--mix", "base", "--nodes", str(DATA / "one_gpu_nodes.csv")],
+         "--mix generates its own cluster and workload"),
+        (["--learn", "--learn-every", "0"], "--learn-every: expected a number"),
     ],
 )
 def test_bad_input_is_one_line_on_stderr_and_exit_code_2(
@@ -125,3 +129,18 @@ def test_a_file_of_unknown_format_is_refused(tmp_path: Path,
 def test_seed_lists_and_ranges() -> None:
     assert seeds("42-44") == (42, 43, 44)
     assert seeds("5,1,5,2-3") == (5, 1, 2, 3)
+
+
+def test_a_generated_mix_learned_online_is_run_and_recorded(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    mixes = tmp_path / "mixes.yaml"
+    mixes.write_text("mixes:\n  - {name: small, constrained: 0.3, models: {T4: 1}}\n")
+    code = main(["simulate", "--mix", "small", "--mixes", str(mixes), "--seeds", "1",
+                 "--policy", "fgd-balance", "--learn", "--learn-every", "100",
+                 "--synthetic-nodes", "60", "--workers", "1", "--out", str(tmp_path / "out")])
+    assert code == 0
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["scenario"] == "mix-small" and summary["nodes"] == 60
+    assert summary["learn_every"] == 100.0
+    assert summary["runs"][0]["workload_refreshes"] > 0
+    assert "workload learned every 100" in capsys.readouterr().out

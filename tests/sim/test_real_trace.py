@@ -5,6 +5,10 @@ FGD 4.77 %, best-fit 7.14 %, random 13.70 % unallocated (mean of seeds 42-51), w
 acceptance tolerances ±0.5, ±0.7 and ±1.5. Our 10-seed standard deviations are 0.11,
 0.17 and 0.30, so the mean of the two gate seeds stays well inside the tolerance bands
 themselves, which are the gates: FGD 4.27-5.27, best-fit 6.44-7.84, random 12.2-15.2.
+On ``gpuspec20`` (18 % of pods bound to GPU models) the paper reports FGD 5.34 %;
+our 10-seed FGD is 5.41 ± 0.22, so the two-seed gate is the same ±0.5 band. The
+default policy must pack better than FGD there and on the default trace, where it
+also stays under 4 % (10 seeds: 3.87 ± 0.05).
 The full 10-seed table is ``bench/bench_simulator.py --acceptance``.
 """
 
@@ -14,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from gpupool.core.policies import DEFAULT_POLICY
 from gpupool.core.policies.config import PolicyConfig
 from gpupool.core.workload import TargetWorkload
 from gpupool.sim.campaign import Campaign, aggregate, run_campaign
@@ -46,8 +51,16 @@ def default_trace() -> Scenario:
 
 @pytest.fixture(scope="module")
 def gate_runs(default_trace: Scenario) -> dict[str, float]:
-    campaign = Campaign(default_trace, ("fgd", "fgd-balance", "best-fit", "random"), GATE_SEEDS)
+    campaign = Campaign(default_trace, ("fgd", DEFAULT_POLICY, "best-fit", "random"), GATE_SEEDS)
     stats = aggregate(run_campaign(campaign, workers=2))
+    return {s.policy: float(s.mean_unallocated_gpu_pct or 0.0) for s in stats}
+
+
+@pytest.fixture(scope="module")
+def gpuspec_runs() -> dict[str, float]:
+    scenario = scenario_from_files(trace(NODES), trace("openb_pod_list_gpuspec20.csv"))
+    stats = aggregate(run_campaign(Campaign(scenario, ("fgd", DEFAULT_POLICY), GATE_SEEDS),
+                                   workers=2))
     return {s.policy: float(s.mean_unallocated_gpu_pct or 0.0) for s in stats}
 
 
@@ -85,7 +98,26 @@ def test_fgd_packs_better_than_best_fit_and_best_fit_than_random(
 
 
 def test_our_own_policy_packs_better_than_fgd(gate_runs: dict[str, float]) -> None:
-    assert gate_runs["fgd-balance"] < gate_runs["fgd"]
+    assert gate_runs[DEFAULT_POLICY] < gate_runs["fgd"]
+    assert gate_runs[DEFAULT_POLICY] <= 4.0
+
+
+def test_a_fifth_of_the_gpuspec20_pods_name_the_gpu_models_they_accept() -> None:
+    pods = read_pods(trace("openb_pod_list_gpuspec20.csv"))
+    bound = [p.request for p in pods if p.request.models is not None]
+    assert (len(pods), len(bound)) == (8152, 1444)
+    assert all(r.gpus for r in bound)
+    assert sum(1 for r in bound if r.models == frozenset({"T4"})) == 718
+
+
+def test_fgd_reproduces_the_published_gpuspec20_figure_within_half_a_point(
+        gpuspec_runs: dict[str, float]) -> None:
+    assert 5.34 - 0.5 <= gpuspec_runs["fgd"] <= 5.34 + 0.5
+
+
+def test_our_own_policy_packs_model_bound_pods_better_than_fgd(
+        gpuspec_runs: dict[str, float]) -> None:
+    assert gpuspec_runs[DEFAULT_POLICY] < gpuspec_runs["fgd"]
 
 
 def test_literal_timestamps_barely_load_the_cluster(default_trace: Scenario) -> None:

@@ -35,7 +35,7 @@ from gpupool.sim.learning import LEARN_EVERY
 from gpupool.sim.report import write_all
 from gpupool.sim.scenario import Scenario
 from gpupool.sim.sources import scenario_from_files
-from gpupool.sim.synthetic import DEFAULT_NODES, synthetic_scenario
+from gpupool.sim.synthetic import DEFAULT_NODES, TRACE_NODES, synthetic_scenario
 from gpupool.sim.window import ALL_NODES, nodes_to_find
 
 DEFAULT_POLICIES = ("fgd", "fgd-balance", "best-fit", "random")
@@ -87,8 +87,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         "(default sim-out)")
     p.add_argument("--workers", type=bounded(int, 1), metavar="N",
                    help="processes to run (policy, seed) pairs in (default: one per core)")
-    p.add_argument("--synthetic-nodes", type=bounded(int, 1), default=DEFAULT_NODES, metavar="N",
-                   help=f"size of the built-in synthetic cluster (default {DEFAULT_NODES})")
+    p.add_argument("--synthetic-nodes", type=bounded(int, 1), metavar="N",
+                   help=f"size of the built-in synthetic cluster (default {DEFAULT_NODES}) "
+                        f"or of a --mix's (default {TRACE_NODES}, the published cluster)")
     p.add_argument("--nodes-to-score", type=bounded(int, 0, 100), default=100, metavar="PCT",
                    help="model kube-scheduler's percentageOfNodesToScore: each pod is decided "
                         "among the window of nodes kube-scheduler would send the extender "
@@ -135,12 +136,12 @@ def load(args: argparse.Namespace) -> Scenario:
         if args.nodes is not None or args.pods is not None:
             raise InvalidInput("--mix generates its own cluster and workload; it does not go "
                                "with --nodes/--pods")
-        return mix_scenario(find_mix(args.mix, args.mixes))
+        return mix_scenario(find_mix(args.mix, args.mixes), args.synthetic_nodes or TRACE_NODES)
     if (args.nodes is None) != (args.pods is None):
         raise InvalidInput("--nodes and --pods go together (neither: the built-in synthetic "
                            "cluster and workload)")
     if args.nodes is None:
-        return synthetic_scenario(args.synthetic_nodes)
+        return synthetic_scenario(args.synthetic_nodes or DEFAULT_NODES)
     return scenario_from_files(args.nodes, args.pods)
 
 
