@@ -61,7 +61,8 @@ class RefusalRecorder:
 def audit(pods: list[Pod], gate: DecisionGate, recorder: RefusalRecorder) -> int:
     """Record the refusal of every decision on the node that can never be served (forged,
     copied, edited, unsigned, on a pod that asks no GPU) — also for pods kubelet never
-    calls Allocate for. Refusals that may pass later (keys unreadable) are left alone.
+    calls Allocate for. Refusals that may pass later (keys unreadable, a key id not read
+    yet) are left alone.
     Returns how many were recorded."""
     n = 0
     for pod in pods:

@@ -47,7 +47,9 @@ class Verdict:
     """``ok``, or a refusal: a ``code`` for metrics and a sentence a person can act on.
 
     ``definite`` refusals (forged, edited, copied, on a CPU-only pod) can be recorded on
-    the pod at once; a refusal because the keys cannot be read now is not definite.
+    the pod at once; a refusal because the keys cannot be read now, or because the
+    decision names a key this node has not read yet, is not definite (an Allocate still
+    refuses it, after reading the keys again).
     """
 
     ok: bool
@@ -100,7 +102,8 @@ class DecisionGate:
         except KeyMaterialError as exc:
             return Verdict(False, KEYS_UNAVAILABLE, str(exc), definite=False)
         except SignatureError as exc:
-            return Verdict(False, _code(str(exc), signature), str(exc))
+            code = _code(str(exc), signature)  # a key published seconds ago may be unread
+            return Verdict(False, code, str(exc), definite=code != UNKNOWN_KEY)
         with self._lock:
             if len(self._verified) >= MEMO_LIMIT:
                 self._verified.clear()
