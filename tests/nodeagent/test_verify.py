@@ -206,3 +206,10 @@ def test_a_broken_published_key_refuses_every_decision_with_the_reason(
     apiserver.seed("pods", p)
     message = refused(kubelet, p)
     assert "decision keys cannot be read" in message and "not a PEM public key" in message
+
+
+def test_a_key_this_node_has_not_read_is_refused_but_left_to_allocate_by_the_audit() -> None:
+    gate = DecisionGate(NODE, ring_verifier(KEYS.public(), []))
+    ann = decision("p1", [(uuid_of(0), 0, 1024, 10, "main")], keys=SigningKeys().added(0))
+    verdict = gate.check(pod_from_json(pod("p1", [("main", 1, 1024, 10)], ann=ann)))
+    assert (verdict.ok, verdict.code, verdict.definite) == (False, "unknown-key", False)
