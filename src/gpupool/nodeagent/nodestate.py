@@ -108,9 +108,26 @@ def served_devices(pod: Pod, trusted: Trust = _any) -> dict[str, dict[str, str]]
     """What ``pod`` holds of the logical devices by its ``gpupool.io/devices`` record, if it
     holds GPUs by a trusted decision: per container named in the decision, at most as many
     devices as the decision gives it (a record cannot claim more than was decided)."""
+    if not holds_gpus(pod) or not trusted(pod):
+        return {}
+    key = (pod.uid, pod.annotations.get(names.ANNOTATION_DEVICES),
+           pod.annotations.get(names.ANNOTATION_ALLOCATION))
+    found = _CAPPED.get(key)
+    if found is None:
+        found = _capped(pod)
+        if len(_CAPPED) >= 10_000:
+            _CAPPED.clear()
+        _CAPPED[key] = found
+    return found
+
+
+_CAPPED: dict[tuple[str, str | None, str | None], dict[str, dict[str, str]]] = {}
+"""``served_devices``' answers by (uid, devices record, decision): an Allocate asks for
+every pod on the node. Read only by callers."""
+
+
+def _capped(pod: Pod) -> dict[str, dict[str, str]]:
     try:
-        if not holds_gpus(pod) or not trusted(pod):
-            return {}
         decision = pod.decision()
         served = pod.served()
     except GpupoolError as exc:
