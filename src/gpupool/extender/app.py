@@ -21,7 +21,11 @@ Bounded work per request:
 * a body is read into one buffer of its declared length (no chunk list, no join copy);
 * decoding and deciding run off the event loop, on the app's own thread pools (two
   threads decide, sixteen bind: kube-scheduler binds asynchronously, up to its
-  parallelism), so the event loop keeps reading other calls while one is decided;
+  parallelism), so the event loop keeps reading other calls while one is decided —
+  except filter and prioritize bodies of at most ``INLINE_BYTES`` (256 KiB: a pod and
+  about 5,000 node names), whose work is bounded by their size (a few ms at 5,000
+  nodes) and smaller than the hop to a thread and back costs (0.5 ms of CPU per pod
+  over HTTP, measured: docs/benchmarks.md). The probes have a loop of their own;
 * slow and idle connections are closed by the server's protocol
   (``connections.guarded_protocol``).
 
@@ -55,6 +59,8 @@ from gpupool.extender.sizing import BodyLimits
 log = logging.getLogger(__name__)
 BIND_THREADS = 16  # kube-scheduler binds asynchronously, up to its parallelism (16)
 DECIDE_THREADS = 2
+INLINE_BYTES = 256 * 1024  # filter and prioritize bodies up to this size: on the loop
+INLINE_VERBS = frozenset({"filter", "prioritize"})
 Body = bytes | bytearray
 Handler = Callable[[Body], bytes]
 Scope = MutableMapping[str, Any]
@@ -111,6 +117,7 @@ class ExtenderApp:
         self.binds = ThreadPoolExecutor(BIND_THREADS, thread_name_prefix="extender-bind")
         self.decide = ThreadPoolExecutor(DECIDE_THREADS, thread_name_prefix="extender-decide")
         self.metrics = metrics
+        self.inline_bytes = INLINE_BYTES
         self.refused = metrics.refused_bodies
         self.reading = 0  # bytes of the bodies being read or decided now
         self.verbs = {f"/{name}": (name, handler, metrics.latency.labels(name))
@@ -170,6 +177,8 @@ class ExtenderApp:
             return None
         if isinstance(body, str):
             return self._refuse(name, f"gpupool {name}: {body}")
+        if name in INLINE_VERBS and len(body) <= self.inline_bytes:
+            return handler(body)  # a small filter: less work than the thread hop costs
         pool = self.binds if name == "bind" else self.decide
         return await asyncio.get_running_loop().run_in_executor(pool, handler, body)
 
