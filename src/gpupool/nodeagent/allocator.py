@@ -56,7 +56,7 @@ from gpupool.nodeagent.handshake import Target, identify
 from gpupool.nodeagent.isolation.none import NoIsolation
 from gpupool.nodeagent.isolation.provider import IsolationProvider, ProviderRefusal, SliceGrant
 from gpupool.nodeagent.logical import LogicalPool
-from gpupool.nodeagent.nodestate import NodeView, gpu_only, held_devices
+from gpupool.nodeagent.nodestate import NodeView, gpu_only, held_devices, holds_gpus
 from gpupool.nodeagent.podresources import Holders, PodResourcesClient
 from gpupool.nodeagent.pods import ANNOTATION_DEVICES, Pod
 from gpupool.nodeagent.refusals import RefusalRecorder, Refused
@@ -106,7 +106,7 @@ class Allocator:
         self.safety = safety or Safety(DecisionGate(config.node, None), Exposure(),
                                        NoIsolation(), RefusalRecorder(pods))
         self.gate = self.safety.gate
-        self.view = NodeView(config.node, config.memory_unit_mib, self.gate.trusted)
+        self.view = NodeView(config.node, config.memory_unit_mib)  # given trusted pods only
         self._lock = threading.Lock()
 
     # -- Allocate -----------------------------------------------------------------
@@ -164,10 +164,11 @@ class Allocator:
         if len(slices) != len(ids):
             raise Refused(f"the decision gives container {container.name} {len(slices)} GPU(s) "
                           f"but kubelet allocates {len(ids)} device(s)", "count-mismatch")
-        self._recheck(pod, alloc, pods)
+        holding = self._holding(pods, pod.uid)
+        self._recheck(pod, alloc, holding)
         self._not_isolated(pod, slices)
         busy = {i for held in (holders or {}).values() for c in held.values() for i in c}
-        busy |= held_devices(pods, pod.uid, self.gate.trusted)
+        busy |= held_devices(holding, pod.uid)
         grant = SliceGrant(pod.uid, pod.ref, container.name, slices, alloc.exclusive)
         provided = self.safety.provider.edits(grant)
         mapping = self.pool.assign(ids, [s.gpu_uuid for s in slices], busy)
@@ -206,6 +207,10 @@ class Allocator:
                           f"the pod is on {self.config.node}", "other-node")
         return decision
 
+    def _holding(self, pods: list[Pod], skip_uid: str) -> list[Pod]:
+        """The other pods that hold GPUs by a decision that verifies (checked once here)."""
+        return [p for p in pods if p.uid != skip_uid and holds_gpus(p) and self.gate.trusted(p)]
+
     def _recheck(self, pod: Pod, alloc: Allocation, pods: list[Pod]) -> None:
         state = self.view.state(self.known_gpus(), pods, pod.uid)
         try:
@@ -215,7 +220,7 @@ class Allocator:
 
     def _decide(self, pod: Pod, pods: list[Pod]) -> contract.Decision:
         """Seed 000 without an extender: the least-loaded GPUs, recorded before use."""
-        state = self.view.state(self.known_gpus(), pods, pod.uid)
+        state = self.view.state(self.known_gpus(), self._holding(pods, pod.uid), pod.uid)
         request = pod.request()
         demand = merged_demand(request)
         fit = gpu_fit_mask(state, demand, None)[0]
