@@ -241,6 +241,9 @@ class NodeAgent:
             except GpupoolError as exc:
                 log.warning("usage sample failed (next one in %.0f s): %s",
                             self.config.monitor_s, exc)
+            except Exception:  # a bug must not end monitoring for the agent's lifetime
+                log.exception("usage sample failed unexpectedly (next one in %.0f s)",
+                              self.config.monitor_s)
 
     def check_once(self) -> None:
         """One round of the monitor thread: audit, usage sample, provider sync, gauges."""
