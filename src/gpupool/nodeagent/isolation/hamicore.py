@@ -34,7 +34,12 @@ from pathlib import Path
 from gpupool.core.errors import InvalidInput
 from gpupool.nodeagent.envs import ContainerEdits, Mount
 from gpupool.nodeagent.gpu import GpuInfo
-from gpupool.nodeagent.isolation.provider import Holdings, ProviderName, SliceGrant
+from gpupool.nodeagent.isolation.provider import (
+    Holdings,
+    ProviderName,
+    ProviderRefusal,
+    SliceGrant,
+)
 
 log = logging.getLogger(__name__)
 
@@ -72,11 +77,15 @@ class HamiCoreProvider:
                 f"the hami-core isolation provider needs HAMi-core's library at {self.library}"
                 " (install HAMi-core on the node, give --hami-core-library, or choose another"
                 " --isolation-provider)")
-        (self.root / "containers").mkdir(parents=True, exist_ok=True)
-        self.lock_dir.mkdir(parents=True, exist_ok=True)
-        self.lock_dir.chmod(0o1777)
-        self.preload.write_text(LIBRARY_IN_CONTAINER + "\n")
-        self.preload.chmod(0o644)
+        try:
+            (self.root / "containers").mkdir(parents=True, exist_ok=True)
+            self.lock_dir.mkdir(parents=True, exist_ok=True)
+            self.lock_dir.chmod(0o1777)
+            self.preload.write_text(LIBRARY_IN_CONTAINER + "\n")
+            self.preload.chmod(0o644)
+        except OSError as exc:
+            raise InvalidInput(f"the hami-core isolation provider cannot prepare {self.root}: "
+                               f"{exc.strerror or exc} (check --state-dir)") from None
         log.info("hami-core isolation: %s preloaded into shared containers", self.library)
 
     def stop(self) -> None:
@@ -86,8 +95,12 @@ class HamiCoreProvider:
         if grant.exclusive:
             return ContainerEdits()
         cache = self.root / "containers" / _dir_name(grant.pod_uid, grant.container)
-        cache.mkdir(parents=True, exist_ok=True)
-        cache.chmod(0o777)  # the container's processes run as any user
+        try:
+            cache.mkdir(parents=True, exist_ok=True)
+            cache.chmod(0o777)  # the container's processes run as any user
+        except OSError as exc:
+            raise ProviderRefusal(f"cannot prepare HAMi-core's usage directory {cache}: "
+                                  f"{exc.strerror or exc}", "isolation-unavailable") from None
         envs = {f"CUDA_DEVICE_MEMORY_LIMIT_{i}": f"{s.memory_mib}m"
                 for i, s in enumerate(grant.slices) if s.memory_mib > 0}
         cores = [s.core_pct for s in grant.slices if s.core_pct > 0]

@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from gpupool.core.errors import GpupoolError
+from gpupool.core.errors import GpupoolError, InvalidInput
 from gpupool.nodeagent.envs import ContainerEdits, Mount, mps_limits
 from gpupool.nodeagent.gpu import GpuInfo
 from gpupool.nodeagent.isolation.mpsdaemon import (
@@ -85,8 +85,12 @@ class MpsProvider:
     # -- lifecycle -----------------------------------------------------------------------
     def start(self, gpus: Sequence[GpuInfo], changed: Callable[[], None]) -> None:
         self._changed = changed
-        self.layout.shm.mkdir(parents=True, exist_ok=True)
-        self.layout.shm.chmod(0o1777)
+        try:
+            self.layout.shm.mkdir(parents=True, exist_ok=True)
+            self.layout.shm.chmod(0o1777)
+        except OSError as exc:
+            raise InvalidInput(f"the mps isolation provider cannot prepare {self.layout.shm}: "
+                               f"{exc.strerror or exc} (check --mps-root)") from None
         for gpu in gpus:
             daemon = MpsDaemon(gpu.uuid, self.layout, self.control, self.timeout_s)
             self.daemons[gpu.uuid] = daemon

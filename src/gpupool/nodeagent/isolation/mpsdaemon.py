@@ -93,8 +93,12 @@ class MpsDaemon:
         """Start the daemon, or adopt one that already answers on the pipe directory."""
         with self._lock:
             for d in (self.layout.pipe(self.uuid), self.layout.log(self.uuid)):
-                d.mkdir(parents=True, exist_ok=True)
-                d.chmod(0o755)
+                try:
+                    d.mkdir(parents=True, exist_ok=True)
+                    d.chmod(0o755)
+                except OSError as exc:
+                    raise MpsError(f"cannot prepare {d} for GPU {self.uuid}: "
+                                   f"{exc.strerror or exc}") from None
             if self._answers():
                 log.info("MPS control daemon for GPU %s already runs; adopted", self.uuid)
             else:
