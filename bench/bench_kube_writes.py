@@ -36,6 +36,7 @@ import msgspec
 from bench_extender import FakeApi  # the script's folder is on sys.path
 
 from gpupool.contract.annotations import encode
+from gpupool.contract.names import ANNOTATION_SIGNATURE
 from gpupool.core.allocation import Allocation, Slice
 from gpupool.core.policies import DEFAULT_POLICY
 from gpupool.extender import protocol
@@ -43,9 +44,12 @@ from gpupool.extender.cache import ClusterCache
 from gpupool.extender.feeds import start_feeds
 from gpupool.extender.metrics import Metrics
 from gpupool.extender.service import Extender, Settings
+from gpupool.extender.signatures import DecisionCheck, DecisionKeys
 from gpupool.kube.api import KubeApi
+from gpupool.security.signing import SigningKeys, claims_of
 
 GPUS = 8
+KEYS = SigningKeys().added(0.0)  # the decision keys of the benchmark's extender
 GPU_MIB = 81920
 ROUND = 50  # writes per path before switching to the other
 WATCHED = ("informer-pods", "informer-gpuledgers")
@@ -65,16 +69,20 @@ def pod_obj(name: str, limits: dict[str, str], uid: str = "", node: str = "",
     if uid:
         meta["uid"] = uid
     res = {"requests": {"cpu": "2", "memory": "8Gi", **limits}, "limits": dict(limits)}
-    spec: dict[str, Any] = {"containers": [{"name": "main", "resources": res}]}
+    spec: dict[str, Any] = {"schedulerName": "gpupool-scheduler",
+                            "containers": [{"name": "main", "resources": res}]}
     if node:
         spec["nodeName"] = node
     return {"metadata": meta, "spec": spec, "status": {"phase": "Running" if node else "Pending"}}
 
 
 def alloc_notes(uid: str, node: str, j: int, core: int) -> dict[str, str]:
+    """The signed decision of pod ``uid`` (named as its uid, in namespace bench)."""
     alloc = Allocation(uid, node, 2000, 8192, (Slice(f"GPU-{node}-{j}", j,
                                                      core * GPU_MIB // 100, core, "main"),))
-    return encode(alloc, "2026-01-01T00:00:00.000000Z")
+    notes = encode(alloc, "2026-01-01T00:00:00.000000Z")
+    notes[ANNOTATION_SIGNATURE] = KEYS.active(0).sign(claims_of(uid, "bench", uid, notes))
+    return notes
 
 
 # -- writes -----------------------------------------------------------------------------------
@@ -236,10 +244,11 @@ def measure_watch(nodes: int, pods: int, seed: int, lean: bool | None) -> dict[s
     api = fake_api(cluster_seed(nodes, seed))
     kube = KubeApi.connect(server=api.url, lean=lean) if lean is not None else \
         KubeApi.connect(server=api.url)
-    cache = ClusterCache()
+    keys = DecisionKeys(lambda: KEYS, time.time, keys=KEYS)
+    cache = ClusterCache(decisions=DecisionCheck(keys))
     feeds = start_feeds(kube, cache, watch_timeout_s=300)
     try:
-        ext = Extender(cache, Settings(DEFAULT_POLICY, seed=seed), Metrics(), kube)
+        ext = Extender(cache, Settings(DEFAULT_POLICY, seed=seed), Metrics(), kube, keys)
         ext.refresh_policy()
         names = sorted(cache.state.index)
         rng = random.Random(seed)
