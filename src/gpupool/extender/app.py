@@ -87,7 +87,7 @@ def verb_handlers(extender: Extender) -> dict[str, Handler]:
         "filter": guarded("filter", extender.filter_json),
         "prioritize": guarded("prioritize", extender.prioritize_json),
         "bind": guarded("bind", decoded(extender.bind, "bind")),
-        "preempt": guarded("preempt", decoded(extender.preempt, "preempt")),
+        "preempt": guarded("preempt", lambda body: protocol.encode(extender.preempt(body))),
     }
 
 

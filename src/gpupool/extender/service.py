@@ -51,7 +51,7 @@ from gpupool.core.policies import make_policy
 from gpupool.core.policies.config import PolicyConfig
 from gpupool.core.request import PodRequest
 from gpupool.core.state import ClusterState, IntArray
-from gpupool.extender import protocol
+from gpupool.extender import preemption, protocol
 from gpupool.extender.binder import Binder
 from gpupool.extender.cache import ClusterCache
 from gpupool.extender.gate import DEFAULT_SCHEDULER, bindable_request
@@ -316,9 +316,11 @@ class Extender:
     # -- preempt -----------------------------------------------------------------------------------
     def preempt(self, body: Any) -> dict[str, Any]:
         """Keep only the nodes where evicting the proposed victims frees enough GPU for
-        the pod (kube-scheduler chooses victims by its own rules, blind to GPU slices)."""
+        the pod (kube-scheduler chooses victims by its own rules, blind to GPU slices).
+        ``body``: the request's bytes (``preemption``), or decoded JSON."""
         try:
-            args = protocol.parse_preemption(body)
+            args = preemption.read_preemption(body) if isinstance(body, bytes | bytearray) \
+                else protocol.parse_preemption(body)
             request = self._request(args.pod)
         except GpupoolError as exc:
             self.metrics.decisions.labels("preempt", "error").inc()
