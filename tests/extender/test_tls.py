@@ -19,7 +19,13 @@ from prometheus_client import generate_latest
 from gpupool.extender.app import build_probes, build_verbs
 from gpupool.extender.connections import ConnectionRules
 from gpupool.extender.server import ThreadedServer
-from gpupool.extender.tls import CLIENT_SECRET, SERVING_SECRET, ReloadingContext, TlsSource
+from gpupool.extender.tls import (
+    CLIENT_SECRET,
+    SERVING_SECRET,
+    ReloadingContext,
+    ServingMaterial,
+    TlsSource,
+)
 from gpupool.kube import tlsstore
 from gpupool.security import certs
 
@@ -176,3 +182,19 @@ def test_the_probes_answer_on_plain_http_and_serve_no_verb(replica: Replica) -> 
         assert http.get("/readyz").status_code == 200
         assert "gpupool_extender_unverified_decisions_total" in http.get("/metrics").text
         assert all(http.post(f"/{verb}", json={}).status_code in (404, 405) for verb in VERBS)
+
+
+def test_a_new_client_ca_is_what_the_next_handshake_checks_against(
+        served: Served, nodes: list[str]) -> None:
+    now = time.time()
+    fresh_ca = certs.new_ca("gpupool-ca-2", now)
+    serving = certs.issue(fresh_ca, "gpupool-extender", now,
+                          dns_names=certs.service_names("gpupool-extender", NAMESPACE))
+    client = write_pair(served.folder, "client-2", certs.issue(
+        fresh_ca, certs.CLIENT_SCHEDULER, now, client=True))
+    assert served.tls.update(ServingMaterial(serving.cert, serving.key, fresh_ca.cert))
+    with served.client(client, ca=fresh_ca.cert) as http:
+        assert post(http, "filter", {"Pod": pod_obj("x"), "NodeNames": nodes}).status_code == 200
+    with served.client(served.scheduler, ca=fresh_ca.cert) as http, \
+            pytest.raises(httpx.TransportError):  # issued by the CA that was replaced
+        post(http, "filter", {"Pod": pod_obj("x"), "NodeNames": nodes})
