@@ -8,4 +8,6 @@ python=${PYTHON:-python3}
 cd "$root"
 "$python" -m grpc_tools.protoc -I . \
   --python_out=. --grpc_python_out=. \
-  gpupool/nodeagent/proto/deviceplugin.proto gpupool/nodeagent/proto/podresources.proto
+  gpupool/nodeagent/proto/deviceplugin.proto gpupool/nodeagent/proto/podresources.proto \
+  gpupool/nodeagent/proto/pluginregistration.proto \
+  gpupool/nodeagent/proto/dra_v1.proto gpupool/nodeagent/proto/dra_v1beta1.proto
