@@ -177,7 +177,11 @@ class FakeApiServer:
         methods = ["GET", "POST", "PUT", "PATCH", "DELETE"]
         core = "/api/v1"
         crd = "/apis/{group}/{version}"
-        routes = [
+        routes = [  # namespaced objects of API groups first (else "namespaces" reads as a plural)
+            Route(crd + "/namespaces/{namespace}/{plural}/{name}/{sub}", self._handle,
+                  methods=methods),
+            Route(crd + "/namespaces/{namespace}/{plural}/{name}", self._handle, methods=methods),
+            Route(crd + "/namespaces/{namespace}/{plural}", self._handle, methods=methods),
             Route(core + "/namespaces/{namespace}/{plural}/{name}/{sub}", self._handle,
                   methods=methods),
             Route(core + "/namespaces/{namespace}/{plural}/{name}", self._handle, methods=methods),

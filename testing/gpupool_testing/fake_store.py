@@ -50,6 +50,9 @@ KINDS: dict[str, Kind] = {
              "MutatingWebhookConfiguration", False),
         Kind("validatingwebhookconfigurations", "admissionregistration.k8s.io", "v1",
              "ValidatingWebhookConfiguration", False),
+        Kind("resourceslices", "resource.k8s.io", "v1", "ResourceSlice", False),
+        Kind("deviceclasses", "resource.k8s.io", "v1", "DeviceClass", False),
+        Kind("resourceclaims", "resource.k8s.io", "v1", "ResourceClaim", True),
     )
 }
 HISTORY = 200_000  # watch events retained; older resourceVersions get 410 Gone

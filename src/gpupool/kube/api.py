@@ -38,7 +38,7 @@ from lightkube.config.kubeconfig import KubeConfig
 from lightkube.config.models import Cluster, User
 from lightkube.core.decoders import decode_list, decode_object
 from lightkube.core.exceptions import ConfigError
-from lightkube.generic_resource import create_global_resource
+from lightkube.generic_resource import create_global_resource, create_namespaced_resource
 from lightkube.models.core_v1 import EventSource, ObjectReference
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap, Event, Node, Pod, Secret
@@ -472,3 +472,58 @@ _LEDGERS = lean.path_of(GPULedger)
 def _name(obj: Mapping[str, Any]) -> str:
     meta = obj.get("metadata") or {}
     return str(meta.get("name", "?")) if isinstance(meta, Mapping) else "?"
+
+
+# -- Dynamic Resource Allocation (resource.k8s.io/v1) ---------------------------------------------
+# Read and written as plain dicts (generic resources) so that fields newer than the installed
+# lightkube models (consumable capacity, device taints, extendedResourceName) pass through.
+_DRA_GROUP, _DRA_VERSION = "resource.k8s.io", "v1"
+ResourceSliceV1 = create_global_resource(_DRA_GROUP, _DRA_VERSION, "ResourceSlice",
+                                         "resourceslices")
+DeviceClassV1 = create_global_resource(_DRA_GROUP, _DRA_VERSION, "DeviceClass", "deviceclasses")
+ResourceClaimV1 = create_namespaced_resource(_DRA_GROUP, _DRA_VERSION, "ResourceClaim",
+                                             "resourceclaims")
+
+
+class DraApi(KubeApi):
+    """``KubeApi`` plus the DRA objects: ResourceSlices (node agent), DeviceClasses
+    (controller), ResourceClaims (read only)."""
+
+    def list_resource_slices(self, node: str, driver: str) -> list[KubeObject]:
+        """The ResourceSlices of ``driver`` on ``node`` (field selectors the API serves)."""
+        fields: dict[str, Any] = {"spec.nodeName": node, "spec.driver": driver}
+        with _translated(f"list ResourceSlices of {driver} on {node}"):
+            return [dict(o) for o in self.client.list(ResourceSliceV1, fields=fields)]
+
+    def create_resource_slice(self, obj: Mapping[str, Any]) -> KubeObject:
+        with _translated(f"create ResourceSlice {_name(obj)}"):
+            return dict(self.client.create(ResourceSliceV1.from_dict(dict(obj))))
+
+    def replace_resource_slice(self, obj: Mapping[str, Any]) -> KubeObject:
+        """Replace (``metadata.resourceVersion``, when set, is a precondition)."""
+        with _translated(f"update ResourceSlice {_name(obj)}"):
+            return dict(self.client.replace(ResourceSliceV1.from_dict(dict(obj))))
+
+    def delete_resource_slice(self, name: str) -> None:
+        with _translated(f"delete ResourceSlice {name}"):
+            self.client.delete(ResourceSliceV1, name)
+
+    def get_resource_claim(self, namespace: str, name: str) -> KubeObject:
+        with _translated(f"get ResourceClaim {namespace}/{name}"):
+            return dict(self.client.get(ResourceClaimV1, name, namespace=namespace))
+
+    def list_device_classes(self) -> list[KubeObject]:
+        with _translated("list DeviceClasses"):
+            return [dict(o) for o in self.client.list(DeviceClassV1)]
+
+    def create_device_class(self, obj: Mapping[str, Any]) -> KubeObject:
+        with _translated(f"create DeviceClass {_name(obj)}"):
+            return dict(self.client.create(DeviceClassV1.from_dict(dict(obj))))
+
+    def replace_device_class(self, obj: Mapping[str, Any]) -> KubeObject:
+        with _translated(f"update DeviceClass {_name(obj)}"):
+            return dict(self.client.replace(DeviceClassV1.from_dict(dict(obj))))
+
+    def delete_device_class(self, name: str) -> None:
+        with _translated(f"delete DeviceClass {name}"):
+            self.client.delete(DeviceClassV1, name)
