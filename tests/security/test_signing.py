@@ -144,3 +144,19 @@ def test_a_broken_private_key_entry_is_named(raw: str) -> None:
 
 def test_the_signature_annotation_key_is_gpupools() -> None:
     assert names.ANNOTATION_SIGNATURE == "gpupool.io/signature"
+
+
+def test_each_refusal_says_which_case_it_is() -> None:
+    keys = _keys()
+    claims = _claims(_decision())
+    ring = keys.public()
+    cases = [
+        (None, SignatureError.UNSIGNED),
+        ("garbage", SignatureError.MALFORMED),
+        (_keys().active(NOW).sign(claims), SignatureError.UNKNOWN_KEY),
+        (keys.active(NOW).sign(_claims(_decision(exclusive=True))), SignatureError.MISMATCH),
+    ]
+    for signature, code in cases:
+        with pytest.raises(SignatureError) as caught:
+            ring.verify(claims, signature)
+        assert caught.value.code == code, signature

@@ -102,7 +102,8 @@ class DecisionGate:
         except KeyMaterialError as exc:
             return Verdict(False, KEYS_UNAVAILABLE, str(exc), definite=False)
         except SignatureError as exc:
-            code = _code(str(exc), signature)  # a key published seconds ago may be unread
+            code = _CODES.get(exc.code, BAD_SIGNATURE)  # a key published seconds ago may
+            # not be read here yet: not a definite refusal
             return Verdict(False, code, str(exc), definite=code != UNKNOWN_KEY)
         with self._lock:
             if len(self._verified) >= MEMO_LIMIT:
@@ -111,7 +112,4 @@ class DecisionGate:
         return OK
 
 
-def _code(message: str, signature: str | None) -> str:
-    if not signature:
-        return UNSIGNED
-    return UNKNOWN_KEY if "is not one of gpupool's published" in message else BAD_SIGNATURE
+_CODES = {SignatureError.UNSIGNED: UNSIGNED, SignatureError.UNKNOWN_KEY: UNKNOWN_KEY}

@@ -52,7 +52,17 @@ MAX_SIGNATURE_CHARS = 256  # "v1." + 16 hex + "." + 86 base64 characters is 106
 
 
 class SignatureError(InvalidInput):
-    """A decision that must not be served or counted; the message says why."""
+    """A decision that must not be served or counted; the message says why, ``code`` says
+    which case it is (for metrics and for telling a key not read yet from a forgery)."""
+
+    UNSIGNED = "unsigned"
+    MALFORMED = "malformed"
+    UNKNOWN_KEY = "unknown-key"
+    MISMATCH = "mismatch"
+
+    def __init__(self, message: str, code: str = MALFORMED):
+        super().__init__(message)
+        self.code = code
 
 
 class KeyMaterialError(InvalidInput):
@@ -107,17 +117,18 @@ class KeyRing:
         who = f"pod {claims.namespace}/{claims.name}"
         if not signature:
             raise SignatureError(f"{who}: the decision carries no {names.ANNOTATION_SIGNATURE} "
-                                 "(not made by gpupool's scheduler)")
+                                 "(not made by gpupool's scheduler)", SignatureError.UNSIGNED)
         kid, raw = _parse(who, signature)
         public = self.keys.get(kid)
         if public is None:
             raise SignatureError(f"{who}: the decision is signed with key {kid}, which is not "
-                                 "one of gpupool's published decision keys")
+                                 "one of gpupool's published decision keys",
+                                 SignatureError.UNKNOWN_KEY)
         try:
             public.verify(raw, claims.message())
         except InvalidSignature:
             raise SignatureError(f"{who}: the decision's signature does not match it (edited, "
-                                 "or copied from another pod)") from None
+                                 "or copied from another pod)", SignatureError.MISMATCH) from None
         return kid
 
     def __contains__(self, kid: object) -> bool:
