@@ -1,0 +1,66 @@
+"""Which containers use a claim, and whether one of them could widen what it gets.
+
+The device-plugin path refuses a GPU container whose own ``env`` sets a variable that
+controls its GPUs or limits, or whose ``envFrom`` could (``exposure.env_override``); the
+DRA path applies the same rule to every container (init containers included) of the
+pods a claim is reserved for that lists the claim in ``resources.claims``. A pod's claim
+entry names the claim directly (``resourceClaimName``) or through a template; the
+generated claim's name is in the pod's ``status.resourceClaimStatuses``. Until that is
+known every container that uses some claim is checked (the stricter reading).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from gpupool.nodeagent.exposure import env_override
+from gpupool.nodeagent.pods import GpuContainer
+
+
+def _map(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _entries(pod: Mapping[str, Any], claim: str) -> set[str] | None:
+    """The pod's claim entry names that are ``claim`` (None: not known yet)."""
+    spec, status = _map(pod.get("spec")), _map(pod.get("status"))
+    direct = {str(e.get("name")) for e in map(_map, spec.get("resourceClaims") or [])
+              if e.get("resourceClaimName") == claim}
+    generated = list(map(_map, status.get("resourceClaimStatuses") or []))
+    direct |= {str(s.get("name")) for s in generated if s.get("resourceClaimName") == claim}
+    templated = any(e.get("resourceClaimTemplateName")
+                    for e in map(_map, spec.get("resourceClaims") or []))
+    if not direct and templated and not generated:
+        return None
+    return direct
+
+
+def claim_users(pod: Mapping[str, Any], claim: str) -> list[GpuContainer]:
+    """The containers of ``pod`` that use the ResourceClaim named ``claim``."""
+    entries = _entries(pod, claim)
+    spec = _map(pod.get("spec"))
+    out = []
+    for c in map(_map, [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]):
+        uses = {str(_map(r).get("name")) for r in _map(c.get("resources")).get("claims") or []}
+        if uses and (entries is None or uses & entries):
+            out.append(_container(c))
+    return out
+
+
+def _container(c: Mapping[str, Any]) -> GpuContainer:
+    env = tuple(str(_map(e).get("name", "")) for e in c.get("env") or [])
+    env_from = tuple(str(_map(e).get("prefix") or "") for e in c.get("envFrom") or [])
+    return GpuContainer(str(c.get("name") or "?"), 0, 0, 0, env, env_from)
+
+
+def env_refusal(pods: Iterable[Mapping[str, Any]], claim: str) -> str | None:
+    """Why the claim may not be prepared for these pods (a container could override what
+    it gets), or None."""
+    for pod in pods:
+        meta = _map(pod.get("metadata"))
+        for container in claim_users(pod, claim):
+            reason = env_override(container)
+            if reason:
+                return f"pod {meta.get('namespace')}/{meta.get('name')}: {reason}"
+    return None
