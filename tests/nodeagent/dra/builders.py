@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpupool.contract import dra
+
 from ..builders import NODE
 
 NAMESPACE = "team-a"

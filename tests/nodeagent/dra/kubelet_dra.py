@@ -25,8 +25,12 @@ from typing import Any
 
 import grpc
 
-from gpupool.nodeagent.proto import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2
-from gpupool.nodeagent.proto import dra_v1beta1_pb2_grpc
+from gpupool.nodeagent.proto import (
+    dra_v1_pb2,
+    dra_v1_pb2_grpc,
+    dra_v1beta1_pb2,
+    dra_v1beta1_pb2_grpc,
+)
 from gpupool.nodeagent.proto import pluginregistration_pb2 as reg
 from gpupool.nodeagent.proto import pluginregistration_pb2_grpc as reg_grpc
 
