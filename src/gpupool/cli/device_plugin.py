@@ -12,11 +12,17 @@ from pathlib import Path
 from typing import Any
 
 from gpupool.cli.args import bounded
+from gpupool.contract import dra
 from gpupool.core.errors import GpupoolError, InvalidInput
-from gpupool.kube.api import KubeApi
+from gpupool.kube.api import DraApi, KubeApi
+from gpupool.kube.errors import NotFound
 from gpupool.kube.keystore import PUBLIC_CONFIG_MAP, KeyRingSource
 from gpupool.nodeagent.actions import OveruseAction
 from gpupool.nodeagent.agent import AgentConfig, Guards, NodeAgent
+from gpupool.nodeagent.dra.cdi import DEFAULT_CDI_DIR
+from gpupool.nodeagent.dra.claimsource import KubeDraCluster
+from gpupool.nodeagent.dra.plugin import DraAgent, DraConfig
+from gpupool.nodeagent.dra.versions import nvml_versions
 from gpupool.nodeagent.exposure import DEFAULT_CDI_KIND, Exposure, Strategy
 from gpupool.nodeagent.fakegpus import FakeGpuBackend
 from gpupool.nodeagent.gpu import GpuBackend
@@ -72,6 +78,7 @@ def register(subparsers: Any) -> None:
     _exposure_flags(p)
     _isolation_flags(p)
     _monitor_flags(p)
+    _mode_flags(p)
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     p.set_defaults(func=run)
 
@@ -85,6 +92,20 @@ def _exposure_flags(p: Any) -> None:
     p.add_argument("--cdi-kind", default=DEFAULT_CDI_KIND,
                    help=f"CDI device kind for --device-list-strategy cdi (default "
                         f"{DEFAULT_CDI_KIND})")
+
+
+def _mode_flags(p: Any) -> None:
+    p.add_argument("--mode", default=AUTO, choices=[AUTO, dra.MODE_DEVICE_PLUGIN, dra.MODE_DRA],
+                   help=f"which kubelet API this node is served through: device-plugin "
+                        f"(gpupool.io/gpu) or dra (DRA driver {dra.DRIVER}: ResourceSlices and "
+                        f"ResourceClaims); auto (default): the node's label "
+                        f"{dra.NODE_MODE_LABEL}, else device-plugin")
+    p.add_argument("--cdi-dir", type=Path, default=DEFAULT_CDI_DIR,
+                   help=f"where the DRA mode writes the CDI specs of prepared claims (a "
+                        f"directory the container runtime reads; default {DEFAULT_CDI_DIR})")
+    p.add_argument("--slice-resync-seconds", type=bounded(float, 1), default=60.0,
+                   help="DRA mode: compare the node's ResourceSlice with the API server's at "
+                        "least this often (default 60; GPU changes are written at once)")
 
 
 def _isolation_flags(p: Any) -> None:
@@ -138,7 +159,10 @@ def run(args: argparse.Namespace) -> int:
     exposure = Exposure(Strategy(args.device_list_strategy), args.cdi_kind)
     backend: GpuBackend = (FakeGpuBackend(args.fake_gpus) if args.fake_gpus
                            else NvmlGpuBackend())
-    api = KubeApi.connect(kubeconfig=args.kubeconfig, server=args.api_server)
+    api = DraApi.connect(kubeconfig=args.kubeconfig, server=args.api_server)
+    assert isinstance(api, DraApi)  # connect builds ``cls``
+    if _mode(args, api) == dra.MODE_DRA:
+        return _run_dra(args, api, backend, exposure)
     metrics = NodeMetrics()
     guards = Guards(
         verifier=None if args.decide_unscheduled else _verifier(api, args.namespace),
@@ -162,6 +186,45 @@ def run(args: argparse.Namespace) -> int:
         pods.stop(wait=False)
         if server is not None:
             server.shutdown()
+        api.close()
+    return 0
+
+
+def _mode(args: argparse.Namespace, api: KubeApi) -> str:
+    """The path this node serves: ``--mode``, or the node's label (absent: device-plugin)."""
+    if args.mode != AUTO:
+        return str(args.mode)
+    try:
+        node = api.get_node(args.node_name)
+    except NotFound:
+        log.warning("node %s not found: serving the device plugin (give --mode)", args.node_name)
+        return dra.MODE_DEVICE_PLUGIN
+    labels = (node.metadata.labels if node.metadata else None) or {}
+    mode = labels.get(dra.NODE_MODE_LABEL, dra.MODE_DEVICE_PLUGIN)
+    if mode not in (dra.MODE_DEVICE_PLUGIN, dra.MODE_DRA):
+        raise InvalidInput(f"node {args.node_name}: label {dra.NODE_MODE_LABEL}={mode!r} names "
+                           f"no mode ({dra.MODE_DEVICE_PLUGIN} or {dra.MODE_DRA})")
+    return str(mode)
+
+
+def _run_dra(args: argparse.Namespace, api: DraApi, backend: GpuBackend,
+             exposure: Exposure) -> int:
+    """The DRA kubelet plugin for this node (one mode per node: no device plugin)."""
+    versions = nvml_versions() if isinstance(backend, NvmlGpuBackend) else {}
+    config = DraConfig(args.node_name, args.kubelet_dir, args.cdi_dir, args.state_dir,
+                       args.memory_unit_mib, args.heartbeat_seconds,
+                       args.slice_resync_seconds, versions=versions)
+    agent = DraAgent(config, backend, KubeDraCluster(api), KubeInventory(api.fork()),
+                     exposure=exposure, provider=_provider(args, api, backend))
+    log.info("node %s serves GPUs through DRA (driver %s); the device plugin is off",
+             args.node_name, dra.DRIVER)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    agent.start()
+    try:
+        stop.wait()
+    finally:
+        agent.stop()
         api.close()
     return 0
 
