@@ -89,7 +89,7 @@ def test_nodes_in_the_same_situation_give_one_reason_whatever_each_has_free(
     answer = client.post("/filter", json={"Pod": pod, "NodeNames": nodes}).json()
     assert answer["NodeNames"] == [] and set(answer["FailedNodes"]) == set(nodes)
     assert set(answer["FailedNodes"].values()) == {
-        "gpupool: 1 GPUs with 35840 MiB + 10 % core needed, 0 have room"}
+        "gpupool: 1 GPUs with 35840 MiB + 10 percent core needed, 0 have room"}
 
 
 def test_a_full_gpu_is_refused_for_now_not_forever(client: TestClient, fake: FakeApiServer,

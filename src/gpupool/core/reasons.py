@@ -1,7 +1,12 @@
-"""Why a pod does not fit a node, as values that render to actionable sentences."""
+"""Why a pod does not fit a node, as values that render to actionable sentences.
+
+``for_scheduler`` is the one rule for text that goes to kube-scheduler (filter reasons,
+an extender's ``Error``): no ``%`` sign, written as a word instead.
+"""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from enum import Enum
 
@@ -47,3 +52,25 @@ class Reason:
         so reasons that differ from node to node would show a handful of nodes and no
         counts."""
         return self.summary or self.message
+
+
+_PERCENT = re.compile(r"[ \t]*%+[ \t]*")
+
+
+def for_scheduler(text: str) -> str:
+    """``text`` as kube-scheduler can show it: every ``%`` written as the word "percent".
+
+    kube-scheduler makes the pod's FailedScheduling Event with
+    ``Eventf(pod, nil, Warning, "FailedScheduling", "Scheduling", msg)``, and the events
+    recorder calls ``fmt.Sprintf(msg)``: the counted reasons (or an extender's ``Error``)
+    are a Go *format*, with no arguments. There every ``%`` starts a verb, so "10 % core"
+    reaches the user as "10 %!c(MISSING)ore" and a final "%" as "%!(NOVERB)". The same
+    text also goes, unformatted, into the pod's PodScheduled condition, so doubling the
+    sign ("%%", right in the Event) would show "%%" there; a word reads the same in both.
+    """
+    if "%" not in text:
+        return text
+
+    def word(m: re.Match[str]) -> str:
+        return (" " if m.start() else "") + "percent" + (" " if m.end() < len(text) else "")
+    return _PERCENT.sub(word, text)

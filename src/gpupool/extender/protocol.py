@@ -4,7 +4,9 @@ The Go types have no json tags, so the scheduler sends capitalised keys
 (``Pod``, ``Nodes``, ``NodeNames``...). Top-level keys are read
 case-insensitively, as Go's decoder does; answers use the capitalised names.
 Anything malformed raises ``InvalidInput``; the app turns that into HTTP 200
-with ``Error`` filled.
+with ``Error`` filled. Every text meant for the user (``Error``, the reasons of
+``FailedNodes``) is rendered with ``reasons.for_scheduler``: kube-scheduler formats it as
+a Go format string, where a ``%`` sign would be read as a verb.
 
 Filter and prioritize bodies are read from bytes without decoding the node names:
 the top-level object is decoded to raw values (``msgspec.Raw``), the pod is decoded,
@@ -24,6 +26,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from gpupool.core.errors import InvalidInput
+from gpupool.core.reasons import for_scheduler
 from gpupool.extender.nodenames import MAX_NODES, NOT_A_LIST, checked_names
 
 T = TypeVar("T")
@@ -275,7 +278,7 @@ def _pick(items: Sequence[T], positions: Sequence[int]) -> list[T]:
 
 def filter_error(message: str) -> dict[str, Any]:
     return {"Nodes": None, "NodeNames": None, "FailedNodes": {},
-            "FailedAndUnresolvableNodes": {}, "Error": message}
+            "FailedAndUnresolvableNodes": {}, "Error": for_scheduler(message)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -307,4 +310,4 @@ def encode(result: Any) -> bytes:
 
 
 def binding_result(error: str = "") -> dict[str, str]:
-    return {"Error": error}
+    return {"Error": for_scheduler(error)}

@@ -6,7 +6,9 @@ amounts. kube-scheduler counts identical reasons into the pod's event and condit
 ``0/5000 nodes are available: 1211 gpupool: 2 GPUs with 40960 MiB + 50 % core
 needed, 0 have room, ...``, and cuts that message at 1,024 bytes: reasons that named
 their node would fill it with a handful of nodes and no counts. A node's own figures
-are in bind's error, which is about one node.
+are in bind's error, which is about one node. Every sentence is rendered through
+``reasons.for_scheduler`` (kube-scheduler formats the counted reasons as a Go format: a
+``%`` sign would be read as a verb).
 
 A table per (request shape, class, group, quota refusal, catalogue version,
 layout) holds, for every node row, the sentence, whether it is permanent and
@@ -30,7 +32,7 @@ import msgspec
 import numpy as np
 
 from gpupool.core.fit import Constraints, explain
-from gpupool.core.reasons import Check
+from gpupool.core.reasons import Check, for_scheduler
 from gpupool.core.request import PodRequest
 from gpupool.core.state import ClusterState, IntArray
 from gpupool.extender.metrics import Metrics
@@ -55,8 +57,9 @@ class ReasonTable:
 
 
 def member(node: str, sentence: str) -> bytes:
-    """One rendered ``"node":"sentence"`` JSON object member."""
-    return msgspec.json.encode(node) + b":" + msgspec.json.encode(sentence)
+    """One rendered ``"node":"sentence"`` JSON object member (the sentence as kube-scheduler
+    can show it: ``reasons.for_scheduler``)."""
+    return msgspec.json.encode(node) + b":" + msgspec.json.encode(for_scheduler(sentence))
 
 
 def members_json(members: list[bytes]) -> bytes:
