@@ -24,7 +24,9 @@ from typing import Any
 from rich.console import Console
 
 from gpupool.cli.args import bounded
+from gpupool.controller.deviceclasses import DeviceClassSync
 from gpupool.controller.loop import Controller, Outcome
+from gpupool.kube.api import DraApi
 from gpupool.kube.controller_ops import ControllerApi
 from gpupool.kube.keystore import KeyRingSource
 
@@ -48,6 +50,14 @@ def register(subparsers: Any) -> None:
                    help="count decisions without checking their signatures (only for clusters "
                         "without gpupool's extender, whose node agents decide unsigned; "
                         "unsafe against hostile tenants)")
+    p.add_argument("--no-device-classes", dest="device_classes", action="store_false",
+                   help="do not maintain DRA DeviceClasses (resource.k8s.io/v1) for gpupool's "
+                        "classes and GPU models")
+    p.add_argument("--dra-extended-resources", action="store_true",
+                   help="give the DeviceClasses extendedResourceName (gpupool.io/gpu, "
+                        "class.gpupool.io/<class>), so pods asking those resources are served "
+                        "whole GPUs through DRA on DRA nodes (needs the DRAExtendedResource "
+                        "feature)")
     p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     p.set_defaults(func=run)
 
@@ -64,7 +74,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         log.warning("counting decisions without checking their signatures "
                     "(--trust-unsigned-decisions): any pod author can claim GPUs")
-    controller = Controller(api, verify=verify)
+    dra_api = DraApi.connect(args.kubeconfig, args.server) if args.device_classes else None
+    classes = DeviceClassSync(dra_api, args.dra_extended_resources) \
+        if isinstance(dra_api, DraApi) else None
+    controller = Controller(api, verify=verify, device_classes=classes)
     try:
         if args.once:
             outcome = controller.reconcile_once()
@@ -77,12 +90,15 @@ def run(args: argparse.Namespace) -> int:
         return 0
     finally:
         api.close()
+        if dra_api is not None:
+            dra_api.close()
 
 
 def _print(outcome: Outcome) -> None:
     console = Console()
     for title, items in (("created", outcome.created), ("updated", outcome.updated),
-                         ("deleted", outcome.deleted), ("status written", outcome.statuses)):
+                         ("deleted", outcome.deleted), ("status written", outcome.statuses),
+                         ("DRA", outcome.device_classes)):
         for item in items:
             console.print(f"{title}: {item}", markup=False, highlight=False)
     err = Console(stderr=True)

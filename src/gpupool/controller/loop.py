@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from gpupool.controller.deviceclasses import DeviceClassSync
 from gpupool.controller.observed import Obj, Observed, Verify, observe
 from gpupool.controller.reconcile import (
     CLASS,
@@ -56,15 +57,19 @@ class Outcome:
     statuses: list[str] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
     notes: tuple[str, ...] = ()
+    device_classes: list[str] = field(default_factory=list)  # "create DeviceClass x", ...
 
     @property
     def writes(self) -> int:
-        return len(self.created) + len(self.updated) + len(self.deleted) + len(self.statuses)
+        return len(self.created) + len(self.updated) + len(self.deleted) + \
+            len(self.statuses) + len(self.device_classes)
 
     def summary(self) -> str:
         return (f"{len(self.created)} classes created, {len(self.updated)} updated, "
                 f"{len(self.deleted)} deleted, {len(self.statuses)} statuses written, "
-                f"{len(self.failures)} writes failed, {len(self.notes)} notes")
+                f"{len(self.failures)} writes failed, {len(self.notes)} notes"
+                + (f", {len(self.device_classes)} DeviceClass writes"
+                   if self.device_classes else ""))
 
 
 def _key(obj: Obj) -> str:
@@ -120,10 +125,12 @@ class Controller:
     """Applies ``reconcile``'s plans through a ``ControllerApi``."""
 
     def __init__(self, api: ControllerApi, clock: Callable[[], str] = utc_now, *,
-                 verify: Verify | None):
+                 verify: Verify | None, device_classes: DeviceClassSync | None = None):
         """``verify`` checks each decision's signature (``KeyRingSource.verify``); None
-        counts unsigned decisions too (only for clusters without gpupool's extender)."""
+        counts unsigned decisions too (only for clusters without gpupool's extender).
+        ``device_classes`` also keeps the DRA DeviceClasses in line, after each round."""
         self.api = api
+        self.device_classes = device_classes
         self.clock = clock
         self.verify = RememberedVerify(verify) if verify is not None else None
         self._last_notes: tuple[str, ...] = ()
@@ -142,7 +149,17 @@ class Controller:
 
     def reconcile_once(self) -> Outcome:
         """List everything, reconcile, apply."""
-        return self.apply(reconcile(self.list_world(), self.clock()))
+        observed = self.list_world()
+        return self._with_device_classes(observed, self.apply(reconcile(observed, self.clock())))
+
+    def _with_device_classes(self, observed: Observed, out: Outcome) -> Outcome:
+        if self.device_classes is None:
+            return out
+        result = self.device_classes.sync(observed)
+        out.device_classes.extend(result.written)
+        out.failures.extend(result.failures)
+        out.notes = out.notes + tuple(result.notes)
+        return out
 
     def apply(self, plan: Plan) -> Outcome:
         out = Outcome(notes=plan.notes)
@@ -200,7 +217,9 @@ class Controller:
             while not stop.is_set():
                 world.dirty.clear()
                 self._new_round()
-                outcome = self.apply(reconcile(world.observed(self.verify), self.clock()))
+                observed = world.observed(self.verify)
+                outcome = self._with_device_classes(
+                    observed, self.apply(reconcile(observed, self.clock())))
                 if outcome.writes or outcome.failures:
                     log.info("reconciled: %s", outcome.summary())
                 if on_round is not None:

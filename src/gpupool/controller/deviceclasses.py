@@ -1,0 +1,177 @@
+"""DeviceClasses for DRA nodes, kept in line with gpupool's classes.
+
+The controller maintains (label ``app.kubernetes.io/managed-by: gpupool-controller``;
+a DeviceClass without it is a user's and is left alone):
+
+* ``gpu.gpupool.io``: every gpupool GPU (``device.driver == 'gpu.gpupool.io'``);
+* ``<class>.gpupool.io`` for every valid ``ResourceClass`` — the default class of each
+  GPU model among them — its selector translated to CEL (``celselector``);
+* ``<model>.gpupool.io`` for a GPU model without a ResourceClass of its default class
+  name yet (the default ResourceClass appears a round later and takes the name over).
+
+With ``extended_resources`` (clusters with the ``DRAExtendedResource`` feature), the
+class of ``<class>`` also carries ``extendedResourceName: class.gpupool.io/<class>`` and
+``gpu.gpupool.io`` carries ``gpupool.io/gpu``: pods asking those resources by name are
+then served through DRA on DRA nodes (one whole GPU per unit).
+
+``plan`` is pure; ``DeviceClassSync`` lists what exists and applies the plan. A cluster
+that does not serve ``resource.k8s.io/v1`` is noted once and skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from gpupool.contract import dra
+from gpupool.contract.tenancy import Broken, class_of
+from gpupool.controller.celselector import class_cel
+from gpupool.controller.defaults import CONTROLLER, MANAGED_BY, class_name_for, is_owned
+from gpupool.controller.observed import Observed, name_of
+from gpupool.core.classes import ResourceClass, resource_name
+from gpupool.core.errors import GpupoolError, InvalidInput
+from gpupool.core.selector import Operator, Requirement, Selector
+from gpupool.kube.errors import NotFound
+
+log = logging.getLogger(__name__)
+Obj = dict[str, Any]
+SUFFIX = ".gpupool.io"
+ANNOTATION_SOURCE = "gpupool.io/resource-class"
+"""On a DeviceClass: the ResourceClass (or ``model:<name>``) it was made from."""
+
+
+def device_class(name: str, selector: Selector, source: str, extended: str | None) -> Obj:
+    spec: Obj = {"selectors": [{"cel": {"expression": class_cel(selector)}}]}
+    if extended:
+        spec["extendedResourceName"] = extended
+    return {"apiVersion": dra.API_VERSION, "kind": "DeviceClass",
+            "metadata": {"name": name, "labels": {MANAGED_BY: CONTROLLER},
+                         "annotations": {ANNOTATION_SOURCE: source}},
+            "spec": spec}
+
+
+def desired(classes: Iterable[ResourceClass], models: Iterable[str], extended: bool
+            ) -> tuple[dict[str, Obj], list[str]]:
+    """The DeviceClasses gpupool wants, by name, and notes on classes it cannot translate."""
+    want = {dra.DRIVER: device_class(dra.DRIVER, Selector(), "*",
+                                     "gpupool.io/gpu" if extended else None)}
+    notes = []
+    covered: set[str] = set()
+    for rc in sorted(classes, key=lambda c: c.name):
+        name = rc.name + SUFFIX
+        if name in want:
+            notes.append(f"ResourceClass {rc.name}: its DeviceClass name {name} is gpupool's "
+                         "own; rename the class to use it through DRA")
+            continue
+        try:
+            want[name] = device_class(name, rc.selector, rc.name,
+                                      resource_name(rc.name) if extended else None)
+        except InvalidInput as exc:
+            notes.append(f"ResourceClass {rc.name} has no DeviceClass: {exc}")
+            continue
+        covered.add(rc.name)
+    for model in sorted(set(models)):
+        slug = class_name_for(model)
+        if slug in covered:  # the model's default ResourceClass (or a user's of that name)
+            continue
+        selector = Selector((), (Requirement("gpupool.io/model", Operator.IN, (model,)),))
+        want.setdefault(slug + SUFFIX, device_class(slug + SUFFIX, selector, f"model:{model}",
+                                                    None))
+    return want, notes
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    op: str  # create | replace | delete
+    name: str
+    body: Obj = field(default_factory=dict)
+
+
+def plan(want: Mapping[str, Obj], existing: Iterable[Obj]) -> list[Change]:
+    """Creates, replaces and deletes that make the controller's DeviceClasses ``want``."""
+    have = {name_of(o): o for o in existing}
+    changes = []
+    for name, body in sorted(want.items()):
+        cur = have.get(name)
+        if cur is None:
+            changes.append(Change("create", name, body))
+        elif not is_owned(cur):
+            continue
+        elif cur.get("spec") != body["spec"] or _meta(cur) != _meta(body):
+            meta = {**cur.get("metadata", {}), **body["metadata"]}
+            changes.append(Change("replace", name, {**body, "metadata": meta}))
+    changes += [Change("delete", n) for n, o in sorted(have.items())
+                if n not in want and is_owned(o)]
+    return changes
+
+
+def _meta(obj: Mapping[str, Any]) -> tuple[Any, Any]:
+    meta = obj.get("metadata") or {}
+    return (meta.get("labels") or {}).get(MANAGED_BY), (meta.get("annotations") or {}).get(
+        ANNOTATION_SOURCE)
+
+
+class DeviceClassApi(Protocol):
+    def list_device_classes(self) -> list[Obj]: ...
+
+    def create_device_class(self, obj: Mapping[str, Any]) -> Obj: ...
+
+    def replace_device_class(self, obj: Mapping[str, Any]) -> Obj: ...
+
+    def delete_device_class(self, name: str) -> None: ...
+
+
+@dataclass(slots=True)
+class SyncResult:
+    written: list[str] = field(default_factory=list)  # "created X", "updated Y", ...
+    failures: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+class DeviceClassSync:
+    """Applies ``plan`` each round through a ``DeviceClassApi``."""
+
+    def __init__(self, api: DeviceClassApi, extended_resources: bool = False):
+        self.api = api
+        self.extended = extended_resources
+        self.served = True
+        self._last_notes: list[str] = []
+
+    def sync(self, observed: Observed) -> SyncResult:
+        out = SyncResult()
+        if not self.served:
+            return out
+        classes = [c for c in (class_of(o, name_of(o)) for o in observed.classes)
+                   if not isinstance(c, Broken)]
+        want, out.notes = desired(classes, (p.gpu.model for p in observed.gpus), self.extended)
+        for note in out.notes:
+            if note not in self._last_notes:
+                log.warning("%s", note)
+        self._last_notes = out.notes
+        try:
+            existing = self.api.list_device_classes()
+        except NotFound:
+            self.served = False
+            log.warning("the API server does not serve resource.k8s.io/v1 DeviceClasses: "
+                        "no DRA classes are maintained (Kubernetes 1.34 or later needed)")
+            return out
+        except GpupoolError as exc:
+            out.failures.append(str(exc))
+            return out
+        for change in plan(want, existing):
+            try:
+                self._apply(change)
+                out.written.append(f"{change.op} DeviceClass {change.name}")
+            except GpupoolError as exc:
+                out.failures.append(str(exc))
+        return out
+
+    def _apply(self, change: Change) -> None:
+        if change.op == "create":
+            self.api.create_device_class(change.body)
+        elif change.op == "replace":
+            self.api.replace_device_class(change.body)
+        else:
+            self.api.delete_device_class(change.name)
