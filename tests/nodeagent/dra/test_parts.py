@@ -40,7 +40,7 @@ def test_an_unreadable_checkpoint_is_set_aside_not_trusted(tmp_path: Path, damag
 def test_an_edited_claim_in_the_checkpoint_fails_its_checksum(tmp_path: Path) -> None:
     cp = Checkpoint(tmp_path / "checkpoint.json")
     cp.save({"u1": CLAIM})
-    cp.path.write_text(cp.path.read_text().replace('"corePct": 10', '"corePct": 100'))
+    cp.path.write_text(cp.path.read_text().replace('"corePct":10', '"corePct":100'))
     assert cp.load() == {}
 
 

@@ -10,7 +10,8 @@ and the isolation provider's limits and mounts. CDI's environment edits replace 
 variable the container set itself, so a pod's own ``env`` cannot override them.
 
 Files are written whole (a temporary file renamed into place), so a runtime never
-reads half a spec.
+reads half a spec. They are not fsync'd: the checkpoint is the durable record, and the
+plugin writes the specs of the claims it holds again when it starts.
 """
 
 from __future__ import annotations
@@ -71,8 +72,6 @@ class CdiSpecs:
         tmp = target.with_name(f".{target.name}.tmp")
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump(spec_of(uid, edits, self.kind), f, indent=1, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
         os.chmod(tmp, 0o644)
         os.replace(tmp, target)
         return self.device_id(uid)

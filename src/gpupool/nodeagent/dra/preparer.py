@@ -203,6 +203,11 @@ class Preparer:
                      for g in sorted(self.gpus(), key=lambda g: g.index))
         node = self.config.node
         state = ClusterState([Node(node, 0, 0, gpus)], self.config.memory_unit_mib)
+        with state.deferred():
+            self._reserve_prepared(state, node)
+        return state
+
+    def _reserve_prepared(self, state: ClusterState, node: str) -> None:
         for claim in self.claims.values():
             try:
                 state.reserve(Allocation(dra.claim_key(claim.uid), node, 0, 0, tuple(
@@ -211,7 +216,6 @@ class Preparer:
             except (OverCommit, UnknownName) as exc:
                 log.warning("prepared claim %s does not fit this node's GPUs: %s",
                             claim.ref, exc)
-        return state
 
     def _pods(self, holding: dra.ClaimHolding, obj: Mapping[str, Any]) -> list[dict[str, Any]]:
         """The pods the claim is reserved for (as the API server has them)."""
