@@ -2,7 +2,8 @@
 
 It implements, in memory, just the REST subset gpupool uses, and serves it as a
 real HTTP app (starlette under uvicorn, in a thread, on 127.0.0.1) so tests
-drive the real ``lightkube`` client over real HTTP. It is a fake: no auth, no
+drive the real ``lightkube`` client over real HTTP. It is a fake: no auth (unless
+bearer tokens are required with ``require_token``), no
 admission, no validation beyond what gpupool relies on.
 
 Resources (``KINDS``): ``pods`` (namespaced, subresources ``binding`` and
@@ -47,6 +48,7 @@ Python handle (thread-safe, for tests)::
         api.patch("pods", "p1", {...}, "default")   # merge patch, bumps resourceVersion
         api.delete("pods", "p1", "default")
         api.fail_next("POST", "binding", 500, "boom")   # inject one failure
+        api.require_token("t1", "t2")     # 401 to requests without one of these bearer tokens
         api.requests                      # [(method, path), ...] seen so far
 """
 
@@ -92,6 +94,8 @@ class FakeApiServer:
         self.store = Store()
         self.requests: list[tuple[str, str]] = []
         self._failures: list[tuple[str, str, int, str]] = []
+        self._tokens: frozenset[str] = frozenset()  # empty: no authentication (the default)
+        self.unauthorized = 0  # requests answered 401
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
         self._closing = False
@@ -131,6 +135,13 @@ class FakeApiServer:
         """The next ``method`` request whose path contains ``path_part`` answers ``code``."""
         with self.store.lock:
             self._failures.append((method.upper(), path_part, code, message))
+
+    def require_token(self, *tokens: str) -> None:
+        """From now on answer 401 Unauthorized to requests that do not carry
+        ``Authorization: Bearer <one of tokens>`` (no tokens: accept every request again);
+        a token the server stops accepting is how an expired service account token fails."""
+        with self.store.lock:
+            self._tokens = frozenset(tokens)
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self) -> str:
@@ -198,6 +209,10 @@ class FakeApiServer:
     async def _handle(self, request: Request) -> Response:
         p = request.path_params
         self.requests.append((request.method, request.url.path))
+        if self._tokens and request.headers.get("authorization", "").removeprefix(
+                "Bearer ") not in self._tokens:
+            self.unauthorized += 1
+            return _json(status_body(401, "Unauthorized", "Unauthorized"), 401)
         try:
             self._injected(request)
             plural = p["plural"]

@@ -46,10 +46,11 @@ from lightkube.types import PatchType
 
 from gpupool.contract import names
 from gpupool.kube import lean
+from gpupool.kube.connection import WATCH_MARGIN_S, ApiTransport, proxy_for
 from gpupool.kube.errors import KubeError, from_status
 from gpupool.kube.lean import Listing as Listing  # re-exported: callers list through KubeApi
 from gpupool.kube.summaries import PodSummary
-from gpupool.kube.transport import MERGE_PATCH, LeanTransport, proxied, unsupported
+from gpupool.kube.transport import MERGE_PATCH, LeanTransport, unsupported
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -72,14 +73,50 @@ def _translated(what: str) -> Iterator[None]:
     try:
         yield
     except lightkube.ApiError as exc:
-        st = exc.status
-        raise from_status(int(st.code or 0), st.reason or "", f"{what}: {st.message}") from None
+        raise _api_error(exc, what) from None
+    except httpx2.HTTPStatusError as exc:  # an error answer that is not JSON
+        raise _answer_error(exc.response, what) from None
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise KubeError(f"{what}: the answer is not what the API serves ({exc})") from None
     except ConfigError as exc:
         raise KubeError(f"{what}: {exc}") from None
     except httpx2.HTTPError as exc:
         raise KubeError(f"{what}: {type(exc).__name__}: {exc}") from None
     except RuntimeError as exc:  # httpx: the client was closed (``KubeApi.close``)
         raise KubeError(f"{what}: {exc}") from None
+    except (KeyError, ValueError, TypeError) as exc:
+        if isinstance(exc.__context__, httpx2.HTTPStatusError):  # lightkube could not read
+            raise _answer_error(exc.__context__.response, what) from None  # an error answer
+        raise
+
+
+def _api_error(exc: lightkube.ApiError, what: str) -> KubeError:
+    """A ``Status`` error answer (or a watch's ERROR event, which has no HTTP status)."""
+    st = exc.status
+    code = int(st.code or 0) or (exc.response.status_code if exc.response is not None else 500)
+    return from_status(code, st.reason or "", f"{what}: {st.message or f'HTTP {code}'}")
+
+
+def _answer_error(response: httpx2.Response, what: str) -> KubeError:
+    """An error answer that is not a ``Status``: its HTTP status and the start of its body."""
+    body = b""
+    with contextlib.suppress(httpx2.HTTPError, RuntimeError):
+        body = response.read()
+    code = response.status_code
+    with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
+        st = _STATUS(body)  # a Status served without its Content-Type
+        if st.message:
+            return from_status(code, st.reason, f"{what}: {st.message}")
+    text = body[:200].decode("utf-8", "replace").strip()
+    return from_status(code, "", f"{what}: HTTP {code}" + (f": {text}" if text else ""))
+
+
+class _Status(msgspec.Struct):
+    message: str = ""
+    reason: str = ""
+
+
+_STATUS = msgspec.json.Decoder(_Status).decode
 
 
 _WARM_LOCK = threading.Lock()
@@ -110,9 +147,10 @@ class KubeApi:
     ``LeanTransport`` (``lean``; None when lightkube serves every call)."""
 
     def __init__(self, config: KubeConfig, timeout_s: float = 10.0, trust_env: bool = True,
-                 lean: bool = True):
+                 lean: bool = True, watch_margin_s: float = WATCH_MARGIN_S):
         warm_decoders()
         self._config = config
+        self._watch_margin_s = watch_margin_s
         self._timeout_s = timeout_s
         self._trust_env = trust_env
         self._want_lean = lean
@@ -121,7 +159,8 @@ class KubeApi:
         self._closed = False
         self.lean: LeanTransport | None = self._lean_transport() if lean else None
         if self.lean is None:  # lightkube serves every call: a configuration it refuses
-            _ = self.client    # fails here, at the start, as it would on the first call
+            with _translated("connect to the Kubernetes API"):  # fails here, at the start
+                _ = self.client
 
     @property
     def client(self) -> lightkube.Client:
@@ -137,7 +176,8 @@ class KubeApi:
                     client = lightkube.Client(self._config,
                                               timeout=httpx2.Timeout(self._timeout_s),
                                               field_manager=FIELD_MANAGER,
-                                              trust_env=self._trust_env)
+                                              trust_env=self._trust_env,
+                                              transport=self._transport())
                     if self._closed:
                         client.close()
                     self._client = client
@@ -147,14 +187,21 @@ class KubeApi:
     def client(self, value: lightkube.Client) -> None:  # tests put a stand-in here
         self._client = value
 
+    def _transport(self) -> ApiTransport:
+        with _translated("load the Kubernetes configuration"):
+            single = self._config.get()
+            if single is None:
+                raise ConfigError("no current context")
+            return ApiTransport.for_config(single, self._timeout_s, self._trust_env,
+                                           self._watch_margin_s)
+
     def _lean_transport(self) -> LeanTransport | None:
         with _translated("load the Kubernetes configuration"):
             single = self._config.get()
         if single is None:
             return None
         why = unsupported(single)
-        if not why and self._trust_env and proxied(self.client._client._client,
-                                                   single.cluster.server):
+        if not why and self._trust_env and proxy_for(single.cluster.server):
             why = "a proxy from the environment"
         if why:
             log.info("every Kubernetes API call goes through lightkube (%s)", why)
@@ -178,7 +225,8 @@ class KubeApi:
 
     def fork(self) -> KubeApi:
         """A new connection with the same configuration (for a watch thread)."""
-        return KubeApi(self._config, self._timeout_s, self._trust_env, self._want_lean)
+        return KubeApi(self._config, self._timeout_s, self._trust_env, self._want_lean,
+                       self._watch_margin_s)
 
     def close(self) -> None:
         """Close the connections; a watch blocked on one ends with a ``KubeError``."""

@@ -1,0 +1,195 @@
+"""``ApiTransport``: the HTTP transport under lightkube's client, httpx's own with what a
+long-running controller needs and lightkube leaves out.
+
+lightkube reads the kubeconfig and sets up everything about *who* talks to the API
+server: the server URL, TLS (``verify_cluster``: the cluster's CA as a file or data,
+``insecure-skip-tls-verify``, the client certificate and key), the credentials (a
+static token, a token file read again after a 401 — the in-cluster service account's,
+which the kubelet rotates —, an exec plugin, basic auth) and the error answers.
+``KubeApi`` hands lightkube this transport, which is httpx's ``HTTPTransport`` built
+with the TLS context lightkube's own ``verify_cluster`` makes, plus:
+
+* **TCP keep-alive** on every connection (first probe after ``KEEPALIVE_IDLE_S`` of
+  silence, then every ``KEEPALIVE_INTERVAL_S``; ``KEEPALIVE_PROBES`` unanswered probes
+  end the connection): a kept-alive or watching connection to a machine that vanished
+  (rebooted, cut off, a NAT entry dropped) fails within about a minute instead of
+  waiting for ever.
+* **A bound on each read of a watch.** lightkube reads watches with no read timeout.
+  Every watch gpupool makes asks the server to end it after ``timeoutSeconds`` (the
+  API server does, to the second); a read that waits ``timeoutSeconds`` plus the
+  margin (``WATCH_MARGIN_S``, at least the request timeout) without a byte means the
+  server, or a proxy or load balancer between, stopped answering while the TCP
+  connection stays up. The watch then fails with ``httpx2.ReadTimeout`` (``KubeApi``:
+  ``KubeError``; the informer lists again). A watch without ``timeoutSeconds`` keeps
+  lightkube's unbounded read (keep-alive still ends it if the peer vanishes).
+* **close ends what is being read**: ``close`` shuts down the sockets of answers still
+  being read, so a watch waiting on a quiet stream ends at once (closing a socket that
+  another thread is reading does not wake that thread on Linux).
+* **The environment's proxy**: httpx applies ``HTTPS_PROXY`` / ``HTTP_PROXY`` /
+  ``ALL_PROXY`` and ``NO_PROXY`` only to transports it makes itself, so with
+  ``trust_env`` this one is built for the proxy the environment names for the API
+  server (``proxy_for``), unless ``NO_PROXY`` exempts the server.
+
+Connections are httpx's pool (kept alive, at most 100, 20 kept idle for 5 s), shared
+by the threads of one ``KubeApi``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import ssl
+import threading
+from collections.abc import Iterator
+from urllib.parse import urlsplit
+from urllib.request import getproxies, proxy_bypass
+
+import httpx2
+from lightkube.config.client_adapter import verify_cluster
+from lightkube.config.kubeconfig import SingleConfig
+from lightkube.config.models import User
+
+WATCH_MARGIN_S = 30.0  # a watch read waits timeoutSeconds plus this before giving up
+KEEPALIVE_IDLE_S = 30
+KEEPALIVE_INTERVAL_S = 10
+KEEPALIVE_PROBES = 3
+
+
+def keepalive_options() -> list[tuple[int, int, int]]:
+    """``setsockopt`` arguments that turn TCP keep-alive on with gpupool's timing (the
+    timing options the platform has: Linux all three, macOS idle only)."""
+    options = [(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)]
+    for name, value in (("TCP_KEEPIDLE", KEEPALIVE_IDLE_S),
+                        ("TCP_KEEPALIVE", KEEPALIVE_IDLE_S),  # macOS's name for the idle time
+                        ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL_S),
+                        ("TCP_KEEPCNT", KEEPALIVE_PROBES)):
+        option = getattr(socket, name, None)
+        if option is not None and not (name == "TCP_KEEPALIVE" and
+                                       hasattr(socket, "TCP_KEEPIDLE")):
+            options.append((socket.IPPROTO_TCP, option, value))
+    return options
+
+
+def proxy_for(server: str) -> str | None:
+    """The proxy the environment names for ``server`` (``HTTPS_PROXY`` for an https://
+    server, ``HTTP_PROXY`` for http://, else ``ALL_PROXY``; none when ``NO_PROXY``
+    lists the server's host, a domain it is in, or ``*``)."""
+    parts = urlsplit(server)
+    proxies = getproxies()
+    proxy = proxies.get(parts.scheme) or proxies.get("all")
+    if not proxy or proxy_bypass(parts.netloc):
+        return None
+    return proxy if "://" in proxy else f"http://{proxy}"
+
+
+class ApiTransport(httpx2.BaseTransport):
+    """httpx's transport to one API server, with keep-alive, bounded watch reads and a
+    ``close`` that ends answers being read (module docstring). Thread-safe."""
+
+    def __init__(self, context: ssl.SSLContext, proxy: str | None = None,
+                 watch_margin_s: float = WATCH_MARGIN_S):
+        self._inner = httpx2.HTTPTransport(verify=context, proxy=proxy,
+                                           socket_options=keepalive_options())
+        self.watch_margin_s = watch_margin_s
+        self.closed = False
+        self._reading: set[socket.socket] = set()
+        self._lock = threading.Lock()
+
+    @classmethod
+    def for_config(cls, config: SingleConfig, timeout_s: float, trust_env: bool,
+                   watch_margin_s: float = WATCH_MARGIN_S) -> ApiTransport:
+        """For lightkube's loaded configuration: its TLS context, the environment's
+        proxy when ``trust_env``; watch reads bounded by at least ``timeout_s`` more
+        than the server was asked to take."""
+        context = verify_cluster(config.cluster, config.user or User(), config.abs_file,
+                                 trust_env=trust_env)
+        proxy = proxy_for(config.cluster.server) if trust_env else None
+        return cls(context, proxy, max(watch_margin_s, timeout_s))
+
+    def handle_request(self, request: httpx2.Request) -> httpx2.Response:
+        silence = self._bound_watch_read(request)
+        try:
+            response = self._inner.handle_request(request)
+        except httpx2.ReadTimeout as exc:
+            raise _silent(exc, silence) from None
+        stream = response.extensions.get("network_stream")
+        sock = stream.get_extra_info("socket") if stream is not None else None
+        if not isinstance(sock, socket.socket):
+            return response
+        with self._lock:
+            self._reading.add(sock)
+        if self.closed:  # closed while this answer's head was on its way
+            _shut_down(sock)
+        assert isinstance(response.stream, httpx2.SyncByteStream)
+        response.stream = _Reading(response.stream, self, sock, silence)
+        return response
+
+    def _bound_watch_read(self, request: httpx2.Request) -> tuple[int, float] | None:
+        """For a watch with ``timeoutSeconds`` and no read timeout: (the seconds the
+        server was asked to take, the read timeout set)."""
+        params = request.url.params
+        seconds = params.get("timeoutSeconds")
+        if params.get("watch") not in ("true", "1") or not seconds or not seconds.isdigit():
+            return None
+        timeout = dict(request.extensions.get("timeout") or {})
+        if timeout.get("read") is not None:
+            return None
+        timeout["read"] = int(seconds) + self.watch_margin_s
+        request.extensions["timeout"] = timeout
+        return int(seconds), timeout["read"]
+
+    def done_reading(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._reading.discard(sock)
+
+    def close(self) -> None:
+        """Shut down the sockets of answers being read (their readers see the end), then
+        close every connection; requests after this fail."""
+        self.closed = True
+        with self._lock:
+            reading, self._reading = list(self._reading), set()
+        for sock in reading:
+            _shut_down(sock)
+        self._inner.close()
+
+
+class _Reading(httpx2.SyncByteStream):
+    """An answer's body while it is read: its socket is known to ``ApiTransport.close``."""
+
+    def __init__(self, inner: httpx2.SyncByteStream, owner: ApiTransport,
+                 sock: socket.socket, silence: tuple[int, float] | None):
+        self._inner = inner
+        self._owner = owner
+        self._sock = sock
+        self._silence = silence
+
+    def __iter__(self) -> Iterator[bytes]:
+        try:
+            yield from self._inner
+        except httpx2.TransportError as exc:
+            if self._owner.closed:
+                raise httpx2.ReadError("the client was closed") from None
+            if isinstance(exc, httpx2.ReadTimeout):
+                raise _silent(exc, self._silence) from None
+            raise
+
+    def close(self) -> None:
+        self._owner.done_reading(self._sock)
+        self._inner.close()
+
+
+def _silent(exc: httpx2.ReadTimeout, silence: tuple[int, float] | None
+            ) -> httpx2.ReadTimeout:
+    """The timeout of a bounded watch read, saying what was waited for."""
+    if silence is None:
+        return exc
+    asked, waited = silence
+    return httpx2.ReadTimeout(f"nothing arrived for {waited:g} s on a watch the server was "
+                              f"asked to end after {asked} s: the server stopped answering")
+
+
+def _shut_down(sock: socket.socket) -> None:
+    """End the connection under a reader (``socket.socket``'s own shutdown, also for TLS
+    sockets: ``SSLSocket.shutdown`` would take the TLS object from under that reader)."""
+    with contextlib.suppress(OSError):
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
