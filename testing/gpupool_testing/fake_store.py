@@ -53,6 +53,7 @@ KINDS: dict[str, Kind] = {
         Kind("resourceslices", "resource.k8s.io", "v1", "ResourceSlice", False),
         Kind("deviceclasses", "resource.k8s.io", "v1", "DeviceClass", False),
         Kind("resourceclaims", "resource.k8s.io", "v1", "ResourceClaim", True),
+        Kind("poddisruptionbudgets", "policy", "v1", "PodDisruptionBudget", True),
     )
 }
 HISTORY = 200_000  # watch events retained; older resourceVersions get 410 Gone

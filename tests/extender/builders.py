@@ -16,6 +16,7 @@ from gpupool.core.policies import DEFAULT_POLICY
 from gpupool.extender.cache import ClusterCache
 from gpupool.extender.feeds import Feeds, start_feeds
 from gpupool.extender.metrics import Metrics
+from gpupool.extender.preemptor import PreemptionSettings
 from gpupool.extender.service import Extender, Settings
 from gpupool.extender.signatures import DecisionCheck, DecisionKeys
 from gpupool.kube.api import KubeApi
@@ -101,17 +102,20 @@ class Replica:
 
     def __init__(self, fake: FakeApiServer, policy: str = DEFAULT_POLICY, seed: int = 0,
                  stale_after_s: float = 120.0, clock: Callable[[], float] = time.time,
-                 scheduler_name: str = "gpupool-scheduler"):
+                 scheduler_name: str = "gpupool-scheduler",
+                 preemption: PreemptionSettings | None = None):
         self.api = KubeApi.connect(server=fake.url)
         self.keys = decision_keys(self.api, clock)
         metrics = Metrics()
         self.cache = ClusterCache(stale_after_s=stale_after_s, clock=clock,
                                   decisions=DecisionCheck(self.keys, metrics.unverified))
         self.feeds: Feeds = start_feeds(self.api, self.cache, watch_timeout_s=2)
-        settings = Settings(policy, seed=seed, scheduler_name=scheduler_name)
+        settings = Settings(policy, seed=seed, scheduler_name=scheduler_name,
+                            preemption=preemption or PreemptionSettings())
         self.extender = Extender(self.cache, settings, metrics, self.api, self.keys, clock)
 
     def close(self) -> None:
+        self.extender.close()
         self.feeds.stop(timeout_s=0.0)  # the watch threads end with their streams
         self.api.close()
 

@@ -16,7 +16,7 @@ from gpupool.core.selector import Operator
 from gpupool.extender.app import build_verbs
 from gpupool.extender.cache import ClusterCache
 from gpupool.extender.gate import DEFAULT_SCHEDULER
-from gpupool.extender.ledger import Entry
+from gpupool.extender.ledger import BIND, HOLD, Entry
 from gpupool.extender.metrics import Metrics
 from gpupool.extender.service import Extender, Settings
 from gpupool.extender.tls import CLIENT_SECRET, SERVICE
@@ -84,8 +84,13 @@ def test_the_resource_group_has_members_tenants_and_quota() -> None:
 
 def test_the_ledger_schema_keeps_every_field_an_entry_writes() -> None:
     entry = Entry(Allocation("uid", "n1", 0, 0), "ns/p", "2026-01-01T00:00:00Z", "ns")
+    hold = Entry(Allocation("uid", "n1", 0, 0), "ns/p", "2026-01-01T00:00:00Z", "ns",
+                 kind=HOLD, expires="2026-01-01T00:02:00Z", displaces=("victim",))
     fields = schema("gpuledgers")["spec"]["properties"]["entries"]["additionalProperties"]
     assert set(entry.to_json()) <= set(fields["properties"])
+    assert set(hold.to_json()) <= set(fields["properties"])  # nothing pruned by the API
+    assert fields["properties"]["kind"]["enum"] == [BIND, HOLD]
+    assert fields["properties"]["displaces"]["items"]["type"] == "string"
 
 
 def scheduler_config() -> dict[str, Any]:
@@ -114,6 +119,8 @@ def test_the_extender_rbac_grants_what_it_calls_and_no_pod_writes() -> None:
     grants = {(g, r): set(rule["verbs"]) for rule in role["rules"]
               for g in rule["apiGroups"] for r in rule["resources"]}
     assert grants["", "pods/binding"] == {"create"}
+    assert grants["", "pods/eviction"] == {"create"} and grants["", "events"] == {"create"}
+    assert grants["policy", "poddisruptionbudgets"] == {"get", "list", "watch"}
     assert grants["", "pods"] == {"get", "list", "watch"}
     assert grants["gpupool.io", "gpuledgers"] >= {"create", "patch", "get", "list", "watch"}
     assert "patch" not in grants["gpupool.io", "gpudevices"]

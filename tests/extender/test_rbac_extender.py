@@ -1,6 +1,6 @@
 """The extender's shipped RBAC allows every call it makes (start with its keys and
-certificates, rebuild, bind, ledger reconciliation, renewal) and it writes only
-Bindings, GPULedgers and its own Secrets and ConfigMap — never a pod."""
+certificates, rebuild, bind, preemption, ledger reconciliation, renewal) and it writes only
+Bindings, Evictions, Events, GPULedgers and its own Secrets and ConfigMap — never a pod."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from gpupool_testing.fake_apiserver import FakeApiServer
 from gpupool.extender.reconcile import LedgerReconciler
 from gpupool.extender.tls import SERVING_SECRET, TlsSource
 from tests.rbac_grants import grants, manifest, needed, refused, writes
+from tests.waiting import wait_for
 
 from .builders import NAMESPACE, Replica, pod_obj, schedule, seed_cluster
 
@@ -25,10 +26,16 @@ def test_the_extenders_rbac_covers_what_it_does_and_it_never_writes_a_pod() -> N
             fake.delete("secrets", SERVING_SECRET, NAMESPACE)
             source.material(replica.api, time.time())  # renewal
             replica.keys.reload()
-            for k in range(3):
+            for k in range(4):
                 pod = fake.seed("pods", pod_obj(f"p{k}", {"gpupool.io/gpu": "1"}))
                 assert schedule(replica.extender, pod, nodes)[1] == ""
-            fake.delete("pods", "p0", "default")
+            urgent = pod_obj("urgent", {"gpupool.io/gpu": "1"})
+            urgent["spec"]["priority"] = 1000
+            urgent = fake.seed("pods", urgent)
+            assert wait_for(lambda: "budgets" in replica.cache.synced)
+            schedule(replica.extender, urgent, nodes)  # preempts: eviction, Events, a hold
+            assert wait_for(lambda: fake.get("pods", "p0", "default") is None)
+            assert wait_for(lambda: len(fake.objects("events")) == 2)
             LedgerReconciler(replica.cache, replica.api).run_once()
         finally:
             replica.close()
@@ -36,4 +43,5 @@ def test_the_extenders_rbac_covers_what_it_does_and_it_never_writes_a_pod() -> N
     rules = grants(manifest("extender", "rbac.yaml"), "gpupool-extender")
     assert refused(calls, rules) == set()
     assert writes(calls) == {("", "pods/binding"), ("gpupool.io", "gpuledgers"),
-                             ("", "secrets"), ("", "configmaps")}
+                             ("", "secrets"), ("", "configmaps"), ("", "pods/eviction"),
+                             ("", "events")}

@@ -43,7 +43,7 @@ from gpupool.core.errors import OverCommit
 from gpupool.core.placement import Placer
 from gpupool.core.request import PodRequest
 from gpupool.extender.cache import ClusterCache
-from gpupool.extender.ledger import Entry, FitCheck, Ledgers, View
+from gpupool.extender.ledger import Entry, FitCheck, Ledgers, View, counted
 from gpupool.extender.metrics import Metrics
 from gpupool.extender.protocol import BindingArgs
 from gpupool.extender.refusals import UNKNOWN_NODE
@@ -130,7 +130,7 @@ class Binder:
             entry = Entry(alloc, f"{args.namespace}/{args.name}", stamp, request.tenant,
                           request.gpu_class, group)
             try:
-                held = [e.allocation for u, e in view.entries.items() if u not in prune]
+                held = counted(view, prune, replacing=request.key)
                 self.fits.check(node, held, alloc, self.cache.state.memory_unit_mib)
                 new_view = self.ledgers.commit(view, request.key, entry, prune)
             except (OverCommit, Conflict):
@@ -182,6 +182,7 @@ class Binder:
         with self.cache.lock:
             self.cache.unhold(key, "bind")
             self.cache.unhold(key, "ledger")
+            self.cache.restore(key)  # its entries left elsewhere (a preemption's hold)
 
     def now(self) -> str:
         return datetime.fromtimestamp(self.clock(), UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")

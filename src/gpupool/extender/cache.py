@@ -14,7 +14,8 @@ handler and every decision takes ``lock``. It keeps
   goes, and at once when its pod is deleted or finishes;
 * the informer's copy of every pending, unbound pod (``unbound``): what bind decides
   from, never a request body;
-* the catalogue: resource classes, groups and their quotas (charged per key).
+* the catalogue: resource classes, groups and their quotas (charged per key);
+* the PodDisruptionBudgets (``budgets``), which preemption honours.
 
 Layout changes arrive from watches at any rate; they are applied lazily
 (``flush``) before each decision so a burst of GPUDevice events costs one
@@ -43,6 +44,7 @@ from gpupool.core.errors import InvalidInput, UnknownName
 from gpupool.core.model import Node
 from gpupool.core.state import ClusterState
 from gpupool.extender import inventory, ledger
+from gpupool.extender.budgets import Budgets
 from gpupool.extender.commitments import PENDING_GRACE_S, Commitments
 from gpupool.extender.inventory import NodeFacts
 from gpupool.extender.pods import PodFacts, facts_of
@@ -72,6 +74,7 @@ class ClusterCache(Commitments):
         self.pending: deque[tuple[str, PodFacts]] = deque()  # pod events not applied yet
         self.dirty: set[str] = set()
         self.freshness: dict[str, bool] = {}  # GPUDevice -> freshness the last sweep applied
+        self.budgets = Budgets()  # PodDisruptionBudgets, for preemption
 
     # -- pods -----------------------------------------------------------------------------------
     def sync_pods(self, pods: Iterable[Any]) -> None:
@@ -121,7 +124,7 @@ class ClusterCache(Commitments):
         this pod in the node's GPULedger (read without the lock: views are immutable)."""
         view = self.ledgers.get(decision.node)
         entry = view.entries.get(uid) if view is not None else None
-        vouched = entry is not None and entry.allocation == decision and \
+        vouched = entry is not None and not entry.is_hold and entry.allocation == decision and \
             entry.pod == f"{namespace}/{name}" and \
             entry.bind_time == notes.get(names.ANNOTATION_BIND_TIME) and \
             (entry.group or "") == (notes.get(names.ANNOTATION_RESOURCE_GROUP) or "")
@@ -303,6 +306,16 @@ class ClusterCache(Commitments):
             self.state.add_nodes([node])
         pods = [self.pods[u] for u in self.pods_on.get(name, ()) if u in self.pods]
         self._hold_all(pods, [v for v in [self.ledgers.get(name)] if v is not None])
+
+    # -- disruption budgets ---------------------------------------------------------------------
+    def sync_budgets(self, objs: Iterable[dict[str, Any]]) -> None:
+        with self.lock:
+            self.budgets.sync(objs)
+            self.synced.add("budgets")
+
+    def budget_event(self, kind: str, obj: dict[str, Any]) -> None:
+        with self.lock:
+            self.budgets.event(kind, obj)
 
     # -- catalogue -----------------------------------------------------------------------------
     def sync_classes(self, objs: Iterable[dict[str, Any]]) -> None:

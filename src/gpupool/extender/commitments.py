@@ -18,9 +18,16 @@ writer of that ledger, ``prunable``) when
   one) for ``ledger_grace_s``; ``reconcile.LedgerReconciler`` asks the API server
   about such pods long before that.
 
+A *hold* (an entry of kind ``hold``: room a preemption makes for a pending pod,
+``ledger``) holds nothing once it ``expires``, once its pod is bound (its bind replaced it,
+or it went elsewhere), or once its pod is gone. Until then it is held like any entry
+(waiting, in the state, until its victims leave), ``holds`` indexes it, and the pods it
+``displaces`` are no one else's to preempt (``displaced``).
+
 A pending pod's own entry never stands in the way of that pod: bind re-decides it
 (``readopt``: the pod's tentative holds are let go and its new entry replaces the
-old one) and filter and prioritize look at the state without it (``without``).
+old one; ``restore`` holds them again when the bind fails) and filter and prioritize look
+at the state without it (``without``).
 """
 
 from __future__ import annotations
@@ -61,6 +68,7 @@ class Commitments(Holdings):
         self.entry_node: dict[str, str] = {}  # pod uid -> a node whose ledger holds it
         self.entry_more: dict[str, set[str]] = {}  # ... and the others (rare: crash leftovers)
         self.listed_entries: set[str] = set()  # uids of the last ledger listing
+        self.holds: dict[str, str] = {}  # pod uid -> the node whose ledger has its hold
         self.entry_memo: dict[tuple[str, str], ledger.Entry] = {}
         self.synced: set[str] = set()
 
@@ -99,8 +107,19 @@ class Commitments(Holdings):
                 self.unhold(uid, "ledger")
             for uid in set(view.entries) - before:
                 self._entry_added(uid, view.node)
+            self._index_holds(view, before)
             if view.node in self.state.index:
                 self._hold_ledger(view)
+
+    def _index_holds(self, view: ledger.View, before: Set[str]) -> None:
+        for uid in before - set(view.entries):
+            if self.holds.get(uid) == view.node:
+                del self.holds[uid]
+        for uid, entry in view.entries.items():
+            if entry.is_hold:
+                self.holds[uid] = view.node
+            elif self.holds.get(uid) == view.node:
+                del self.holds[uid]
 
     def _entry_added(self, uid: str, node: str) -> None:
         first = self.entry_node.setdefault(uid, node)
@@ -149,6 +168,9 @@ class Commitments(Holdings):
         if uid in self.finished:
             return True
         pod = self.pods.get(uid)
+        if entry.is_hold:  # a bound pod's bind replaced or superseded it
+            expires = entry.expires_s
+            return (pod is not None and bool(pod.node)) or expires is None or now > expires
         bound = entry.bind_s
         if pod is not None:
             if pod.node:
@@ -202,6 +224,34 @@ class Commitments(Holdings):
         finally:
             if held is not None:
                 self.state.reserve(held)
+
+    def restore(self, key: str) -> None:
+        """Hold again pending pod ``key``'s preemption holds (its bind failed after
+        ``readopt`` let them go; the room must stay the pod's until the hold expires)."""
+        now = self.clock()
+        for node in sorted(self.entry_nodes_of(key)):
+            view = self.ledgers.get(node)
+            entry = view.entries.get(key) if view is not None else None
+            if entry is not None and entry.is_hold and not self._stale_entry(key, entry, now):
+                self.hold(entry.allocation, "ledger", self._entry_charge(entry))
+
+    def live_hold(self, key: str) -> tuple[str, ledger.Entry] | None:
+        """(node, entry) of pod ``key``'s hold that still holds room (under ``lock``)."""
+        node = self.holds.get(key)
+        view = self.ledgers.get(node) if node is not None else None
+        entry = view.entries.get(key) if view is not None else None
+        if node is None or entry is None or self._stale_entry(key, entry, self.clock()):
+            return None
+        return node, entry
+
+    def displaced(self) -> set[str]:
+        """Pods the live holds displace: victims of preemptions under way (under ``lock``)."""
+        out: set[str] = set()
+        for key in list(self.holds):
+            found = self.live_hold(key)
+            if found is not None:
+                out.update(found[1].displaces)
+        return out
 
     def entry_nodes_of(self, key: str) -> set[str]:
         """The nodes whose ledger holds an entry of ``key``."""

@@ -4,6 +4,8 @@ Order matters only for speed at start: nodes and GPUDevices first (the
 layout), then classes, groups and ledgers, then pods, whose decision
 annotations re-create every allocation (the rebuild). Each informer is
 started once the previous one has listed, so the state is laid out once.
+PodDisruptionBudgets come last and are not waited for: only preemption reads them,
+and it does nothing until they are listed.
 
 ``long_lived`` is for the process that owns the cache: the rebuild creates about a
 million objects that live as long as the process, and Python's cyclic garbage
@@ -66,6 +68,11 @@ def start_feeds(api: KubeApi, cache: ClusterCache, watch_timeout_s: int = 300,
         if not informer.synced.wait(sync_timeout_s):
             Feeds(tuple(started)).stop()
             raise TimeoutError(f"could not list {feed.name} within {sync_timeout_s:.0f}s")
+    # not waited for: only preemption reads the budgets, and it waits for their listing
+    budgets: Feed[Any] = Feed("poddisruptionbudgets", lambda a: a.list_disruption_budgets(),
+                              lambda a, rv, t: a.watch_disruption_budgets(rv, t))
+    started.append(Informer(api, budgets, cache.sync_budgets, cache.budget_event,
+                            watch_timeout_s).start())
     return Feeds(tuple(started))
 
 

@@ -8,6 +8,14 @@ GPU slice committed on that node, keyed by pod UID::
       entries:
         <pod uid>: {pod: ns/name, allocation: <the gpupool.io/allocation JSON>,
                     bindTime: <RFC 3339>, tenant: ns, class: <class or "">, group: <group or "">}
+        <pod uid>: {..., kind: hold, expires: <RFC 3339>, displaces: [<victim uid>, ...]}
+
+An entry of kind ``hold`` (absent ``kind``: a bind) is room a preemption is making for a
+pending pod: the slices it will take once the pods it ``displaces`` (its victims, being
+evicted) are gone. Until it ``expires`` it stands for those victims in every fit check
+(``counted``): the victims' own entries stay (they still vouch for their decisions) but
+count nothing while a live hold displaces them, so the ledger never holds more than the
+node's GPUs, and the room goes to no one else. The pod's bind replaces it.
 
 An extender adds its pod's entry with a merge patch that carries the
 resourceVersion it checked (``Conflict`` when another replica wrote first), and
@@ -37,9 +45,14 @@ from gpupool.kube.errors import NotFound
 log = logging.getLogger(__name__)
 
 
+BIND = "bind"
+HOLD = "hold"
+
+
 @dataclass(frozen=True, slots=True)
 class Entry:
-    """One committed pod on the node."""
+    """One committed pod on the node: a bind, or a preemption's ``hold`` of room that
+    ``expires`` and stands for the victims it ``displaces``."""
 
     allocation: Allocation
     pod: str
@@ -47,16 +60,31 @@ class Entry:
     tenant: str | None = None
     gpu_class: str | None = None
     group: str | None = None
+    kind: str = BIND
+    expires: str = ""
+    displaces: tuple[str, ...] = ()
 
     @property
     def bind_s(self) -> float | None:
         return parse_time(self.bind_time)
 
-    def to_json(self) -> dict[str, str]:
+    @property
+    def is_hold(self) -> bool:
+        return self.kind == HOLD
+
+    @property
+    def expires_s(self) -> float | None:
+        return parse_time(self.expires) if self.expires else None
+
+    def to_json(self) -> dict[str, Any]:
         encoded = records.encode(self.allocation, self.bind_time)
-        return {"pod": self.pod, "allocation": encoded[names.ANNOTATION_ALLOCATION],
-                "bindTime": self.bind_time, "tenant": self.tenant or "",
-                "class": self.gpu_class or "", "group": self.group or ""}
+        out: dict[str, Any] = {
+            "pod": self.pod, "allocation": encoded[names.ANNOTATION_ALLOCATION],
+            "bindTime": self.bind_time, "tenant": self.tenant or "",
+            "class": self.gpu_class or "", "group": self.group or ""}
+        if self.is_hold:
+            out.update(kind=HOLD, expires=self.expires, displaces=list(self.displaces))
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,8 +100,30 @@ def decode_entry(uid: str, raw: Any) -> Entry:
     if not isinstance(raw, Mapping):
         raise InvalidInput(f"ledger entry {uid} is not an object")
     decision = records.decode(uid, {names.ANNOTATION_ALLOCATION: str(raw.get("allocation"))})
+    kind = raw.get("kind") or BIND
+    if kind not in (BIND, HOLD):
+        raise InvalidInput(f"ledger entry {uid}: kind {kind!r} is not {BIND} or {HOLD}")
+    expires, displaces = str(raw.get("expires") or ""), raw.get("displaces") or []
+    if kind == HOLD and (parse_time(expires) is None or not isinstance(displaces, list)
+                        or not all(isinstance(v, str) for v in displaces)):
+        raise InvalidInput(f"ledger entry {uid}: a hold needs an RFC 3339 expires and a "
+                           "list of displaced pod uids")
     return Entry(decision.allocation, str(raw.get("pod") or ""), str(raw.get("bindTime") or ""),
-                 raw.get("tenant") or None, raw.get("class") or None, raw.get("group") or None)
+                 raw.get("tenant") or None, raw.get("class") or None, raw.get("group") or None,
+                 kind, expires if kind == HOLD else "",
+                 tuple(displaces) if kind == HOLD else ())
+
+
+def counted(view: View, prune: Iterable[str] = (), replacing: str | None = None
+            ) -> list[Allocation]:
+    """The allocations a fit check of ``view`` counts: every entry but ``prune`` and the
+    entries displaced by a hold that is neither pruned nor being ``replacing``'s (a pod's
+    bind replaces its own hold: its victims count again unless they are gone)."""
+    dropped = set(prune)
+    displaced = {v for u, e in view.entries.items()
+                 if e.is_hold and u not in dropped and u != replacing for v in e.displaces}
+    return [e.allocation for u, e in view.entries.items()
+            if u not in dropped and u not in displaced]
 
 
 def view_of(obj: Mapping[str, Any], memo: dict[tuple[str, str], Entry] | None = None) -> View:
@@ -87,8 +137,9 @@ def view_of(obj: Mapping[str, Any], memo: dict[tuple[str, str], Entry] | None = 
     raw = spec.get("entries") or {}
     entries: dict[str, Entry] = {}
     for uid, value in (raw.items() if isinstance(raw, Mapping) else ()):
-        key = (str(uid), str(value.get("allocation")) + str(value.get("bindTime"))
-               if isinstance(value, Mapping) else "")
+        key = (str(uid), str(value.get("allocation")) + str(value.get("bindTime")) +
+               str(value.get("kind") or "") + str(value.get("expires") or "") +
+               str(value.get("displaces") or "") if isinstance(value, Mapping) else "")
         known = memo.get(key) if memo is not None else None
         if known is not None:
             entries[key[0]] = known
@@ -227,6 +278,9 @@ class Ledgers:
         """
         changes: dict[str, Any] = {u: None for u in prune if u in view.entries}
         changes[uid] = entry.to_json()
+        old = view.entries.get(uid)
+        if old is not None and old.is_hold and not entry.is_hold:  # a merge patch merges:
+            changes[uid].update(kind=None, expires=None, displaces=None)  # drop them
         if view.resource_version is None:
             obj = {"apiVersion": names.API_VERSION, "kind": "GPULedger",
                    "metadata": {"name": view.node},

@@ -9,7 +9,7 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0
 
 class Metrics:
     """Request latency per verb, decisions, failures by reason, GPUs allocated, decisions
-    not counted."""
+    not counted, preemptions."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -36,6 +36,13 @@ class Metrics:
         self.refused_bodies = Counter("gpupool_extender_refused_requests_total",
                                       "Calls refused unread: body over its limit or the budget",
                                       ["verb"], registry=self.registry)
+        self.preemptions = Counter("gpupool_extender_preemptions_total",
+                                   "Preemptions for GPU pods by outcome: started, "
+                                   "no-victims, held, refused, abandoned, failed",
+                                   ["outcome"], registry=self.registry)
+        self.preempted = Counter("gpupool_extender_preempted_pods_total",
+                                 "Pods evicted to make room for pods of higher priority",
+                                 registry=self.registry)
         self.closed = Counter("gpupool_extender_connections_closed_total",
                               "Connections the extender closed, by reason: client-certificate, "
                               "idle, slow-request, header-too-large", ["reason"],

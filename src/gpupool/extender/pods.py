@@ -1,7 +1,8 @@
 """What the cluster cache keeps of each pod it watches (``PodSummary`` or ``Pod`` models).
 
 A pod holds resources on its node from the moment it is bound until it is
-deleted or reaches ``Succeeded``/``Failed``: its CPU and memory requests (so
+deleted (it is *leaving* from its deletionTimestamp until it is gone) or reaches
+``Succeeded``/``Failed``: its CPU and memory requests (so
 the core sees what is left of the node), and — when gpupool placed it — the
 GPU slices its ``gpupool.io/allocation`` annotation records. A decision whose
 phase the node agent set to ``failed`` holds nothing, and neither does one the
@@ -21,6 +22,7 @@ from gpupool.contract import annotations as records
 from gpupool.contract import names
 from gpupool.core.allocation import Allocation
 from gpupool.core.errors import InvalidInput, QuantityError
+from gpupool.core.model import Labels, freeze_labels
 from gpupool.core.quantity import to_mib, to_milli
 from gpupool.core.quota import Charge, amount_of_allocation
 
@@ -52,6 +54,9 @@ class PodFacts:
     gpu_class: str | None
     group: str | None
     asks_gpu: bool = False
+    priority: int = 0  # spec.priority (the API server sets it from priorityClassName)
+    leaving: bool = False  # being deleted (deletionTimestamp set)
+    labels: Labels = ()  # kept for pods with a counted decision (disruption budgets)
 
     def held(self) -> Allocation:
         """What the pod holds on its node (its decision, or just CPU and memory)."""
@@ -78,8 +83,12 @@ def facts_of(pod: Any, counts: DecisionFilter = no_decisions) -> PodFacts:
     decision = _decision(uid, notes, node)
     if decision is not None and not counts(uid, ns, name, notes, decision, asks_gpu):
         decision = None
+    priority = getattr(spec, "priority", None) if spec is not None else None
     return PodFacts(uid, ns, name, node, phase in TERMINAL_PHASES, cpu, mem, decision,
-                    gpu_class, records.group_of(notes, meta.labels), asks_gpu)
+                    gpu_class, records.group_of(notes, meta.labels), asks_gpu,
+                    priority if isinstance(priority, int) else 0,
+                    meta.deletionTimestamp is not None,
+                    freeze_labels(meta.labels) if decision is not None else ())
 
 
 def _decision(uid: str, notes: dict[str, str], node: str) -> Allocation | None:

@@ -17,7 +17,10 @@ sum over containers and the largest init container (requests, else limits).
 Anything absurd raises ``InvalidInput`` with a sentence that names the pod, the
 container and the value. The translation itself is ``gpupool.contract.podspec_request``
 (shared with ``gpupool inspect`` and the controller); this module adds the pod's
-identity and the resource-name test the extender needs.
+identity, its priority (``spec.priority``, which the API server's Priority admission sets
+from ``priorityClassName``: 0 without a class, as kube-scheduler reads an unset one) and
+whether it may preempt (``spec.preemptionPolicy`` is not ``Never``), and the
+resource-name test the extender needs.
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ from typing import Any
 from gpupool.contract import names
 from gpupool.contract.podspec_request import pod_request, pod_where
 
-__all__ = ["PodId", "is_gpupool_resource", "pod_id", "pod_request"]
+__all__ = ["PodId", "is_gpupool_resource", "may_preempt", "pod_id", "pod_priority",
+           "pod_request"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,3 +57,22 @@ def pod_id(pod: Mapping[str, Any]) -> PodId:
 def is_gpupool_resource(name: str) -> bool:
     return name in (names.RESOURCE_GPU, names.RESOURCE_MEMORY, names.RESOURCE_CORE) or \
         name.startswith(names.CLASS_RESOURCE_PREFIX)
+
+
+INT32 = 2**31
+
+
+def pod_priority(pod: Mapping[str, Any]) -> int:
+    """``spec.priority``; 0 when unset (kube-scheduler's reading). A value that is not a
+    32-bit integer (the API server never stores one) counts as 0 too."""
+    spec = pod.get("spec")
+    value = spec.get("priority") if isinstance(spec, Mapping) else None
+    if isinstance(value, bool) or not isinstance(value, int) or not -INT32 <= value < INT32:
+        return 0
+    return value
+
+
+def may_preempt(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod may preempt others (``spec.preemptionPolicy`` is not ``Never``)."""
+    spec = pod.get("spec")
+    return not (isinstance(spec, Mapping) and spec.get("preemptionPolicy") == "Never")

@@ -1,4 +1,6 @@
-"""Reading ``ExtenderPreemptionArgs`` from a request body without a Python dict per victim.
+"""The preempt verb: reading ``ExtenderPreemptionArgs`` from a request body without a
+Python dict per victim, and whether the victims kube-scheduler proposes free enough GPU
+(``fits_without``).
 
 kube-scheduler sends, per candidate node, the victims it proposes: ``{"UID": ...}``
 each (``NodeNameToMetaVictims``, node-cache capable) or whole pods
@@ -16,9 +18,14 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
+import numpy as np
 
+from gpupool.core.eligibility import constraints_for
 from gpupool.core.errors import InvalidInput
+from gpupool.core.placement import Placer
+from gpupool.core.request import PodRequest
 from gpupool.extender import protocol
+from gpupool.extender.cache import ClusterCache
 
 GENERAL_BYTES = 1024 * 1024
 
@@ -86,3 +93,27 @@ def _read_table(table: dict[str, _Victims], meta: bool
         violations[node] = count if isinstance(count, int) and not isinstance(count, bool) \
             else 0
     return victims, violations
+
+
+def fits_without(cache: ClusterCache, placer: Placer, request: PodRequest, node: str,
+                 victims: list[str]) -> bool:
+    """Would ``request`` fit ``node`` once ``victims`` are gone? Under the cache lock (with
+    the pod's own tentative hold set aside): the victims are released, the node checked,
+    and the very same allocations held again. Victims already displaced by a gpupool
+    preemption are not released: their room is promised to that preemption's pod."""
+    state = cache.state
+    i = state.index.get(node)
+    if i is None:
+        return False
+    if not request.gpus:
+        return True
+    promised = cache.displaced()
+    released = [a for a in (state.release(u) for u in victims if u not in promised and
+                            u in state.allocations and state.allocations[u].node == node)
+                if a is not None]
+    try:
+        c = constraints_for(state, request, cache.catalogue)
+        return bool(placer.candidates(state, request, c, among=np.array([i], np.int64)).mask[i])
+    finally:
+        for alloc in released:
+            state.reserve(alloc)

@@ -25,7 +25,7 @@ a name sent twice would be listed twice (Go's decoder keeps the last, the same).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from dataclasses import dataclass
 
 import msgspec
@@ -126,3 +126,17 @@ class Refusals:
             table.permanent[i] = bool(reason is not None and reason.permanent)
             table.check[i] = CODE[reason.check.value] if reason is not None else OTHER
             table.version[i] = state.version[i]
+
+
+def noted(failed: bytes, unresolvable: bytes, notes: dict[str, str], sent: Set[str]
+          ) -> tuple[bytes, bytes]:
+    """Filter's refusals with ``notes`` (node -> why) in place of the sent nodes' reasons:
+    a node where room is being made is one to wait for, never unresolvable."""
+    fails: dict[str, str] = msgspec.json.decode(failed)
+    never: dict[str, str] = msgspec.json.decode(unresolvable)
+    for node, why in notes.items():
+        if node in sent:
+            never.pop(node, None)
+            fails[node] = PREFIX + why
+    return (members_json([member(k, v) for k, v in fails.items()]),
+            members_json([member(k, v) for k, v in never.items()]))

@@ -14,6 +14,11 @@
   freshest state, a compare-and-swap on the node's GPULedger, then one Binding that also
   carries the signed decision annotations (docs/design/extender.md).
 * preempt: keeps the nodes where the proposed victims free enough GPU.
+* preemption of GPU slices (``preemptor``): when filter finds no node for a GPU pod, the
+  extender makes room itself (kube-scheduler's preemption cannot see GPU slices): the core
+  picks the victims, the node's GPULedger holds the freed room for the pod, the victims
+  are evicted; that node's reason says room is being made, and prioritize ranks the node
+  with the pod's hold first.
 
 Filter and prioritize read request bodies as bytes (``filter_json``,
 ``prioritize_json``: node names are matched to rows and answers rendered without a
@@ -43,6 +48,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from gpupool.core.allocation import Allocation
 from gpupool.core.eligibility import constraints_for
 from gpupool.core.errors import GpupoolError, InvalidInput
 from gpupool.core.fit import Constraints
@@ -58,7 +64,8 @@ from gpupool.extender.gate import DEFAULT_SCHEDULER, bindable_request
 from gpupool.extender.metrics import Metrics
 from gpupool.extender.nodenames import MAX_SCORE, Matched, NameTable
 from gpupool.extender.podspec import pod_request
-from gpupool.extender.refusals import Refusals
+from gpupool.extender.preemptor import PreemptionSettings, Preemptor
+from gpupool.extender.refusals import Refusals, noted
 from gpupool.extender.signatures import DecisionKeys
 from gpupool.extender.workload import BUILTIN_WORKLOAD, observed_workload
 from gpupool.kube.api import KubeApi
@@ -78,6 +85,7 @@ class Settings:
     bind_attempts: int = 5
     seed: int = 0
     scheduler_name: str = DEFAULT_SCHEDULER  # bind acts only on pods naming it
+    preemption: PreemptionSettings = field(default_factory=PreemptionSettings)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +113,9 @@ class Extender:
             raise ValueError("an extender that binds needs its decision signing keys")
         self.binder = Binder(cache, kube, metrics, settings.bind_attempts, clock, keys) \
             if kube is not None and keys is not None else None
+        self.preemptor = Preemptor(cache, kube, metrics, settings.preemption, clock,
+                                   self._decide_on_row) \
+            if kube is not None and settings.preemption.enabled else None
         self.refusals = Refusals(metrics)
         self.rng = random.Random(settings.seed)
         self.requests: OrderedDict[str, PodRequest] = OrderedDict()
@@ -139,6 +150,18 @@ class Extender:
 
     def ready(self) -> bool:
         return {"nodes", "devices", "pods", "ledgers"} <= self.cache.synced
+
+    def close(self) -> None:
+        """Stop the preemption worker (after the preemption it is carrying out)."""
+        if self.preemptor is not None:
+            self.preemptor.close()
+
+    def _decide_on_row(self, request: PodRequest, c: Constraints, row: int
+                       ) -> Allocation | None:
+        """The allocation the policy would give ``request`` on node ``row`` now."""
+        placement = self.placer.decide(self.cache.state, request, self.rng, c,
+                                       among=np.array([row], np.int64))
+        return placement.allocation
 
     # -- filter -------------------------------------------------------------------------------
     def filter(self, body: Any) -> dict[str, Any]:
@@ -200,6 +223,12 @@ class Extender:
                 state, request, constraints, self.cache.catalogue_version, sent.names, idx,
                 ok)
             passing = np.flatnonzero(ok)
+            if not passing.size and self.preemptor is not None:
+                rows = [int(i) for i in idx[idx >= 0]]
+                notes = self.preemptor.consider(args.pod, request, constraints, rows)
+                if notes:
+                    failed, unresolvable = noted(failed, unresolvable, notes,
+                                                 {state.nodes[i].name for i in rows})
             names_json = b""  # a NodeList is answered with its node objects
             if args.cache_capable:
                 names_json = table.names_json(idx[passing])
@@ -307,11 +336,20 @@ class Extender:
                 values = self.placer.score(state, request, cands, self.rng).value
             full = np.zeros(len(state.nodes), np.int64)
             full[cands.indices] = scaled(values)
+            self._favour_hold(request.key, full, cands)
             scores = full[rows]
             positive = scores > 0
             answer = table.priorities_json(rows[positive], scores[positive])
         self.metrics.decisions.labels("prioritize", "scored").inc()
         return answer
+
+    def _favour_hold(self, key: str, full: IntArray, cands: Candidates) -> None:
+        """The node where a preemption made room for this pod comes first (the others 0)."""
+        held = self.cache.live_hold(key)
+        row = self.cache.state.index.get(held[0]) if held is not None else None
+        if row is not None and bool(cands.mask[row]):
+            full[:] = 0
+            full[row] = MAX_SCORE
 
     # -- preempt -----------------------------------------------------------------------------------
     def preempt(self, body: Any) -> dict[str, Any]:
@@ -326,31 +364,12 @@ class Extender:
             self.metrics.decisions.labels("preempt", "error").inc()
             log.info("preempt: %s", exc)
             return protocol.preemption_result({}, {})
-        with self.cache.lock:
+        with self.cache.lock, self.cache.without(request.key):
             self.cache.flush()
             kept = {node: uids for node, uids in args.victims.items()
-                    if self._fits_without(request, node, uids)}
+                    if preemption.fits_without(self.cache, self.placer, request, node, uids)}
         self.metrics.decisions.labels("preempt", "kept" if kept else "none").inc()
         return protocol.preemption_result(kept, args.pdb_violations)
-
-    def _fits_without(self, request: PodRequest, node: str, victims: list[str]) -> bool:
-        """Would ``request`` fit ``node`` once ``victims`` are gone? (Under the lock: the
-        victims are released, the node checked, and the very same allocations re-held.)"""
-        state = self.cache.state
-        i = state.index.get(node)
-        if i is None:
-            return False
-        if not request.gpus:
-            return True
-        released = [a for a in (state.release(u) for u in victims
-                                if u in state.allocations and state.allocations[u].node == node)
-                    if a is not None]
-        try:
-            c = constraints_for(state, request, self.cache.catalogue)
-            return bool(self.placer.candidates(state, request, c).mask[i])
-        finally:
-            for alloc in released:
-                state.reserve(alloc)
 
     # -- bind -------------------------------------------------------------------------------------
     def bind(self, body: Any) -> dict[str, str]:

@@ -510,6 +510,34 @@ class KubeApi:
               contextlib.suppress(msgspec.ValidationError)):
             self.client.create(eviction, name=name, namespace=namespace)
 
+    # -- PodDisruptionBudgets (the extender's preemption honours them) -----------------------
+    def list_disruption_budgets(self) -> Listing[KubeObject]:
+        """PodDisruptionBudgets (policy/v1) of every namespace, as plain dicts."""
+        from lightkube.resources.policy_v1 import PodDisruptionBudget
+        with _translated("list PodDisruptionBudgets"):
+            it = self.client.list(PodDisruptionBudget, namespace=lightkube.ALL_NS)
+            items = [pdb.to_dict() for pdb in it]
+            return Listing(items, it._resourceVersion or "")
+
+    def watch_disruption_budgets(self, resource_version: str, timeout_s: int | None = None
+                                 ) -> Iterator[tuple[str, KubeObject]]:
+        from lightkube.resources.policy_v1 import PodDisruptionBudget
+        with _translated("watch PodDisruptionBudgets"):
+            for kind, pdb in self.client.watch(PodDisruptionBudget, namespace=lightkube.ALL_NS,
+                                               resource_version=resource_version or None,
+                                               server_timeout=timeout_s):
+                yield kind, pdb.to_dict()
+
+    def evict_pod_of(self, namespace: str, name: str, uid: str) -> None:
+        """``evict_pod`` only if the pod named so is still the one of ``uid`` (a pod
+        deleted and created again under the name is not evicted: 409 ``Conflict``)."""
+        from lightkube.models.meta_v1 import DeleteOptions, Preconditions
+        eviction = Pod.Eviction(metadata=ObjectMeta(name=name, namespace=namespace),
+                                deleteOptions=DeleteOptions(preconditions=Preconditions(uid=uid)))
+        with (_translated(f"evict pod {namespace}/{name}"),
+              contextlib.suppress(msgspec.ValidationError)):
+            self.client.create(eviction, name=name, namespace=namespace)
+
 
 _ENCODE = msgspec.json.Encoder().encode
 

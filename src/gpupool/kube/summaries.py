@@ -43,6 +43,7 @@ class SummarySpec(msgspec.Struct, omit_defaults=True):
     schedulerName: str | None = None
     containers: list[SummaryContainer] | None = None
     initContainers: list[SummaryContainer] | None = None
+    priority: int | None = None  # set by the API server's Priority admission
 
 
 class SummaryStatus(msgspec.Struct, omit_defaults=True):

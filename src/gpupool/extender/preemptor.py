@@ -1,0 +1,337 @@
+"""Preemption of GPU slices: making room for a pending pod by evicting pods of lower priority.
+
+kube-scheduler's own preemption cannot see GPU slices, so its dry run never finds a victim
+and the extender's preempt verb is never called (docs/design/preemption.md). The extender
+preempts by itself. When filter finds no node for a GPU pod that may preempt
+(``spec.preemptionPolicy`` is not ``Never``):
+
+1. **Plan** (``consider``, inside filter, under the cache lock, no I/O): the core chooses
+   (``core.victims.select`` with ``Room``) among the nodes kube-scheduler sent. Candidates
+   are the pods gpupool placed there (counted decisions), eligible when of strictly lower
+   priority and not displaced by another preemption already; pods being deleted count as
+   free; the PodDisruptionBudgets come from their informer. The pod's allocation once the
+   victims are gone is decided by the placement policy on that node. Filter answers at
+   once, that node's reason saying room is being made.
+2. **Hold, then evict** (``carry_out``, one worker thread): a compare-and-swap on the node's
+   GPULedger writes the pod's *hold* (kind ``hold``, ``expires``, ``displaces`` = the
+   victims), checked to fit the node with the victims counted out; the CAS is where two
+   replicas agree, so one room is never made twice. Then each victim is evicted through
+   the Eviction API (with its UID as precondition). A refusal (a PodDisruptionBudget's 429,
+   or any error) stops there: the hold is removed and the pod gets a Warning Event. Each
+   evicted victim gets a ``Preempted`` Event, the pod a ``GpupoolPreempting`` one.
+3. **Use the room**: the pod's next filter finds its hold: while the victims leave, that
+   node's reason says so; then the pod fits there (filter sets its own hold aside) and
+   prioritize ranks that node first; its bind replaces the hold with its decision.
+
+A hold expires ``hold_s`` after it was written (the room is then anyone's, and the pod may
+plan again: pods still leaving count as free, so nothing is evicted twice); a pod that
+goes away or is bound elsewhere releases its hold at once (``commitments``). A pod whose
+plan found no victims, or whose preemption failed, waits ``retry_s`` before planning again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from gpupool.core.allocation import Allocation
+from gpupool.core.errors import OverCommit
+from gpupool.core.fit import Constraints
+from gpupool.core.request import PodRequest
+from gpupool.core.victims import Candidate, Limits, NoVictims, Room, Selection, below, select
+from gpupool.extender.cache import ClusterCache
+from gpupool.extender.ledger import HOLD, Entry, FitCheck, Ledgers, View, counted
+from gpupool.extender.metrics import Metrics
+from gpupool.extender.podspec import may_preempt, pod_id, pod_priority
+from gpupool.kube.api import KubeApi
+from gpupool.kube.errors import Conflict, KubeError, NotFound
+
+log = logging.getLogger(__name__)
+
+COMPONENT = "gpupool-extender"
+Decide = Callable[[PodRequest, Constraints, int], Allocation | None]
+"""(request, constraints, state row) -> the pod's allocation on that node now, or None."""
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptionSettings:
+    """``hold_s``: how long freed room stays the pod's; ``retry_s``: how long a pod whose
+    preemption found nothing or failed waits before planning again."""
+
+    enabled: bool = True
+    hold_s: float = 120.0
+    retry_s: float = 10.0
+    attempts: int = 5
+    instance: str = ""  # who reports the Events (the extender's pod name)
+    limits: Limits = field(default_factory=Limits)
+
+
+@dataclass(frozen=True, slots=True)
+class Victim:
+    uid: str
+    namespace: str
+    name: str
+    priority: int
+
+    def describe(self) -> str:
+        return f"{self.namespace}/{self.name} (priority {self.priority})"
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """Room to make for one pod: the node, what the pod will hold there, whom to evict."""
+
+    uid: str
+    namespace: str
+    name: str
+    priority: int
+    node: str
+    hold: Allocation
+    victims: tuple[Victim, ...]
+    leaving: tuple[str, ...]  # uids of pods being deleted whose room the plan counts on
+    request: PodRequest
+    group: str | None
+
+    @property
+    def displaces(self) -> tuple[str, ...]:
+        """Whom the hold stands for: the victims and the leaving pods it counts on."""
+        return tuple(v.uid for v in self.victims) + self.leaving
+
+    def note(self) -> str:
+        who = "pods that are leaving" if not self.victims else \
+            f"{len(self.victims)} pod{'s' if len(self.victims) > 1 else ''} of lower priority"
+        return f"making room here: preempting {who} for this pod"
+
+
+def stamp(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class Preemptor:
+    """Plans under the cache lock (``consider``), carries out on its own thread."""
+
+    def __init__(self, cache: ClusterCache, kube: KubeApi, metrics: Metrics,
+                 settings: PreemptionSettings, clock: Callable[[], float], decide: Decide):
+        self.cache = cache
+        self.kube = kube
+        self.metrics = metrics
+        self.settings = settings
+        self.clock = clock
+        self.decide = decide
+        self.ledgers = Ledgers(kube)
+        self.fits = FitCheck()
+        self.inflight: dict[str, Plan] = {}  # pod uid -> the plan being carried out
+        self.retry_at: dict[str, float] = {}
+        self.worker = ThreadPoolExecutor(1, thread_name_prefix="extender-preempt")
+
+    def close(self) -> None:
+        self.worker.shutdown(wait=True, cancel_futures=True)
+
+    # -- planning (under the cache lock) --------------------------------------------------------
+    def consider(self, pod: Mapping[str, Any], request: PodRequest, constraints: Constraints,
+                 rows: Sequence[int]) -> dict[str, str]:
+        """Node -> why it is the one to wait for: room being made there for this pod (an
+        empty dict: nothing to say). Starts a preemption when it should."""
+        key = request.key
+        held = self.cache.live_hold(key)
+        if held is not None:
+            return {held[0]: self._waiting(held[1])}
+        plan = self.inflight.get(key)
+        if plan is not None:
+            return {plan.node: plan.note()}
+        now = self.clock()
+        if not self.settings.enabled or not request.gpus or not may_preempt(pod) or \
+                "budgets" not in self.cache.synced or self.retry_at.get(key, 0.0) > now:
+            return {}
+        found = self._plan(pod, request, constraints, rows)
+        if isinstance(found, NoVictims):
+            self.retry_at[key] = now + self.settings.retry_s
+            self.metrics.preemptions.labels("no-victims").inc()
+            log.info("no preemption for %s: %s", key, found.message)
+            return {}
+        self.inflight[key] = found
+        self.metrics.preemptions.labels("started").inc()
+        self.worker.submit(self.carry_out, found)
+        return {found.node: found.note()}
+
+    def _waiting(self, entry: Entry) -> str:
+        left = sum(1 for v in entry.displaces if v in self.cache.pods)
+        if not left:
+            return "making room here: the freed GPU slices are held for this pod"
+        return (f"making room here: waiting for {left} preempted pod"
+                f"{'s' if left > 1 else ''} to leave; their GPU slices are held for this pod")
+
+    def _plan(self, pod: Mapping[str, Any], request: PodRequest, constraints: Constraints,
+              rows: Sequence[int]) -> Plan | NoVictims:
+        state = self.cache.state
+        candidates = self._candidates(request.key, rows)
+        priority = pod_priority(pod)
+        chosen = select(Room(state, request, constraints, rows), candidates, below(priority),
+                        self.cache.budgets.allowed(), self.settings.limits)
+        if isinstance(chosen, NoVictims):
+            return chosen
+        node = chosen.node or ""
+        hold = self._hold_of(request, constraints, node, chosen, candidates)
+        if hold is None:
+            return NoVictims(f"the policy found no place on {node} once the victims are gone")
+        ident = pod_id(pod)
+        victims = tuple(Victim(c.key, *self._where(c.key), c.priority) for c in chosen.victims)
+        leaving = tuple(c.key for c in candidates if c.leaving and c.allocation.node == node)
+        return Plan(request.key, ident.namespace, ident.name, priority, node, hold, victims,
+                    leaving, request, constraints.group)
+
+    def _where(self, uid: str) -> tuple[str, str]:
+        f = self.cache.pods[uid]
+        return f.namespace, f.name
+
+    def _candidates(self, key: str, rows: Sequence[int]) -> list[Candidate]:
+        """The pods gpupool placed on ``rows`` and holds, not displaced by another hold."""
+        state, cache = self.cache.state, self.cache
+        displaced = cache.displaced()
+        out = []
+        for i in rows:
+            for uid in sorted(cache.pods_on.get(state.nodes[i].name, ())):
+                f = cache.pods.get(uid)
+                alloc = state.allocations.get(uid)
+                if f is None or f.decision is None or alloc is None or uid in displaced or \
+                        uid == key or "pod" not in cache.sources.get(uid, ()):
+                    continue
+                out.append(Candidate(alloc, f.priority, f.charge(),
+                                     cache.budgets.covering(f.namespace, f.labels), f.leaving))
+        return out
+
+    def _hold_of(self, request: PodRequest, constraints: Constraints, node: str,
+                 chosen: Selection, candidates: list[Candidate]) -> Allocation | None:
+        """What the pod would hold on ``node`` with the victims and leaving pods gone (they
+        are released for the decision and held again, under the lock)."""
+        state = self.cache.state
+        gone = [c.allocation for c in (*chosen.victims, *candidates)
+                if c.allocation.node == node and (c.leaving or c in chosen.victims)]
+        released = [a for a in (state.release(a.key) for a in dict.fromkeys(gone)) if a]
+        try:
+            return self.decide(request, constraints, state.index[node])
+        finally:
+            for alloc in released:
+                state.reserve(alloc)
+
+    # -- carrying out (the worker thread) ----------------------------------------------------
+    def carry_out(self, plan: Plan) -> None:
+        try:
+            if self._write_hold(plan):
+                self._evict(plan)
+        except Exception:  # the worker must survive anything; the pod plans again later
+            log.exception("preempting for %s/%s", plan.namespace, plan.name)
+            self._give_up(plan, "failed", "an internal error")
+        finally:
+            with self.cache.lock:
+                self.inflight.pop(plan.uid, None)
+
+    def _write_hold(self, plan: Plan) -> bool:
+        now = self.clock()
+        entry = Entry(plan.hold, f"{plan.namespace}/{plan.name}", stamp(now),
+                      plan.request.tenant, plan.request.gpu_class, plan.group, HOLD,
+                      stamp(now + self.settings.hold_s), plan.displaces)
+        for _ in range(self.settings.attempts):
+            with self.cache.lock:
+                self.cache.flush()
+                why = self._stale(plan)
+                view = self.cache.ledgers.get(plan.node) or View(plan.node)
+                prune = self.cache.prunable(view)
+                where = self.cache.state.nodes[self.cache.state.index[plan.node]] \
+                    if plan.node in self.cache.state.index else None
+            if why or where is None:
+                self._give_up(plan, "abandoned", why or f"node {plan.node} is gone", event=False)
+                return False
+            gone = set(entry.displaces)
+            try:
+                held = [a for a in counted(view, prune) if a.key not in gone]
+                self.fits.check(where, held, plan.hold, self.cache.state.memory_unit_mib)
+                self.cache.ledger_update(self.ledgers.commit(view, plan.uid, entry, prune))
+                return True
+            except (OverCommit, Conflict):
+                self.metrics.conflicts.inc()
+                self._refresh(plan.node)
+            except KubeError as exc:
+                self._give_up(plan, "failed", f"writing the GPU ledger of {plan.node}: {exc}")
+                return False
+        self._give_up(plan, "abandoned", f"the GPU ledger of {plan.node} kept changing",
+                      event=False)
+        return False
+
+    def _stale(self, plan: Plan) -> str:
+        """Why the plan no longer holds ('' when it does), under the cache lock."""
+        cache = self.cache
+        f = cache.pods.get(plan.uid)
+        if plan.uid in cache.finished or (f is not None and f.node):
+            return "the pod is gone or bound"
+        held = cache.live_hold(plan.uid)
+        if held is not None:
+            return f"room is being made for it on {held[0]} already"
+        displaced = cache.displaced()
+        for v in plan.victims:
+            g = cache.pods.get(v.uid)
+            if g is None or v.uid in cache.finished or g.node != plan.node:
+                return f"pod {v.namespace}/{v.name} is gone or elsewhere"
+            if v.uid in displaced:
+                return f"pod {v.namespace}/{v.name} is being preempted for another pod"
+        return ""
+
+    def _refresh(self, node: str) -> None:
+        try:
+            self.cache.ledger_update(self.ledgers.fetch(node))
+        except KubeError as exc:
+            log.warning("reading the GPU ledger of %s: %s", node, exc)
+
+    def _evict(self, plan: Plan) -> None:
+        for v in plan.victims:
+            try:
+                self.kube.evict_pod_of(v.namespace, v.name, v.uid)
+            except NotFound:
+                continue  # gone already
+            except KubeError as exc:
+                self._remove_hold(plan)
+                self._give_up(plan, "refused", f"evicting {v.namespace}/{v.name}: {exc}")
+                return
+            self.metrics.preempted.inc()
+            self._event(v.namespace, v.name, v.uid, "Preempted", False,
+                        f"Preempted by pod {plan.namespace}/{plan.name} (priority "
+                        f"{plan.priority}) on node {plan.node}: gpupool frees its GPU slices "
+                        "for a pod of higher priority")
+        self.metrics.preemptions.labels("held").inc()
+        names = ", ".join(v.describe() for v in plan.victims) or "none (pods already leaving)"
+        self._event(plan.namespace, plan.name, plan.uid, "GpupoolPreempting", False,
+                    f"making room on node {plan.node}: evicted {names}; the freed GPU slices "
+                    f"are held for this pod for {self.settings.hold_s:.0f}s")
+        log.info("preempting for %s/%s on %s: %s", plan.namespace, plan.name, plan.node, names)
+
+    def _remove_hold(self, plan: Plan) -> None:
+        try:
+            self.ledgers.remove(plan.node, plan.uid)
+        except KubeError as exc:  # it expires anyway
+            log.warning("removing the hold of %s from the GPU ledger of %s: %s", plan.uid,
+                        plan.node, exc)
+        self._refresh(plan.node)
+
+    def _give_up(self, plan: Plan, outcome: str, why: str, event: bool = True) -> None:
+        self.metrics.preemptions.labels(outcome).inc()
+        with self.cache.lock:
+            self.retry_at[plan.uid] = self.clock() + self.settings.retry_s
+        log.info("preemption for %s/%s on %s %s: %s", plan.namespace, plan.name, plan.node,
+                 outcome, why)
+        if event:
+            self._event(plan.namespace, plan.name, plan.uid, "GpupoolPreemptionFailed", True,
+                        f"could not make room on node {plan.node}: {why}; gpupool tries "
+                        f"again in {self.settings.retry_s:.0f}s")
+
+    def _event(self, namespace: str, name: str, uid: str, reason: str, warning: bool,
+               message: str) -> None:
+        try:
+            self.kube.create_pod_event(namespace, name, uid, reason, message, warning,
+                                       COMPONENT, self.settings.instance or COMPONENT,
+                                       datetime.fromtimestamp(self.clock(), UTC))
+        except KubeError as exc:
+            log.warning("recording Event %s on %s/%s: %s", reason, namespace, name, exc)
