@@ -19,6 +19,7 @@ from gpupool_testing.fake_apiserver import FakeApiServer
 
 from gpupool.extender.preemptor import PreemptionSettings
 from gpupool.extender.reconcile import LedgerReconciler
+from tests.go_format import sprintf
 from tests.waiting import wait_for
 
 from .builders import Replica, pod_obj, schedule, seed_cluster
@@ -89,8 +90,12 @@ def high(fake: FakeApiServer, r: Replica, name: str = "urgent", priority: int = 
     return pod
 
 
-def filtered(r: Replica, pod: dict[str, Any], node: str) -> dict[str, Any]:
-    answer: dict[str, Any] = r.extender.filter({"Pod": pod, "NodeNames": [node]})
+def filtered(r: Replica, pod: dict[str, Any], *nodes: str) -> dict[str, Any]:
+    """Filter's answer; every reason in it survives kube-scheduler's Go formatting."""
+    answer: dict[str, Any] = r.extender.filter({"Pod": pod, "NodeNames": list(nodes)})
+    for text in [answer["Error"], *answer["FailedNodes"].values(),
+                 *answer["FailedAndUnresolvableNodes"].values()]:
+        assert sprintf(text) == text
     return answer
 
 
@@ -296,3 +301,20 @@ def test_kube_schedulers_preempt_keeps_only_nodes_where_its_victims_free_enough(
     body = {"Pod": other, "NodeNameToMetaVictims": {
         node: {"Pods": [{"UID": uids[1]}], "NumPDBViolations": 0}}}
     assert node in (replica.extender.preempt(body)["NodeNameToMetaVictims"] or {})
+
+
+def test_a_pod_that_fits_a_node_it_was_not_sent_waits_for_another_window_first(
+        fake: FakeApiServer, replica: Replica, node: str) -> None:
+    fill(fake, replica, node, [1, 2, 3, 4])
+    (spare,) = seed_cluster(fake, 1, 1, memory_mib=81920, prefix="spare-")
+    assert wait_for(lambda: spare in replica.cache.nodes and any(
+        d.node == spare for d in replica.cache.devices.values()))  # laid out at the next call
+    pod = high(fake, replica)
+    assert filtered(replica, pod, spare, node)["NodeNames"] == [spare]  # room: no preemption
+    for _ in range(2):  # kube-scheduler's window held only the full node: try another one
+        answer = filtered(replica, pod, node)
+        assert "making room" not in answer["FailedNodes"][node]
+    assert evictions(fake) == []
+    answer = filtered(replica, pod, node)  # sent only the full node again: ruled out for it
+    assert "making room here" in answer["FailedNodes"][node]
+    assert settled(replica) and len(evictions(fake)) == 1

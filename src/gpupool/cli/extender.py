@@ -11,7 +11,8 @@ certificate names ``--client-name``; ``/healthz``, ``/readyz`` and ``/metrics`` 
 plain ``--probe-port``. A background thread re-checks GPU heartbeats and reconciles the
 GPU ledgers every ``--sweep-every`` seconds, renews and reloads certificates and
 re-reads the signing keys every ``--tls-every`` seconds, and re-derives FGD's target
-workload every ``--workload-every``.
+workload every ``--workload-every``. With --preemption (the default) a GPU pod that fits
+nowhere gets room by evicting GPU pods of lower priority (docs/design/preemption.md).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -37,6 +39,7 @@ from gpupool.extender.connections import ConnectionRules
 from gpupool.extender.feeds import long_lived, start_feeds
 from gpupool.extender.gate import DEFAULT_SCHEDULER
 from gpupool.extender.metrics import Metrics
+from gpupool.extender.preemptor import PreemptionSettings
 from gpupool.extender.reconcile import LedgerReconciler
 from gpupool.extender.server import ThreadedServer, uvicorn_config
 from gpupool.extender.service import Extender, Settings
@@ -109,6 +112,15 @@ def register(subparsers: Any) -> None:
                         "keys (default 60)")
     p.add_argument("--workload-every", type=SECONDS, default=600.0, metavar="SECONDS",
                    help="how often to re-derive FGD's target workload (default 600)")
+    p.add_argument("--preemption", action=argparse.BooleanOptionalAction, default=True,
+                   help="make room for a pod that fits nowhere by evicting GPU pods of lower "
+                        "priority (their PodDisruptionBudgets honoured; default on)")
+    p.add_argument("--preemption-hold", type=SECONDS, default=120.0, metavar="SECONDS",
+                   help="how long the GPU room a preemption frees stays reserved for its pod "
+                        "(default 120; longer than the victims' termination grace period)")
+    p.add_argument("--preemption-retry", type=SECONDS, default=10.0, metavar="SECONDS",
+                   help="how long a pod waits before preempting again after finding no "
+                        "victims or failing (default 10)")
     p.add_argument("--seed", type=int, default=0, help="seed for tie breaking (default 0)")
     p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     p.set_defaults(func=run)
@@ -169,8 +181,11 @@ def _wire(args: argparse.Namespace) -> Wired:
     metrics = Metrics()
     cache = ClusterCache(args.memory_unit, args.stale_after, args.ledger_grace,
                          decisions=DecisionCheck(keys, metrics.unverified))
+    preemption = PreemptionSettings(args.preemption, args.preemption_hold,
+                                    args.preemption_retry,
+                                    instance=os.environ.get("POD_NAME") or socket.gethostname())
     settings = Settings(args.policy, dict(args.weight), seed=args.seed,
-                        scheduler_name=args.scheduler_name)
+                        scheduler_name=args.scheduler_name, preemption=preemption)
     extender = Extender(cache, settings, metrics, api, keys)
     return Wired(api, extender, keys, LedgerReconciler(cache, api))
 
@@ -196,6 +211,7 @@ def run(args: argparse.Namespace) -> int:
         _serve(extender, tls, args)
     finally:
         stop.set()
+        extender.close()
         feeds.stop()
         wired.api.close()
     return 0

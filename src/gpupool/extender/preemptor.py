@@ -27,6 +27,8 @@ A hold expires ``hold_s`` after it was written (the room is then anyone's, and t
 plan again: pods still leaving count as free, so nothing is evicted twice); a pod that
 goes away or is bound elsewhere releases its hold at once (``commitments``). A pod whose
 plan found no victims, or whose preemption failed, waits ``retry_s`` before planning again.
+A pod that fits a node kube-scheduler did not send (it sends a rotating window of the
+nodes) is left to the next window, unless that keeps happening (``ELSEWHERE_CYCLES``).
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ from gpupool.kube.errors import Conflict, KubeError, NotFound
 log = logging.getLogger(__name__)
 
 COMPONENT = "gpupool-extender"
+ELSEWHERE_CYCLES = 3
+REMEMBERED = 4096
 Decide = Callable[[PodRequest, Constraints, int], Allocation | None]
 """(request, constraints, state row) -> the pod's allocation on that node now, or None."""
 
@@ -125,7 +129,8 @@ class Preemptor:
         self.ledgers = Ledgers(kube)
         self.fits = FitCheck()
         self.inflight: dict[str, Plan] = {}  # pod uid -> the plan being carried out
-        self.retry_at: dict[str, float] = {}
+        self.retry_at: dict[str, float] = {}  # pod uid -> when it may plan again
+        self.elsewhere: dict[str, int] = {}  # pod uid -> cycles it fit only unsent nodes
         self.worker = ThreadPoolExecutor(1, thread_name_prefix="extender-preempt")
 
     def close(self) -> None:
@@ -133,9 +138,12 @@ class Preemptor:
 
     # -- planning (under the cache lock) --------------------------------------------------------
     def consider(self, pod: Mapping[str, Any], request: PodRequest, constraints: Constraints,
-                 rows: Sequence[int]) -> dict[str, str]:
+                 rows: Sequence[int], elsewhere: bool = False) -> dict[str, str]:
         """Node -> why it is the one to wait for: room being made there for this pod (an
-        empty dict: nothing to say). Starts a preemption when it should."""
+        empty dict: nothing to say). Starts a preemption when it should. ``elsewhere``: the
+        pod fits a node kube-scheduler did not send; it preempts only after being sent no
+        such node ``ELSEWHERE_CYCLES`` times (kube-scheduler sends a rotating window of
+        the nodes, and rules some out for reasons of its own)."""
         key = request.key
         held = self.cache.live_hold(key)
         if held is not None:
@@ -145,11 +153,12 @@ class Preemptor:
             return {plan.node: plan.note()}
         now = self.clock()
         if not self.settings.enabled or not request.gpus or not may_preempt(pod) or \
-                "budgets" not in self.cache.synced or self.retry_at.get(key, 0.0) > now:
+                "budgets" not in self.cache.synced or self.retry_at.get(key, 0.0) > now or \
+                self._room_elsewhere(key, elsewhere):
             return {}
         found = self._plan(pod, request, constraints, rows)
         if isinstance(found, NoVictims):
-            self.retry_at[key] = now + self.settings.retry_s
+            self._retry_later(key, now)
             self.metrics.preemptions.labels("no-victims").inc()
             log.info("no preemption for %s: %s", key, found.message)
             return {}
@@ -157,6 +166,24 @@ class Preemptor:
         self.metrics.preemptions.labels("started").inc()
         self.worker.submit(self.carry_out, found)
         return {found.node: found.note()}
+
+    def _retry_later(self, key: str, now: float) -> None:
+        self.retry_at[key] = now + self.settings.retry_s
+        if len(self.retry_at) > REMEMBERED:  # forget the waits that are over
+            self.retry_at = {k: t for k, t in self.retry_at.items() if t > now}
+
+    def _room_elsewhere(self, key: str, elsewhere: bool) -> bool:
+        """Whether to leave the pod to kube-scheduler's next window of nodes."""
+        if not elsewhere:
+            self.elsewhere.pop(key, None)
+            return False
+        seen = self.elsewhere.pop(key, 0) + 1
+        if seen >= ELSEWHERE_CYCLES:
+            return False
+        self.elsewhere[key] = seen
+        while len(self.elsewhere) > REMEMBERED:
+            self.elsewhere.pop(next(iter(self.elsewhere)))
+        return True
 
     def _waiting(self, entry: Entry) -> str:
         left = sum(1 for v in entry.displaces if v in self.cache.pods)
@@ -319,7 +346,7 @@ class Preemptor:
     def _give_up(self, plan: Plan, outcome: str, why: str, event: bool = True) -> None:
         self.metrics.preemptions.labels(outcome).inc()
         with self.cache.lock:
-            self.retry_at[plan.uid] = self.clock() + self.settings.retry_s
+            self._retry_later(plan.uid, self.clock())
         log.info("preemption for %s/%s on %s %s: %s", plan.namespace, plan.name, plan.node,
                  outcome, why)
         if event:

@@ -225,7 +225,8 @@ class Extender:
             passing = np.flatnonzero(ok)
             if not passing.size and self.preemptor is not None:
                 rows = [int(i) for i in idx[idx >= 0]]
-                notes = self.preemptor.consider(args.pod, request, constraints, rows)
+                notes = self.preemptor.consider(args.pod, request, constraints, rows,
+                                                elsewhere=bool(cands.indices.size))
                 if notes:
                     failed, unresolvable = noted(failed, unresolvable, notes,
                                                  {state.nodes[i].name for i in rows})
