@@ -318,3 +318,29 @@ def test_a_pod_that_fits_a_node_it_was_not_sent_waits_for_another_window_first(
     answer = filtered(replica, pod, node)  # sent only the full node again: ruled out for it
     assert "making room here" in answer["FailedNodes"][node]
     assert settled(replica) and len(evictions(fake)) == 1
+
+
+def test_a_hold_whose_replica_stopped_before_evicting_is_carried_out_by_the_next(
+        fake: FakeApiServer, replica: Replica, node: str, clock: Clock) -> None:
+    low = fill(fake, replica, node, [1, 2, 3, 4])
+    pod = high(fake, replica)
+    preemptor = replica.extender.preemptor
+    assert preemptor is not None
+    plans: list[Any] = []
+    preemptor.worker.submit = lambda fn, plan: plans.append(plan)  # type: ignore[method-assign]
+    filtered(replica, pod, node)
+    assert preemptor._write_hold(plans[0])  # then the process stops: nothing evicted
+    replica.close()
+    successor = start(fake, clock)
+    try:
+        assert wait_for(lambda: successor.cache.live_hold(pod["metadata"]["uid"]) is not None)
+        waiting = filtered(successor, pod, node)  # too soon to tell a crash from a slow replica
+        assert "waiting for 1 preempted pod" in waiting["FailedNodes"][node]
+        assert settled(successor) and evictions(fake) == []
+        clock.now += 31
+        filtered(successor, pod, node)
+        assert settled(successor)
+        assert fake.get("pods", low[0]["metadata"]["name"], "default") is None
+        assert len(evictions(fake)) == 1 and len(events(fake, "Preempted")) == 1
+    finally:
+        successor.close()

@@ -28,7 +28,10 @@ plan again: pods still leaving count as free, so nothing is evicted twice); a po
 goes away or is bound elsewhere releases its hold at once (``commitments``). A pod whose
 plan found no victims, or whose preemption failed, waits ``retry_s`` before planning again.
 A pod that fits a node kube-scheduler did not send (it sends a rotating window of the
-nodes) is left to the next window, unless that keeps happening (``ELSEWHERE_CYCLES``).
+nodes) is left to the next window, unless that keeps happening (``ELSEWHERE_CYCLES``). A
+hold whose victims still run ``REDRIVE_S`` after it was written (its replica stopped
+between the hold and the evictions) has its evictions carried out by whichever replica
+filters the pod next.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ log = logging.getLogger(__name__)
 
 COMPONENT = "gpupool-extender"
 ELSEWHERE_CYCLES = 3
+REDRIVE_S = 30.0  # a hold this old whose victims do not leave lost its evictions
 REMEMBERED = 4096
 Decide = Callable[[PodRequest, Constraints, int], Allocation | None]
 """(request, constraints, state row) -> the pod's allocation on that node now, or None."""
@@ -99,6 +103,7 @@ class Plan:
     leaving: tuple[str, ...]  # uids of pods being deleted whose room the plan counts on
     request: PodRequest
     group: str | None
+    written: bool = False  # the hold is in the ledger already (evictions to carry out)
 
     @property
     def displaces(self) -> tuple[str, ...]:
@@ -145,13 +150,14 @@ class Preemptor:
         such node ``ELSEWHERE_CYCLES`` times (kube-scheduler sends a rotating window of
         the nodes, and rules some out for reasons of its own)."""
         key = request.key
-        held = self.cache.live_hold(key)
-        if held is not None:
-            return {held[0]: self._waiting(held[1])}
         plan = self.inflight.get(key)
         if plan is not None:
             return {plan.node: plan.note()}
         now = self.clock()
+        held = self.cache.live_hold(key)
+        if held is not None:
+            self._redrive(pod, request, *held, now)
+            return {held[0]: self._waiting(held[1])}
         if not self.settings.enabled or not request.gpus or not may_preempt(pod) or \
                 "budgets" not in self.cache.synced or self.retry_at.get(key, 0.0) > now or \
                 self._room_elsewhere(key, elsewhere):
@@ -166,6 +172,27 @@ class Preemptor:
         self.metrics.preemptions.labels("started").inc()
         self.worker.submit(self.carry_out, found)
         return {found.node: found.note()}
+
+    def _redrive(self, pod: Mapping[str, Any], request: PodRequest, node: str, entry: Entry,
+                 now: float) -> None:
+        """A hold older than ``REDRIVE_S`` whose victims still run and are not leaving: the
+        replica that wrote it stopped before evicting them (it crashed); evict them now."""
+        written = entry.bind_s
+        if written is None or now - written < REDRIVE_S or self.retry_at.get(
+                request.key, 0.0) > now:
+            return
+        victims = []
+        for uid in entry.displaces:
+            f = self.cache.pods.get(uid)
+            if f is not None and not f.leaving and f.node == node:
+                victims.append(Victim(uid, f.namespace, f.name, f.priority))
+        if not victims:
+            return
+        ident = pod_id(pod)
+        plan = Plan(request.key, ident.namespace, ident.name, pod_priority(pod), node,
+                    entry.allocation, tuple(victims), (), request, entry.group, written=True)
+        self.inflight[request.key] = plan
+        self.worker.submit(self.carry_out, plan)
 
     def _retry_later(self, key: str, now: float) -> None:
         self.retry_at[key] = now + self.settings.retry_s
@@ -248,7 +275,7 @@ class Preemptor:
     # -- carrying out (the worker thread) ----------------------------------------------------
     def carry_out(self, plan: Plan) -> None:
         try:
-            if self._write_hold(plan):
+            if plan.written or self._write_hold(plan):
                 self._evict(plan)
         except Exception:  # the worker must survive anything; the pod plans again later
             log.exception("preempting for %s/%s", plan.namespace, plan.name)
@@ -315,6 +342,13 @@ class Preemptor:
 
     def _evict(self, plan: Plan) -> None:
         for v in plan.victims:
+            with self.cache.lock:
+                f = self.cache.pods.get(plan.uid)
+                gone = plan.uid in self.cache.finished or (f is not None and bool(f.node))
+            if gone:  # the pod went away (or was bound) meanwhile: evict nobody more (its
+                # hold holds nothing now; the reconciler removes it)
+                self._give_up(plan, "abandoned", "the pod is gone or bound", event=False)
+                return
             try:
                 self.kube.evict_pod_of(v.namespace, v.name, v.uid)
             except NotFound:
@@ -336,12 +370,23 @@ class Preemptor:
         log.info("preempting for %s/%s on %s: %s", plan.namespace, plan.name, plan.node, names)
 
     def _remove_hold(self, plan: Plan) -> None:
-        try:
-            self.ledgers.remove(plan.node, plan.uid)
-        except KubeError as exc:  # it expires anyway
-            log.warning("removing the hold of %s from the GPU ledger of %s: %s", plan.uid,
-                        plan.node, exc)
-        self._refresh(plan.node)
+        """Remove the pod's hold, only while it is one (at the version read: a bind may
+        have replaced it meanwhile); a hold left behind expires anyway."""
+        for _ in range(self.settings.attempts):
+            with self.cache.lock:
+                view = self.cache.ledgers.get(plan.node)
+            entry = view.entries.get(plan.uid) if view is not None else None
+            if view is None or entry is None or not entry.is_hold:
+                return
+            try:
+                self.cache.ledger_update(self.ledgers.prune(view, [plan.uid]))
+                return
+            except (Conflict, NotFound):
+                self._refresh(plan.node)
+            except KubeError as exc:
+                log.warning("removing the hold of %s from the GPU ledger of %s: %s",
+                            plan.uid, plan.node, exc)
+                return
 
     def _give_up(self, plan: Plan, outcome: str, why: str, event: bool = True) -> None:
         self.metrics.preemptions.labels(outcome).inc()
