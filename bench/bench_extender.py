@@ -53,8 +53,10 @@ etcd commits, in milliseconds, which is why "own" is reported beside "total".
 
 ``--client-paths`` runs every measurement (and the rebuild) twice in the same run, once
 with ``KubeApi``'s lean transport on the bind path, the lists and the watches, once with
-every Kubernetes API call through lightkube, one after the other on the same fake API
-server, and prints the two side by side with ratios (lightkube / lean).
+every Kubernetes API call through lightkube, and prints the two side by side with ratios
+(lightkube / lean). Each path schedules into a fresh copy of the same cluster (the runs
+fill it: the second would find less room); which path goes first alternates from one
+cluster size to the next; the two rebuilds list the same fake API server.
 
 Targets (issue 3): p99 ≤ 5 ms in-process and ≤ 15 ms over HTTP, ≥ 300 pods/s,
 RSS ≤ 300 MiB and rebuild ≤ 5 s at 5,000 nodes / 50,000 pods.
@@ -607,19 +609,22 @@ class Options:
     clients: tuple[str, ...] = ("lean",)  # KubeApi's client paths: "lean", "lightkube"
 
 
-def measure(nodes: int, opts: Options) -> list[tuple[str, dict[str, float]]]:
+def measure(nodes: int, opts: Options, turn: int = 0) -> list[tuple[str, dict[str, float]]]:
+    """Every run on a cluster of ``nodes``; with two client paths, each on a fresh cluster
+    of its own (the runs fill the free room: the second path would find less), the path
+    that goes first alternating with ``turn`` (the machine drifts)."""
     busy = int(nodes * GPUS * 0.3 / 0.25)  # about 30 % of the GPU share in use
-    api = FakeApi(cluster_lines(nodes, busy, 0, opts.seed))
-    try:
-        if len(opts.clients) == 1:
-            lean = opts.clients[0] == "lean"
-            return [row for policy in opts.policies
-                    for row in measure_policy(api, policy, opts, lean)]
-        return [(f"{name} [{client}]", r) for policy in opts.policies
-                for client in opts.clients
-                for name, r in measure_policy(api, policy, opts, client == "lean")]
-    finally:
-        api.close()
+    clients = opts.clients if turn % 2 == 0 else opts.clients[::-1]
+    rows = []
+    for client in clients:
+        api = FakeApi(cluster_lines(nodes, busy, 0, opts.seed))
+        try:
+            rows += [(name if len(clients) == 1 else f"{name} [{client}]", r)
+                     for policy in opts.policies
+                     for name, r in measure_policy(api, policy, opts, client == "lean")]
+        finally:
+            api.close()
+    return rows
 
 
 def measure_policy(api: FakeApi, policy: str, opts: Options, lean: bool = True
@@ -798,9 +803,9 @@ def main() -> None:
                    not args.no_http, args.http_client, not args.no_pipelined,
                    ("lean", "lightkube") if args.client_paths else ("lean",))
     print(machine_line("before"))
-    for n in args.nodes:  # --nodes 0: only the rebuild
+    for turn, n in enumerate(args.nodes):  # --nodes 0: only the rebuild
         if n > 0:
-            rows = measure(n, opts)
+            rows = measure(n, opts, turn)
             report(n, rows, opts)
             if len(opts.clients) > 1:
                 compare_clients(rows, opts.clients)
