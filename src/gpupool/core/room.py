@@ -1,7 +1,16 @@
 """Room on one node once some of its pods are gone: the fit rules of ``fit.feasible_rows``
-over one node's GPUs in plain integers, cheap enough to try thousands of victim sets
+over one node's GPUs in plain integers, cheap enough to try many victim sets
 (``victims`` tries them), and the core's own fit on a scratch copy of the node to check
 the set chosen (``NodeRoom.verified``).
+
+The request needs ``count`` GPUs it can use that have room (exclusive: untouched) plus
+CPU and memory. ``NodeRoom.branches`` splits the search: the GPUs that have room already
+count, the ``short`` more must come from the usable GPUs without room, so each branch is
+one choice of ``short`` such *target* GPUs, whose pool is the pods on them (and, when the
+node lacks CPU or memory, the pods that hold some). A minimal victim set always lies in
+one branch's pool, and a branch needs at least as many victims as its most demanding
+target: per GPU, the fewest of its pods whose memory (or compute) covers what it lacks,
+largest first (``bound``).
 
 A pod's *share* of the GPUs it holds, in milli-GPU (``share_milli``), is per GPU the
 larger of its compute and memory fractions (an exclusive GPU: 1000), as
@@ -10,8 +19,9 @@ larger of its compute and memory fractions (an exclusive GPU: 1000), as
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from itertools import combinations, islice
 
 import numpy as np
 
@@ -22,6 +32,7 @@ from gpupool.core.request import PodRequest, merged_demand
 from gpupool.core.state import BoolArray, ClusterState
 
 MILLI = 1000
+BRANCHES = 64  # target choices tried per node (C(8, 4) = 70 at most on 8 GPUs)
 
 Frees = tuple[int, int, dict[int, tuple[int, int]]]
 """What a pod frees on its node: CPU milli, memory MiB, per GPU position (units, core %)."""
@@ -50,6 +61,15 @@ def _per_gpu(state: ClusterState, alloc: Allocation) -> dict[int, tuple[int, int
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class Branch:
+    """One choice of target GPUs and the fewest victims it needs (``bound``); its pool of
+    pods is ``NodeRoom.pool_of(targets)``."""
+
+    targets: tuple[int, ...]
+    bound: int
+
+
 @dataclass(slots=True)
 class NodeRoom:
     """Node ``row``'s free room with its ``leaving`` pods gone, and what each of its
@@ -67,7 +87,9 @@ class NodeRoom:
     removable: list[Allocation] = field(default_factory=list)
     leaving: set[str] = field(default_factory=set)
     frees: list[Frees] = field(default_factory=list)
-    shares: list[int] = field(default_factory=list)
+    touching: dict[int, list[int]] = field(default_factory=dict)  # GPU -> removable on it
+    capped: bool = False  # more target choices than BRANCHES: some were not tried
+    _shares: list[int] | None = None
 
     @classmethod
     def of(cls, state: ClusterState, request: PodRequest, constraints: Constraints, row: int,
@@ -75,24 +97,32 @@ class NodeRoom:
         """The node's room; None when the request cannot fit even with every removable and
         leaving allocation gone (a GPU model or group it may not use, too small a node)."""
         c, i = constraints, row
-        if not state.model_mask(request.models)[i] or (
+        if (request.models is not None and state.nodes[i].model not in request.models) or (
                 c.node_mask is not None and not c.node_mask[i]):
             return None
         n = len(state.nodes[i].gpus)
         usable = state.present[i, :n] & state.healthy[i, :n]
         if c.gpu_mask is not None:
             usable = usable & c.gpu_mask[i, :n]
-        room = cls(state, request, constraints, i, [bool(v) for v in usable],
-                   [int(v) for v in state.unit_free[i, :n]],
-                   [int(v) for v in state.core_free[i, :n]], int(state.cpu_free[i]),
-                   int(state.mem_free[i]))
+        room = cls(state, request, constraints, i, usable.tolist(),
+                   state.unit_free[i, :n].tolist(), state.core_free[i, :n].tolist(),
+                   int(state.cpu_free[i]), int(state.mem_free[i]))
         room.units, room.core, room.cpu, room.memory = room._with(
             [room._frees(a) for a in leaving])
         room.leaving = {a.key for a in leaving}
         room.removable = list(removable)
         room.frees = [room._frees(a) for a in room.removable]
-        room.shares = [share_milli(state, a) for a in room.removable]
+        for k, (_, _, per_gpu) in enumerate(room.frees):
+            for j in per_gpu:
+                room.touching.setdefault(j, []).append(k)
         return room if room.fits(tuple(range(len(room.removable)))) else None
+
+    @property
+    def shares(self) -> list[int]:
+        """``share_milli`` of each removable allocation (worked out when first asked)."""
+        if self._shares is None:
+            self._shares = [share_milli(self.state, a) for a in self.removable]
+        return self._shares
 
     @property
     def node(self) -> str:
@@ -110,22 +140,71 @@ class NodeRoom:
                 core[j] += p
         return units, core, cpu, memory
 
+    def _lacks(self, j: int, units: int, core: int) -> tuple[int, int]:
+        """(memory units, core %) GPU ``j`` lacks to take the request at these free amounts."""
+        d, i = merged_demand(self.request), self.row
+        if d.exclusive:
+            return (int(self.state.unit_cap[i, j]) - units, int(self.state.core_cap[i, j]) - core)
+        return (max(0, self.state.units_for(d.memory_mib) - units), max(0, d.core_pct - core))
+
     def fits(self, chosen: tuple[int, ...]) -> bool:
         """Whether the request fits once the ``chosen`` removable allocations are gone."""
-        state, request, i = self.state, self.request, self.row
+        request = self.request
         units, core, cpu, memory = self._with(self.frees[k] for k in chosen)
         if cpu < request.cpu_milli or memory < request.memory_mib:
             return False
-        d = merged_demand(request)
-        if d.exclusive:
-            cap_u, cap_c = state.unit_cap[i], state.core_cap[i]
-            ok = sum(1 for j, use in enumerate(self.usable)
-                     if use and units[j] == int(cap_u[j]) and core[j] == int(cap_c[j]))
-        else:
-            want = state.units_for(d.memory_mib)
-            ok = sum(1 for j, use in enumerate(self.usable)
-                     if use and units[j] >= want and core[j] >= d.core_pct)
-        return ok >= d.count
+        ok = sum(1 for j, use in enumerate(self.usable)
+                 if use and self._lacks(j, units[j], core[j]) == (0, 0))
+        return ok >= merged_demand(request).count
+
+    def branches(self) -> Iterator[Branch]:
+        """The target choices, fewest victims needed first (``BRANCHES`` at most)."""
+        d = merged_demand(self.request)
+        lacking = {j: self._lacks(j, self.units[j], self.core[j])
+                   for j, use in enumerate(self.usable) if use}
+        short = d.count - sum(1 for lack in lacking.values() if lack == (0, 0))
+        extra = self._resource_pool()
+        bounds = {j: b for j, lack in lacking.items() if lack != (0, 0)
+                  if (b := self._bound(j, lack)) is not None}
+        order = sorted(bounds, key=lambda j: (bounds[j], j))
+        if short <= 0:
+            yield Branch((), 1 if extra else 0)
+            return
+        picks = list(islice(combinations(order, short), BRANCHES + 1))
+        self.capped = len(picks) > BRANCHES
+        for targets in sorted(picks[:BRANCHES], key=lambda t: (max(bounds[j] for j in t), t)):
+            yield Branch(targets, max(bounds[j] for j in targets))
+
+    def pool_of(self, targets: tuple[int, ...]) -> tuple[int, ...]:
+        """The pods worth choosing for ``targets``: those on them, and those holding CPU or
+        memory the node lacks (indexes of ``removable``, in its order)."""
+        chosen = set(self._resource_pool())
+        for j in targets:
+            chosen.update(self.touching.get(j, ()))
+        return tuple(sorted(chosen))
+
+    def _resource_pool(self) -> tuple[int, ...]:
+        """The pods worth evicting for CPU or memory, when the node lacks them."""
+        r = self.request
+        cpu_short, mem_short = self.cpu < r.cpu_milli, self.memory < r.memory_mib
+        return tuple(k for k, (cpu, mem, _) in enumerate(self.frees)
+                     if (cpu_short and cpu > 0) or (mem_short and mem > 0))
+
+    def _bound(self, j: int, lack: tuple[int, int]) -> int | None:
+        """The fewest pods on GPU ``j`` that could cover ``lack`` (None: all of them
+        cannot): per dimension, the largest first."""
+        mine = [self.frees[k][2][j] for k in self.touching.get(j, ())]
+        need = 0
+        for dim, short in enumerate(lack):
+            got, n = 0, 0
+            for freed in sorted((m[dim] for m in mine), reverse=True):
+                if got >= short:
+                    break
+                got, n = got + freed, n + 1
+            if got < short:
+                return None
+            need = max(need, n)
+        return need
 
     def needed(self) -> int:
         """The request's GPU share here (on its least demanding usable GPUs)."""

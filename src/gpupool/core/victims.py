@@ -30,11 +30,14 @@ Interface::
 Order, best first: fewest victims; then the lowest priorities (the victims' priorities,
 highest first, compared in turn); then the least GPU share freed beyond the need (milli-GPU:
 per GPU the larger of the compute and memory fractions; a Room's need is its request's
-share on that node); then node order; then keys. Sets are tried smallest first, so within
-``limits.trials`` the answer is exact. Past it the answer is the best set seen or the
-greedy set (every eligible pod, then as many spared as still meet the need, highest
-priority first, as kube-scheduler reprieves): minimal, no victim could be spared, but
-perhaps not the smallest; ``Selection.exact`` says which. Pure: no I/O, no clock.
+share on that node); then node order; then keys. Sets are tried smallest first, and what
+cannot beat the best set found is skipped (``room.NodeRoom.branches`` bounds how few
+victims a node needs; nodes whose candidates all have priorities above the best set's are
+never looked at), so within ``limits`` the answer is exact. Past them the answer is the
+best set seen or a greedy set (every eligible pod, then as many spared as still meet the
+need, highest priority first, as kube-scheduler reprieves): minimal, no victim could be
+spared, but perhaps not the smallest; ``Selection.exact`` says which. Pure: no I/O, no
+clock.
 """
 
 from __future__ import annotations
@@ -43,8 +46,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
 
+import numpy as np
+
 from gpupool.core.allocation import Allocation
-from gpupool.core.fit import NO_CONSTRAINTS, Constraints
+from gpupool.core.fit import NO_CONSTRAINTS, Constraints, feasible_rows
 from gpupool.core.quota import Amount, Charge, amount_of_allocation
 from gpupool.core.request import PodRequest
 from gpupool.core.room import NodeRoom, share_milli
@@ -113,11 +118,12 @@ Need = Room | Quota
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """``trials``: victim sets tried per node (per need for ``Quota``); ``nodes``: nodes
-    searched exactly (the most promising by their greedy set), the rest greedily."""
+    """``trials``: victim sets tried (each a fit check of a few microseconds); ``nodes``:
+    nodes whose room is worked out (about half a millisecond each), those with the
+    lowest-priority candidates first. Past either, the answer is not known to be the best."""
 
-    trials: int = 2000
-    nodes: int = 16
+    trials: int = 5000
+    nodes: int = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,55 +286,150 @@ def _select_room(need: Room, pool: list[Candidate], allowed: Mapping[str, int],
         return NoVictims(need.constraints.blocked.message)
     by_node: dict[str, list[Candidate]] = {}
     for c in pool:
-        if state.allocations.get(c.key) == c.allocation:  # only what the state holds
+        held = state.allocations.get(c.key)
+        if held is c.allocation or held == c.allocation:  # only what the state holds
             by_node.setdefault(c.allocation.node, []).append(c)
-    rows = range(len(state.nodes)) if need.rows is None else sorted(set(need.rows))
-    options: list[tuple[NodeRoom, list[Candidate]]] = []
-    for i in rows:
-        here = by_node.get(state.nodes[i].name, [])
-        removable = sorted((c for c in here if not c.leaving),
-                           key=lambda c: (c.priority, -share_milli(state, c.allocation), c.key))
-        room = NodeRoom.of(state, request, need.constraints, i,
+    rows = list(range(len(state.nodes))) if need.rows is None else sorted(set(need.rows))
+    return _RoomSearch(need, by_node, allowed, limits).run(rows)
+
+
+@dataclass(slots=True)
+class _Option:
+    """One node's room and its removable candidates (in the room's order)."""
+
+    room: NodeRoom
+    pool: list[Candidate]
+    allowed: Mapping[str, int]
+    needed: int = -1
+
+    def rank(self, chosen: Chosen) -> Rank:
+        if self.needed < 0:
+            self.needed = self.room.needed()
+        excess = sum(self.room.shares[k] for k in chosen) - self.needed
+        return _rank([self.pool[k] for k in chosen], excess, self.room.row)
+
+    def search(self, trials: int) -> _Search:
+        return _Search(self.pool, self.room.fits, self.allowed, self.rank, trials)
+
+    def selection(self, chosen: Chosen, exact: bool) -> Selection:
+        return Selection(_by_priority(self.pool[k] for k in chosen), self.room.node,
+                         sum(self.room.shares[k] for k in chosen), self.room.needed(), exact)
+
+
+Best = tuple[Rank, _Option, Chosen]
+
+
+@dataclass(slots=True)
+class _RoomSearch:
+    """Nodes in the order of their lowest candidate priority (nodes with leaving pods
+    first: they may need nobody); per node its branches, fewest victims needed first, and
+    smallest sets first within each; whatever cannot beat the best set found (more
+    victims, or lowest possible priorities above its) is skipped unbuilt. ``limits.trials``
+    sets at most, then the best seen or a greedy set."""
+
+    need: Room
+    by_node: dict[str, list[Candidate]]
+    allowed: Mapping[str, int]
+    limits: Limits
+    best: Best | None = None
+    tried: int = 0
+    exact: bool = True
+    options: list[_Option] = field(default_factory=list)
+
+    def run(self, rows: Sequence[int]) -> Selection | NoVictims:
+        state, need = self.need.state, self.need
+        fits_now = feasible_rows(state, need.request, need.constraints,
+                                 np.array(rows, np.int64))[0].tolist()
+        first: list[int] = []  # nodes that may need nobody: room now, or pods leaving
+        order: list[tuple[int, int]] = []
+        for i, now in zip(rows, fits_now, strict=True):
+            here = self.by_node.get(state.nodes[i].name, [])
+            lowest = min((c.priority for c in here if not c.leaving), default=None)
+            if now or lowest is None or any(c.leaving for c in here):
+                first.append(i)
+            else:
+                order.append((lowest, i))
+        built = [opt for i in first if (opt := self._option(i)) is not None]
+        free = [opt for opt in built if opt.room.fits(()) and opt.room.verified(())]
+        if free:  # leaving pods make the room: nobody need go
+            return min(free, key=lambda o: o.rank(())).selection((), True)
+        for opt in built:
+            if not self._branches(opt):
+                return self._cut_short()
+        for lowest, i in sorted(order):
+            if self.best is not None and (1, (lowest,)) > self.best[0][:2]:
+                break  # every node left has only pods of higher priority than the victims
+            if len(self.options) >= self.limits.nodes:
+                self.exact = False
+                break
+            opt = self._option(i)
+            if opt is not None and not self._branches(opt):
+                return self._cut_short()
+        if self.best is None:
+            return NoVictims(self._none_why())
+        return self.best[1].selection(self.best[2], self.exact)
+
+    def _option(self, i: int) -> _Option | None:
+        state, need = self.need.state, self.need
+        here = self.by_node.get(state.nodes[i].name, [])
+        removable = sorted((c for c in here if not c.leaving), key=lambda c: (c.priority, c.key))
+        room = NodeRoom.of(state, need.request, need.constraints, i,
                            [c.allocation for c in removable],
                            [c.allocation for c in here if c.leaving])
-        if room is not None:
-            options.append((room, removable))
-    if not options:
-        return NoVictims(f"no node has room for {request.describe()} even without every "
-                         "pod it may preempt")
-    return _best_node(options, allowed, limits)
+        if room is None:
+            return None
+        opt = _Option(room, removable, self.allowed)
+        self.options.append(opt)
+        return opt
 
+    def _branches(self, opt: _Option) -> bool:
+        """Search the node's branches; False once the trial limit is reached."""
+        search = opt.search(0)
+        for branch in opt.room.branches():
+            if self.best is not None and branch.bound > len(self.best[2]):
+                break  # branches come fewest victims first
+            pool = opt.room.pool_of(branch.targets)
+            priorities = [opt.pool[k].priority for k in pool]  # ascending: the pool's order
+            for size in range(max(branch.bound, 1), len(pool) + 1):
+                if self.best is not None and \
+                        (size, tuple(reversed(priorities[:size]))) > self.best[0][:2]:
+                    break  # no set of this size here can beat it, nor any larger one
+                found = self._sets(opt, search, pool, size)
+                if found is None:
+                    return False
+                if found:
+                    break
+        self.exact = self.exact and not opt.room.capped
+        return True
 
-def _search_on(room: NodeRoom, pool: list[Candidate], allowed: Mapping[str, int],
-               limits: Limits) -> _Search:
-    needed = room.needed()
+    def _sets(self, opt: _Option, search: _Search, pool: tuple[int, ...], size: int
+              ) -> bool | None:
+        """Try every set of ``size`` pods of ``pool``: whether one became the best (None:
+        the trial limit was reached)."""
+        found = False
+        for chosen in combinations(pool, size):
+            self.tried += 1
+            if self.tried > self.limits.trials:
+                return None
+            if search.within(chosen) and opt.room.fits(chosen):
+                rank = opt.rank(chosen)
+                if (self.best is None or rank < self.best[0]) and opt.room.verified(chosen):
+                    self.best, found = (rank, opt, chosen), True
+        return found
 
-    def rank(chosen: Chosen) -> Rank:
-        excess = sum(room.shares[k] for k in chosen) - needed
-        return _rank([pool[k] for k in chosen], excess, room.row)
-    return _Search(pool, room.fits, allowed, rank, limits.trials)
+    def _cut_short(self) -> Selection | NoVictims:
+        """Past the trial limit: the best set seen, else a node's greedy set (both minimal,
+        neither known to be the best)."""
+        if self.best is not None:
+            return self.best[1].selection(self.best[2], False)
+        for opt in self.options:
+            greedy = opt.search(self.limits.trials).greedy()
+            if greedy is not None and opt.room.verified(greedy):
+                return opt.selection(greedy, False)
+        return NoVictims(self._none_why())
 
-
-def _best_node(options: list[tuple[NodeRoom, list[Candidate]]], allowed: Mapping[str, int],
-               limits: Limits) -> Selection | NoVictims:
-    searches = [_search_on(room, pool, allowed, limits) for room, pool in options]
-    ranked = sorted((s.rank(g), n) for n, s in enumerate(searches)
-                    if (g := s.greedy()) is not None)
-    best: tuple[Rank, Selection] | None = None
-    for place, (_, n) in enumerate(ranked):
-        (room, pool), search = options[n], searches[n]
-        largest = None if best is None else len(best[1].victims)
-        greedy = search.greedy()
-        found = search.best(largest) if place < limits.nodes else (
-            (greedy, False) if greedy is not None else None)
-        if found is None or not room.verified(found[0]):
-            continue
-        rank = search.rank(found[0])
-        if best is None or rank < best[0]:
-            chosen, exact = found
-            best = (rank, Selection(_by_priority(pool[k] for k in chosen), room.node,
-                                    sum(room.shares[k] for k in chosen), room.needed(), exact))
-    if best is None:
-        return NoVictims("the disruption budgets of the pods that could make room let too "
-                         "few of them go")
-    return best[1]
+    def _none_why(self) -> str:
+        if not self.options:
+            return (f"no node has room for {self.need.request.describe()} even without "
+                    "every pod it may preempt")
+        return "the disruption budgets of the pods that could make room let too few of them go"
