@@ -30,7 +30,7 @@ from gpupool.core.allocation import Allocation, Slice
 from gpupool.core.model import uniform_node
 from gpupool.core.request import GpuDemand, Mode, PodRequest
 from gpupool.core.state import ClusterState
-from gpupool.core.victims import Candidate, NoVictims, Room, below, select
+from gpupool.core.victims import Candidate, Room, Selection, below, select
 from gpupool.extender.cache import ClusterCache
 from gpupool.extender.metrics import Metrics
 from gpupool.extender.service import Extender, Settings
@@ -71,19 +71,26 @@ def timed(fn: Callable[[], object], repeat: int) -> tuple[float, object]:
 def run(nodes: int, repeat: int) -> None:
     for name, (per_gpu, mib, demand) in CASES.items():
         state, cands = cluster(nodes, per_gpu, mib, 0, name == "none")
-        request = PodRequest("urgent", 1000, 1024, (demand,), tenant="t")
-        cache = ClusterCache()
-        cache.state = state
-        ext = Extender(cache, Settings("best-fit"), Metrics())
-        pod = {"metadata": {"name": "urgent", "namespace": "t", "uid": "urgent"},
-               "spec": {"containers": [{"name": "c", "resources": {"limits": _limits(demand)}}]}}
-        names = [n.name for n in state.nodes]
-        base, _ = timed(lambda: ext.filter({"Pod": pod, "NodeNames": names}), repeat)
-        plan_ms, chosen = timed(lambda: select(Room(state, request), cands, below(1000)), repeat)
-        what = chosen.message[:40] if isinstance(chosen, NoVictims) else \
-            f"{len(chosen.victims)} victims on {chosen.node}, exact={chosen.exact}"  # type: ignore[union-attr]
-        print(f"{nodes:5d} nodes  {name:5s}  filter {base:8.1f} ms  plan {plan_ms:8.1f} ms  "
-              f"plan/filter {plan_ms / base:5.2f}  {what}")
+        measure(name, state, cands, demand, repeat)
+
+
+def measure(name: str, state: ClusterState, cands: list[Candidate], demand: GpuDemand,
+            repeat: int) -> None:
+    request = PodRequest("urgent", 1000, 1024, (demand,), tenant="t")
+    cache = ClusterCache()
+    cache.state = state
+    ext = Extender(cache, Settings("best-fit"), Metrics())
+    pod = {"metadata": {"name": "urgent", "namespace": "t", "uid": "urgent"},
+           "spec": {"containers": [{"name": "c", "resources": {"limits": _limits(demand)}}]}}
+    names = [n.name for n in state.nodes]
+    base, _ = timed(lambda: ext.filter({"Pod": pod, "NodeNames": names}), repeat)
+    plan_ms, chosen = timed(lambda: select(Room(state, request), cands, below(1000)), repeat)
+    if isinstance(chosen, Selection):
+        what = f"{len(chosen.victims)} victims on {chosen.node}, exact={chosen.exact}"
+    else:
+        what = str(getattr(chosen, "message", ""))[:40]
+    print(f"{len(state.nodes):5d} nodes  {name:5s}  filter {base:8.1f} ms  plan {plan_ms:8.1f} "
+          f"ms  plan/filter {plan_ms / base:6.1f}  {what}")
 
 
 def _limits(d: GpuDemand) -> dict[str, str]:
