@@ -4,13 +4,14 @@ the changed entries; the result is the view a full decode of the API's answer gi
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from typing import Any
 
 from gpupool_testing.fake_apiserver import FakeApiServer, merge_patch
 
 from gpupool.contract import names
 from gpupool.core.allocation import Allocation, Slice
-from gpupool.extender.ledger import Entry, Ledgers, View, advanced, view_of
+from gpupool.extender.ledger import HOLD, Entry, Ledgers, View, advanced, view_of
 from gpupool.kube.api import KubeApi
 
 
@@ -68,3 +69,31 @@ def test_commits_on_the_api_server_match_what_a_fresh_read_decodes(
         assert sorted(view.entries) == ["u4", "u5"]
     finally:
         api.close()
+
+
+def test_a_hold_an_older_crd_strips_is_taken_in_as_the_bind_it_became() -> None:
+    before = ledger_obj({"u0": entry("u0", 0)}, "10")
+    hold = replace(entry("p", 1), kind=HOLD, expires="2026-01-01T00:02:00Z", displaces=("u0",))
+    changes = {"p": hold.to_json()}
+    answer = written(before, changes, "11")
+    for field in ("kind", "expires", "displaces"):  # what a schema without them prunes
+        del answer["spec"]["entries"]["p"][field]
+    view = advanced(view_of(before), changes, answer)
+    assert not view.entries["p"].is_hold and view == view_of(answer)
+    kept = advanced(view_of(before), changes, written(before, changes, "11"))
+    assert kept.entries["p"].is_hold and kept.entries["p"].displaces == ("u0",)
+
+
+def test_a_bind_replacing_a_hold_clears_the_hold_fields_through_the_merge_patch() -> None:
+    hold = replace(entry("p", 1), kind=HOLD, expires="2026-01-01T00:02:00Z", displaces=("u0",))
+    with FakeApiServer() as fake:
+        api = KubeApi.connect(server=fake.url)
+        try:
+            ledgers = Ledgers(api)
+            view = ledgers.commit(View("n1"), "p", hold)
+            assert view.entries["p"].is_hold
+            bound = ledgers.commit(view, "p", entry("p", 1))
+            stored = fake.get("gpuledgers", "n1")["spec"]["entries"]["p"]  # type: ignore[index]
+            assert not bound.entries["p"].is_hold and set(stored) == set(entry("p", 1).to_json())
+        finally:
+            api.close()

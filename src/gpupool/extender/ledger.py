@@ -173,9 +173,17 @@ def advanced(view: View, changes: Mapping[str, Any], written: Mapping[str, Any])
                 return view_of(written)
     meta = written.get("metadata") or {}
     raw_entries = (written.get("spec") or {}).get("entries")
-    if not isinstance(raw_entries, Mapping) or raw_entries.keys() != entries.keys():
+    if not isinstance(raw_entries, Mapping) or raw_entries.keys() != entries.keys() or \
+            any(_pruned(raw, raw_entries.get(uid)) for uid, raw in changes.items()):
         return view_of(written)
     return View(view.node, str(meta.get("resourceVersion") or "") or None, entries)
+
+
+def _pruned(sent: Any, stored: Any) -> bool:
+    """Whether the API server dropped fields of an entry it was sent (a CRD schema older
+    than the fields: a hold would have become a bind)."""
+    return isinstance(sent, Mapping) and isinstance(stored, Mapping) and any(
+        v is not None and k not in stored for k, v in sent.items())
 
 
 def gpu_only(alloc: Allocation, node: Node) -> Allocation:

@@ -304,8 +304,9 @@ class Preemptor:
             try:
                 held = [a for a in counted(view, prune) if a.key not in gone]
                 self.fits.check(where, held, plan.hold, self.cache.state.memory_unit_mib)
-                self.cache.ledger_update(self.ledgers.commit(view, plan.uid, entry, prune))
-                return True
+                written = self.ledgers.commit(view, plan.uid, entry, prune)
+                self.cache.ledger_update(written)
+                return self._kept(plan, written)
             except (OverCommit, Conflict):
                 self.metrics.conflicts.inc()
                 self._refresh(plan.node)
@@ -314,6 +315,23 @@ class Preemptor:
                 return False
         self._give_up(plan, "abandoned", f"the GPU ledger of {plan.node} kept changing",
                       event=False)
+        return False
+
+    def _kept(self, plan: Plan, written: View) -> bool:
+        """Whether the API server stored the hold as one: a GPULedger CRD without the
+        ``kind``, ``expires`` and ``displaces`` fields prunes them (apply
+        deploy/crds/gpuledgers.yaml); the entry is then removed and nobody evicted."""
+        stored = written.entries.get(plan.uid)
+        if stored is not None and stored.is_hold:
+            return True
+        log.error("the GPULedger CRD dropped the fields of a hold: apply the gpuledgers CRD "
+                  "of this version (deploy/crds/gpuledgers.yaml); nobody is evicted")
+        try:
+            self.ledgers.prune(written, [plan.uid])
+        except KubeError as exc:  # it goes stale as a bind entry of a pending pod anyway
+            log.warning("removing %s from the GPU ledger of %s: %s", plan.uid, plan.node, exc)
+        self._give_up(plan, "failed", "the GPULedger resource cannot store a hold (its "
+                      "CRD is older than this extender)")
         return False
 
     def _stale(self, plan: Plan) -> str:
