@@ -2,7 +2,6 @@
 
     .venv/bin/python bench/bench_extender.py [--nodes 1000 5000] [--pods 300] [--quick]
         [--order shuffled|sorted] [--no-baseline] [--no-http] [--no-pipelined] [--no-rebuild]
-        [--client-paths]
 
 The fake API server runs in a child process (so neither its CPU nor its memory is
 counted against the extender). For each cluster size (N nodes × 8 GPUs of 80 GiB,
@@ -50,13 +49,6 @@ against 1.5-3.6 ms for the fake before it. It also answers sooner (a write 0.31-
 p50 in isolation, against 0.52-0.66), so bind's waits on the API ("total" minus "own")
 are about 0.45 ms shorter than in figures taken before; a real API server answers after
 etcd commits, in milliseconds, which is why "own" is reported beside "total".
-
-``--client-paths`` runs every measurement (and the rebuild) twice in the same run, once
-with ``KubeApi``'s lean transport on the bind path, the lists and the watches, once with
-every Kubernetes API call through lightkube, and prints the two side by side with ratios
-(lightkube / lean). Each path schedules into a fresh copy of the same cluster (the runs
-fill it: the second would find less room); which path goes first alternates from one
-cluster size to the next; the two rebuilds list the same fake API server.
 
 Targets (issue 3): p99 ≤ 5 ms in-process and ≤ 15 ms over HTTP, ≥ 300 pods/s,
 RSS ≤ 300 MiB and rebuild ≤ 5 s at 5,000 nodes / 50,000 pods.
@@ -578,15 +570,14 @@ def bind_to(call: Call, pod: PodCall, node: str) -> bool:
     return BIND_ANSWER.decode(call("bind", bind_body(pod, node))).Error == ""
 
 
-def warm_up(ext: Extender, api: FakeApi, names: list[str], policy: str, order: str,
-            tag: str = "") -> None:
+def warm_up(ext: Extender, api: FakeApi, names: list[str], policy: str, order: str) -> None:
     """Three pods of every shape: the first pod of a shape fills the policy's and the
     reasons' per-node caches (a one-off cost per shape and layout, reported apart)."""
     clock = ApiClock.__new__(ApiClock)
     clock.spent = 0.0
     rng = random.Random(policy)
     for k, shape in enumerate(SHAPES * 3):
-        pod = api.create_pod(pod_obj(f"warm-{policy}{tag}-{k}", shape))
+        pod = api.create_pod(pod_obj(f"warm-{policy}-{k}", shape))
         sent = rng.sample(names, len(names)) if order == "shuffled" else names
         call = PodCall(pod["metadata"]["name"], pod["metadata"]["uid"],
                        msgspec.json.encode(pod), msgspec.json.encode(sent))
@@ -606,30 +597,20 @@ class Options:
     http: bool
     http_client: str
     pipelined: bool
-    clients: tuple[str, ...] = ("lean",)  # KubeApi's client paths: "lean", "lightkube"
 
 
-def measure(nodes: int, opts: Options, turn: int = 0) -> list[tuple[str, dict[str, float]]]:
-    """Every run on a cluster of ``nodes``; with two client paths, each on a fresh cluster
-    of its own (the runs fill the free room: the second path would find less), the path
-    that goes first alternating with ``turn`` (the machine drifts)."""
+def measure(nodes: int, opts: Options) -> list[tuple[str, dict[str, float]]]:
     busy = int(nodes * GPUS * 0.3 / 0.25)  # about 30 % of the GPU share in use
-    clients = opts.clients if turn % 2 == 0 else opts.clients[::-1]
-    rows = []
-    for client in clients:
-        api = FakeApi(cluster_lines(nodes, busy, 0, opts.seed))
-        try:
-            rows += [(name if len(clients) == 1 else f"{name} [{client}]", r)
-                     for policy in opts.policies
-                     for name, r in measure_policy(api, policy, opts, client == "lean")]
-        finally:
-            api.close()
-    return rows
+    api = FakeApi(cluster_lines(nodes, busy, 0, opts.seed))
+    try:
+        return [row for policy in opts.policies for row in measure_policy(api, policy, opts)]
+    finally:
+        api.close()
 
 
-def measure_policy(api: FakeApi, policy: str, opts: Options, lean: bool = True
+def measure_policy(api: FakeApi, policy: str, opts: Options
                    ) -> list[tuple[str, dict[str, float]]]:
-    kube = KubeApi.connect(server=api.url, lean=lean)
+    kube = KubeApi.connect(server=api.url)
     ext = wired(kube, policy, opts.seed)
     cache = ext.cache
     with long_lived():  # as `gpupool extender` starts
@@ -640,12 +621,10 @@ def measure_policy(api: FakeApi, policy: str, opts: Options, lean: bool = True
     clock.follow(ext)
     names = sorted(cache.state.index)
     rng = random.Random(opts.seed)
-    path = "" if lean else "-lightkube"  # pod names apart when both paths run on one fake
-    warm_up(ext, api, names, policy, opts.order, path)
+    warm_up(ext, api, names, policy, opts.order)
 
     def pods(tag: str, window: int = 0) -> list[PodCall]:
-        return pod_calls(api, names, opts.pods, f"{tag}-{policy}{path}", rng, opts.order,
-                         window)
+        return pod_calls(api, names, opts.pods, f"{tag}-{policy}", rng, opts.order, window)
 
     window = 0
     if policy == DEFAULT_POLICY and len(names) >= 1000:
@@ -692,10 +671,10 @@ def _timed_into(total: list[float], fn: Callable[..., Any]) -> Callable[..., Any
     return wrapper
 
 
-def rebuild_child(url: str, client: str = "lean") -> None:
+def rebuild_child(url: str) -> None:
     """In a fresh process: list everything, rebuild, report time and memory as JSON."""
     start = time.perf_counter()
-    kube = KubeApi.connect(server=url, timeout_s=120, lean=client == "lean")
+    kube = KubeApi.connect(server=url, timeout_s=120)
     cache = wired(kube, DEFAULT_POLICY, 0).cache
     handlers = [0.0]
     for name in ("sync_nodes", "sync_devices", "sync_classes", "sync_groups", "sync_ledgers",
@@ -713,19 +692,15 @@ def rebuild_child(url: str, client: str = "lean") -> None:
     feeds.stop(timeout_s=0.0)
 
 
-def measure_rebuild(nodes: int, pods: int, seed: int, record: str = "ledgers",
-                    clients: tuple[str, ...] = ("lean",)) -> list[dict[str, float]]:
-    """One fresh process's rebuild per client path, one after the other on one fake."""
+def measure_rebuild(nodes: int, pods: int, seed: int, record: str = "ledgers"
+                    ) -> dict[str, float]:
     gpu_pods = pods * 3 // 5
     api = FakeApi(cluster_lines(nodes, gpu_pods, pods - gpu_pods, seed, record))
     try:
-        results = []
-        for client in clients:
-            out = subprocess.run([sys.executable, __file__, "--rebuild-child", api.url,
-                                  client], capture_output=True, text=True, timeout=600,
-                                 check=True)
-            results.append(json.loads(out.stdout.strip().splitlines()[-1]))
-        return results
+        out = subprocess.run([sys.executable, __file__, "--rebuild-child", api.url],
+                             capture_output=True, text=True, timeout=600, check=True)
+        result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
+        return result
     finally:
         api.close()
 
@@ -784,14 +759,11 @@ def main() -> None:
                         "signature verified)")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
-    parser.add_argument("--client-paths", action="store_true",
-                        help="measure with the lean transport and with lightkube alone, in "
-                        "the same run, side by side with ratios")
-    parser.add_argument("--rebuild-child", nargs="+", help=argparse.SUPPRESS)
+    parser.add_argument("--rebuild-child", help=argparse.SUPPRESS)
     parser.add_argument("--http-client-child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rebuild_child:
-        rebuild_child(*args.rebuild_child)
+        rebuild_child(args.rebuild_child)
         return
     if args.http_client_child:
         http_client_child(*args.http_client_child)
@@ -800,65 +772,28 @@ def main() -> None:
         args.nodes, args.pods, args.rebuild_nodes, args.rebuild_pods = [200], 50, 500, 5000
     opts = Options(args.pods, args.seed, args.order,
                    (DEFAULT_POLICY,) if args.no_baseline else (DEFAULT_POLICY, BASELINE),
-                   not args.no_http, args.http_client, not args.no_pipelined,
-                   ("lean", "lightkube") if args.client_paths else ("lean",))
+                   not args.no_http, args.http_client, not args.no_pipelined)
     print(machine_line("before"))
-    for turn, n in enumerate(args.nodes):  # --nodes 0: only the rebuild
+    for n in args.nodes:  # --nodes 0: only the rebuild
         if n > 0:
-            rows = measure(n, opts, turn)
-            report(n, rows, opts)
-            if len(opts.clients) > 1:
-                compare_clients(rows, opts.clients)
+            report(n, measure(n, opts), opts)
     if not args.no_rebuild:
         rebuild(args.rebuild_nodes, args.rebuild_pods, args.seed,
-                ("ledgers", "signatures") if args.rebuild_signed else ("ledgers",),
-                opts.clients)
+                ("ledgers", "signatures") if args.rebuild_signed else ("ledgers",))
     print("\n" + machine_line("after"))
 
 
-def rebuild(nodes: int, pods: int, seed: int, records: tuple[str, ...] = ("ledgers",),
-            clients: tuple[str, ...] = ("lean",)) -> None:
+def rebuild(nodes: int, pods: int, seed: int, records: tuple[str, ...] = ("ledgers",)
+            ) -> None:
     for record in records:
-        results = measure_rebuild(nodes, pods, seed, record, clients)
+        r = measure_rebuild(nodes, pods, seed, record)
         how = "vouched for by their GPULedger entries" if record == "ledgers" else \
             "each signature verified (no ledgers)"
-        for client, r in zip(clients, results, strict=True):
-            path = f" [{client}]" if len(clients) > 1 else ""
-            print(f"\nrebuild from the API{path}: {r['nodes']:.0f} nodes, {r['pods']:.0f} "
-                  f"pods ({r['gpu_allocations']:.0f} with GPU decisions, {how}) in "
-                  f"{r['seconds']:.2f} s (of which the cache's own work "
-                  f"{r['cache_seconds']:.2f} s; the rest is listing from the fake API server "
-                  f"and decoding); peak RSS {r['rss_mib']:.0f} MiB")
-        if len(results) > 1:
-            first, last = results[0], results[-1]
-            print(f"rebuild ratio {clients[-1]} / {clients[0]}: time "
-                  f"{last['seconds'] / first['seconds']:.2f}, listing and decoding "
-                  f"{_listing(last) / max(1e-9, _listing(first)):.2f}, peak RSS "
-                  f"{last['rss_mib'] / first['rss_mib']:.2f}")
-
-
-def _listing(r: dict[str, float]) -> float:
-    return r["seconds"] - r["cache_seconds"]
-
-
-COMPARED = (("p99 total", "total_p99"), ("p99 own", "own_p99"),
-            ("p99 bind own", "bind_own_p99"), ("CPU ms", "cpu_ms"), ("pods/s", "pods_per_s"),
-            ("piped/s", "pipelined"), ("piped CPU ms", "pipelined_cpu_ms"))
-
-
-def compare_clients(rows: list[tuple[str, dict[str, float]]], clients: tuple[str, ...]
-                    ) -> None:
-    """Each run's figures with each client path side by side, and their ratio."""
-    by = dict(rows)
-    first, last = clients[0], clients[-1]
-    print(f"\nclient paths side by side: {first} | {last} | ratio {last} / {first}")
-    for name in dict.fromkeys(n.rsplit(" [", 1)[0] for n, _ in rows):
-        a, b = by.get(f"{name} [{first}]"), by.get(f"{name} [{last}]")
-        if a is None or b is None:
-            continue
-        cells = [f"{title} {a[key]:.2f} | {b[key]:.2f} | {b[key] / a[key]:.2f}"
-                 for title, key in COMPARED if key in a and key in b and a[key]]
-        print(f"  {name}: " + "; ".join(cells))
+        print(f"\nrebuild from the API: {r['nodes']:.0f} nodes, {r['pods']:.0f} pods "
+              f"({r['gpu_allocations']:.0f} with GPU decisions, {how}) in "
+              f"{r['seconds']:.2f} s (of which the cache's own work {r['cache_seconds']:.2f} "
+              "s; the rest is listing from the fake API server and decoding); peak RSS "
+              f"{r['rss_mib']:.0f} MiB")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from gpupool.core.policies import DEFAULT_POLICY
 from gpupool.extender.cache import ClusterCache
 from gpupool.extender.feeds import Feeds, start_feeds
 from gpupool.extender.metrics import Metrics
-from gpupool.extender.preemptor import PreemptionSettings
+from gpupool.extender.plans import PreemptionSettings
 from gpupool.extender.service import Extender, Settings
 from gpupool.extender.signatures import DecisionCheck, DecisionKeys
 from gpupool.kube.api import KubeApi

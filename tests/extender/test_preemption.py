@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from gpupool_testing.fake_apiserver import FakeApiServer
 
-from gpupool.extender.preemptor import PreemptionSettings
+from gpupool.extender.plans import PreemptionSettings
 from gpupool.extender.reconcile import LedgerReconciler
 from tests.go_format import sprintf
 from tests.waiting import wait_for

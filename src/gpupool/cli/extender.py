@@ -39,7 +39,7 @@ from gpupool.extender.connections import ConnectionRules
 from gpupool.extender.feeds import long_lived, start_feeds
 from gpupool.extender.gate import DEFAULT_SCHEDULER
 from gpupool.extender.metrics import Metrics
-from gpupool.extender.preemptor import PreemptionSettings
+from gpupool.extender.plans import PreemptionSettings
 from gpupool.extender.reconcile import LedgerReconciler
 from gpupool.extender.server import ThreadedServer, uvicorn_config
 from gpupool.extender.service import Extender, Settings

@@ -63,8 +63,9 @@ from gpupool.extender.cache import ClusterCache
 from gpupool.extender.gate import DEFAULT_SCHEDULER, bindable_request
 from gpupool.extender.metrics import Metrics
 from gpupool.extender.nodenames import MAX_SCORE, Matched, NameTable
+from gpupool.extender.plans import PreemptionSettings
 from gpupool.extender.podspec import pod_request
-from gpupool.extender.preemptor import PreemptionSettings, Preemptor
+from gpupool.extender.preemptor import Preemptor
 from gpupool.extender.refusals import Refusals, noted
 from gpupool.extender.signatures import DecisionKeys
 from gpupool.extender.workload import BUILTIN_WORKLOAD, observed_workload
