@@ -10,15 +10,15 @@ so its CPU is not counted against the client.
 * **writes**: ``--writes`` Bindings (with the four decision annotations a bind sends)
   and ``--writes`` GPULedger merge patches carrying a resourceVersion precondition (each
   adds an entry and drops an older one, so a ledger keeps about 8 entries), through
-  lightkube (``KubeApi(lean=False)``, the baseline) and through the lean transport
-  (``KubeApi(lean=True)``), in alternating rounds of 50 in the same run; p50 / p99 per
-  write and the ratio lean / lightkube.
+  ``KubeApi`` (lightkube), and, as the baseline, the same requests as bare httpx calls
+  on the same transport (``ApiTransport``): what lightkube adds on top of its own HTTP
+  client. In alternating rounds of 50 in the same run; p50 / p99 per write, the writing
+  thread's CPU, and the ratio KubeApi / bare httpx.
 * **watch**: an extender (cache, informers, ``Extender``) on ``--nodes`` nodes × 8 GPUs
   binds ``--pods`` pods in-process (filter → prioritize → bind). Every bind makes the API
   server send two watch events (the pod MODIFIED, the GPULedger MODIFIED); the CPU time
   of the pod and GPULedger watch threads (per-thread CPU clocks) while binding, divided
-  by the pods bound. Run once with the watches through lightkube and once through the
-  lean transport, each on a fresh cluster.
+  by the pods bound.
 """
 
 from __future__ import annotations
@@ -32,8 +32,11 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import httpx2
 import msgspec
 from bench_extender import FakeApi  # the script's folder is on sys.path
+from lightkube.config.kubeconfig import KubeConfig
+from lightkube.config.models import Cluster, User
 
 from gpupool.contract.annotations import encode
 from gpupool.contract.names import ANNOTATION_SIGNATURE
@@ -45,8 +48,11 @@ from gpupool.extender.feeds import start_feeds
 from gpupool.extender.metrics import Metrics
 from gpupool.extender.service import Extender, Settings
 from gpupool.extender.signatures import DecisionCheck, DecisionKeys
-from gpupool.kube.api import KubeApi
+from gpupool.kube.api import FIELD_MANAGER, KubeApi
+from gpupool.kube.connection import ApiTransport
 from gpupool.security.signing import SigningKeys, claims_of
+
+from machine import line as machine_line
 
 GPUS = 8
 KEYS = SigningKeys().added(0.0)  # the decision keys of the benchmark's extender
@@ -94,10 +100,49 @@ def write_seed(pods: int, ledgers: int) -> Iterator[dict[str, Any]]:
                                                 "spec": {"node": f"l-{k}", "entries": {}}}}
 
 
+class BareHttpx:
+    """The writes a bind makes as bare httpx requests on ``KubeApi``'s own transport (the
+    baseline: the same bytes on the wire, no lightkube)."""
+
+    LEDGERS = "/apis/gpupool.io/v1alpha1/gpuledgers"
+
+    def __init__(self, url: str):
+        config = KubeConfig.from_one(cluster=Cluster(server=url), user=User()).get()
+        self.http = httpx2.Client(base_url=url, timeout=10.0,
+                                  transport=ApiTransport.for_config(config, 10.0, False))
+
+    def bind_pod(self, namespace: str, name: str, uid: str, node: str,
+                 annotations: dict[str, str]) -> None:
+        body = {"apiVersion": "v1", "kind": "Binding", "metadata": {
+            "name": name, "namespace": namespace, "uid": uid, "annotations": annotations},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
+        self._send("POST", f"/api/v1/namespaces/{namespace}/pods/{name}/binding", body)
+
+    def get_ledger(self, node: str) -> dict[str, Any]:
+        return self._send("GET", f"{self.LEDGERS}/{node}")
+
+    def patch_ledger(self, node: str, patch: dict[str, Any], version: str) -> dict[str, Any]:
+        body = {**patch, "metadata": {"resourceVersion": version}}
+        return self._send("PATCH", f"{self.LEDGERS}/{node}", body,
+                          "application/merge-patch+json")
+
+    def _send(self, method: str, path: str, body: Any = None,
+              kind: str = "application/json") -> dict[str, Any]:
+        content = None if body is None else msgspec.json.encode(body)
+        r = self.http.request(method, path, content=content, headers={"Content-Type": kind},
+                              params={"fieldManager": FIELD_MANAGER} if body else None)
+        r.raise_for_status()
+        result: dict[str, Any] = msgspec.json.decode(r.content)
+        return result
+
+    def close(self) -> None:
+        self.http.close()
+
+
 class Writer:
     """One path's writes: Bindings of its own pods, patches of its own ledgers."""
 
-    def __init__(self, api: KubeApi, pods: list[str], ledgers: list[str]):
+    def __init__(self, api: KubeApi | BareHttpx, pods: list[str], ledgers: list[str]):
         self.api, self.pods, self.ledgers = api, iter(pods), ledgers
         self.versions = {name: "" for name in ledgers}
         self.count = 0
@@ -138,14 +183,12 @@ def measure_writes(n: int) -> None:
     api = fake_api(write_seed(2 * per_path + 2 * ROUND, 2 * ledgers))
     try:
         writers = {}
-        for label, lean in (("lightkube", False), ("lean", True)):
-            kube = KubeApi.connect(server=api.url, lean=lean)
-            if lean and kube.lean is None:
-                raise SystemExit("the lean transport is not available for this configuration")
-            offset = 0 if not lean else per_path + ROUND
-            pods = [f"w-{offset + k}" for k in range(per_path + ROUND)]
-            names = [f"l-{k + (ledgers if lean else 0)}" for k in range(ledgers)]
-            writers[label] = Writer(kube, pods, names)
+        for k, label in enumerate(("bare httpx", "KubeApi")):
+            client = BareHttpx(api.url) if k == 0 else KubeApi.connect(server=api.url)
+            offset = k * (per_path + ROUND)
+            pods = [f"w-{offset + j}" for j in range(per_path + ROUND)]
+            names = [f"l-{j + k * ledgers}" for j in range(ledgers)]
+            writers[label] = Writer(client, pods, names)
         for w in writers.values():  # warm-up: connections, decoders (not counted)
             for _ in range(ROUND):
                 w.bind()
@@ -163,7 +206,7 @@ def measure_writes(n: int) -> None:
             w.api.close()
     finally:
         api.close()
-    base, lean_w = writers["lightkube"], writers["lean"]
+    base, kube = writers["bare httpx"], writers["KubeApi"]
     print(f"\nAPI writes to the fake API server (child process), {per_path} of each per path")
     print(f"{'write':34} {'p50 ms':>7} {'p99 ms':>7} {'mean ms':>8} {'client CPU p50 ms':>18}")
     for label, w in writers.items():
@@ -173,10 +216,10 @@ def measure_writes(n: int) -> None:
                   f"{pct(times, 0.99) * 1e3:7.3f} {statistics.fmean(times) * 1e3:8.3f} "
                   f"{pct(w.cpu[attr], 0.5) * 1e3:18.3f}")
     for what, attr in (("Binding", "binds"), ("GPULedger patch", "patches")):
-        b, le = getattr(base, attr), getattr(lean_w, attr)
-        print(f"ratio lean / lightkube, {what}: p50 {pct(le, 0.5) / pct(b, 0.5):.2f}, "
-              f"p99 {pct(le, 0.99) / pct(b, 0.99):.2f}, client CPU p50 "
-              f"{pct(lean_w.cpu[attr], 0.5) / pct(base.cpu[attr], 0.5):.2f}")
+        b, k = getattr(base, attr), getattr(kube, attr)
+        print(f"ratio KubeApi / bare httpx, {what}: p50 {pct(k, 0.5) / pct(b, 0.5):.2f}, "
+              f"p99 {pct(k, 0.99) / pct(b, 0.99):.2f}, client CPU p50 "
+              f"{pct(kube.cpu[attr], 0.5) / pct(base.cpu[attr], 0.5):.2f}")
 
 
 # -- watch side -------------------------------------------------------------------------------
@@ -239,11 +282,9 @@ def schedule(ext: Extender, pod: dict[str, Any], names: list[str]) -> bool:
     return bool(answer["Error"] == "")
 
 
-def measure_watch(nodes: int, pods: int, seed: int, lean: bool | None) -> dict[str, float]:
-    """``lean`` None: the client ``KubeApi.connect`` builds by default."""
+def measure_watch(nodes: int, pods: int, seed: int) -> dict[str, float]:
     api = fake_api(cluster_seed(nodes, seed))
-    kube = KubeApi.connect(server=api.url, lean=lean) if lean is not None else \
-        KubeApi.connect(server=api.url)
+    kube = KubeApi.connect(server=api.url)
     keys = DecisionKeys(lambda: KEYS, time.time, keys=KEYS)
     cache = ClusterCache(decisions=DecisionCheck(keys))
     feeds = start_feeds(kube, cache, watch_timeout_s=300)
@@ -280,9 +321,6 @@ def report_watch(rows: list[tuple[str, dict[str, float]]]) -> None:
     for label, r in rows:
         pods, ledgers = r["informer-pods"], r["informer-gpuledgers"]
         print(f"{label:18} {pods:8.1f} {ledgers:8.1f} {pods + ledgers:8.1f} {r['bound']:6.0f}")
-    if len(rows) == 2:
-        a, b = (r["informer-pods"] + r["informer-gpuledgers"] for _, r in rows)
-        print(f"ratio {rows[1][0]} / {rows[0][0]}: {b / a:.2f}")
 
 
 def pct(values: list[float], q: float) -> float:
@@ -298,17 +336,13 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=500)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--part", choices=("writes", "watch", "all"), default="all")
-    parser.add_argument("--default-client", action="store_true",
-                        help="watch part only, with KubeApi.connect's default client (to "
-                        "measure a tree whose KubeApi has no lean flag)")
     args = parser.parse_args()
-    if args.part in ("writes", "all") and not args.default_client:
+    print(machine_line("before"))
+    if args.part in ("writes", "all"):
         measure_writes(args.writes)
-    if args.default_client:
-        report_watch([("default client", measure_watch(args.nodes, args.pods, args.seed, None))])
-    elif args.part in ("watch", "all"):
-        report_watch([(label, measure_watch(args.nodes, args.pods, args.seed, lean))
-                      for label, lean in (("lightkube", False), ("lean transport", True))])
+    if args.part in ("watch", "all"):
+        report_watch([("KubeApi", measure_watch(args.nodes, args.pods, args.seed))])
+    print(machine_line("after"))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""A scripted HTTP/1.1 server on loopback, for what the fake API server cannot do: drop a
-kept-alive connection, answer 401 or a non-JSON error, send a broken watch stream.
+"""A scripted HTTP/1.1 server on loopback, for what the fake API server cannot do: answer a
+non-JSON error or a Status without its Content-Type, send a broken watch stream, go quiet
+in the middle of a watch, stand in for a proxy.
 
 Each request is answered by ``handler(request) -> Answer``; the server records every
 request (method, path, headers) and how many connections it accepted.

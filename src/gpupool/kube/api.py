@@ -1,23 +1,32 @@
 """``KubeApi``: every Kubernetes API call gpupool makes, through the lightkube client.
 
-This is the only module that talks to the Kubernetes API. Core kinds come back
-as lightkube's typed models (``Pod``, ``Node``); the gpupool custom resources
-(``GPUDevice``, ``ResourceClass``, ``ResourceGroup``, ``GPULedger``) come back as
-plain dicts (lightkube generic resources, which subclass ``dict``). Failures
-raise the ``gpupool.kube.errors`` tree (``Conflict`` for a failed
-resourceVersion precondition), never lightkube or httpx exceptions.
+This is the only module that talks to the Kubernetes API, and every call goes
+through one maintained client: the lists, the watches, the writes, and the
+Binding and GPULedger compare-and-swap on the extender's bind path are all made
+by one lightkube client per ``KubeApi`` (httpx underneath, one pool of kept-alive
+connections), on the transport ``gpupool.kube.connection.ApiTransport`` (httpx's
+own, plus TCP keep-alive, bounded watch reads and a ``close`` that ends them).
+lightkube reads the configuration and sets up TLS and the credentials: a token,
+the in-cluster service account's token file (read again after a 401, when the
+kubelet has rotated it), an exec plugin, a client certificate, basic auth.
 
-Watches yield ``(event_type, object)`` and end when the server ends the
-stream (``timeout_s``); ``gpupool.kube.informer`` turns list + watch into a
-resilient feed. A ``KubeApi`` is not shared between threads that watch: use
-``fork()`` to get a second connection with the same configuration.
+Core kinds come back as lightkube's typed models (``Pod``, ``Node``); the gpupool
+custom resources (``GPUDevice``, ``ResourceClass``, ``ResourceGroup``,
+``GPULedger``) come back as plain dicts (lightkube generic resources, which
+subclass ``dict``). Failures raise the ``gpupool.kube.errors`` tree (``Conflict``
+for a failed resourceVersion precondition; ``code`` 0 when nothing answered),
+never lightkube or httpx exceptions; the exception is a credential plugin or TLS
+file that cannot be used at all, which raises ``OSError`` / ``ValueError`` as
+lightkube does (``gpupool.cli`` names the configuration in its message).
 
-The calls on the bind path (the Binding, the GPULedger get / create / patch),
-the lists and the watches go through ``gpupool.kube.transport.LeanTransport``
-(stdlib, kept-alive connections, msgspec; the calls' shapes are in ``kube.lean``)
-when it can serve the configuration faithfully, and through lightkube otherwise;
-the rule is in the transport's docstring. Both decode into the same models and
-raise the same errors.
+Watches yield ``(event_type, object)`` until the caller stops reading, the
+``KubeApi`` is closed (the watch then fails with ``KubeError``) or the watch
+fails: each request asks the server to end it after ``timeout_s``, lightkube then
+asks again from the last resourceVersion seen, and a watch the server stops
+answering fails ``timeout_s`` plus a margin after its last byte (``connection``).
+``gpupool.kube.informer`` turns list + watch into a resilient feed. Calls may
+come from many threads; a thread that watches takes a ``fork()``, so that
+closing it ends only its own watch.
 """
 
 from __future__ import annotations
@@ -25,11 +34,12 @@ from __future__ import annotations
 import base64
 import contextlib
 import logging
+import ssl
 import threading
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, TypeVar
-from urllib.parse import quote
+from typing import Any, Generic, TypeVar
 
 import httpx2
 import lightkube
@@ -37,7 +47,7 @@ import msgspec
 from lightkube.config.kubeconfig import KubeConfig
 from lightkube.config.models import Cluster, User
 from lightkube.core.decoders import decode_list, decode_object
-from lightkube.core.exceptions import ConfigError
+from lightkube.core.exceptions import ConfigError, NotReadyError
 from lightkube.generic_resource import create_global_resource, create_namespaced_resource
 from lightkube.models.core_v1 import EventSource, ObjectReference
 from lightkube.models.meta_v1 import ObjectMeta
@@ -45,16 +55,21 @@ from lightkube.resources.core_v1 import ConfigMap, Event, Node, Pod, Secret
 from lightkube.types import PatchType
 
 from gpupool.contract import names
-from gpupool.kube import lean
-from gpupool.kube.connection import WATCH_MARGIN_S, ApiTransport, proxy_for
+from gpupool.kube.connection import WATCH_MARGIN_S, ApiTransport, tls_context
 from gpupool.kube.errors import KubeError, from_status
-from gpupool.kube.lean import Listing as Listing  # re-exported: callers list through KubeApi
 from gpupool.kube.summaries import PodSummary
-from gpupool.kube.transport import MERGE_PATCH, LeanTransport, unsupported
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 KubeObject = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Listing(Generic[T]):
+    """The objects of a list call and the resourceVersion to watch from."""
+
+    items: list[T]
+    resource_version: str
 
 _V = names.API_VERSION.split("/")[1]
 GPUDevice = create_global_resource(names.GROUP, _V, "GPUDevice", "gpudevices")
@@ -143,127 +158,78 @@ def warm_decoders() -> None:
 
 
 class KubeApi:
-    """Typed calls on one lightkube client (one HTTP connection pool), the hot ones on a
-    ``LeanTransport`` (``lean``; None when lightkube serves every call)."""
+    """Typed calls on one lightkube client (``client``: one pool of HTTP connections)."""
 
     def __init__(self, config: KubeConfig, timeout_s: float = 10.0, trust_env: bool = True,
-                 lean: bool = True, watch_margin_s: float = WATCH_MARGIN_S):
+                 *, watch_margin_s: float = WATCH_MARGIN_S):
+        """``timeout_s``: connect, write and read timeout of every request (a watch's reads:
+        its ``timeout_s`` plus ``watch_margin_s``, at least this); ``trust_env``: honour
+        ``SSL_CERT_FILE`` and the proxy variables. A configuration lightkube refuses (an
+        auth-provider, no current context) raises ``KubeError`` here, at the start."""
+        self._open(config, timeout_s, trust_env, watch_margin_s, None)
+
+    def _open(self, config: KubeConfig, timeout_s: float, trust_env: bool,
+              watch_margin_s: float, tls: ssl.SSLContext | None) -> None:
         warm_decoders()
-        self._config = config
+        self._config, self._timeout_s, self._trust_env = config, timeout_s, trust_env
         self._watch_margin_s = watch_margin_s
-        self._timeout_s = timeout_s
-        self._trust_env = trust_env
-        self._want_lean = lean
-        self._client: lightkube.Client | None = None
-        self._client_lock = threading.Lock()
-        self._closed = False
-        self.lean: LeanTransport | None = self._lean_transport() if lean else None
-        if self.lean is None:  # lightkube serves every call: a configuration it refuses
-            with _translated("connect to the Kubernetes API"):  # fails here, at the start
-                _ = self.client
-
-    @property
-    def client(self) -> lightkube.Client:
-        """lightkube's client, made on first use: with ``lean`` most processes never need
-        it, and making one costs about 25 ms (httpx reads a CA bundle for it even for an
-        ``http://`` server), once per watch thread. Made after ``close``, it is closed at
-        once, so that the call fails as it would on a client closed under it."""
-        client = self._client
-        if client is None:
-            with self._client_lock:
-                client = self._client
-                if client is None:
-                    client = lightkube.Client(self._config,
-                                              timeout=httpx2.Timeout(self._timeout_s),
-                                              field_manager=FIELD_MANAGER,
-                                              trust_env=self._trust_env,
-                                              transport=self._transport())
-                    if self._closed:
-                        client.close()
-                    self._client = client
-        return client
-
-    @client.setter
-    def client(self, value: lightkube.Client) -> None:  # tests put a stand-in here
-        self._client = value
-
-    def _transport(self) -> ApiTransport:
-        with _translated("load the Kubernetes configuration"):
-            single = self._config.get()
+        with _translated("connect to the Kubernetes API"):
+            single = config.get()
             if single is None:
-                raise ConfigError("no current context")
-            return ApiTransport.for_config(single, self._timeout_s, self._trust_env,
-                                           self._watch_margin_s)
-
-    def _lean_transport(self) -> LeanTransport | None:
-        with _translated("load the Kubernetes configuration"):
-            single = self._config.get()
-        if single is None:
-            return None
-        why = unsupported(single)
-        if not why and self._trust_env and proxy_for(single.cluster.server):
-            why = "a proxy from the environment"
-        if why:
-            log.info("every Kubernetes API call goes through lightkube (%s)", why)
-            return None
-        with _translated("set up TLS for the Kubernetes API"):
-            return LeanTransport.for_config(single, self._timeout_s, self._trust_env)
+                raise ConfigError("the configuration names no current context")
+            self._tls = tls or tls_context(single, trust_env)
+            transport = ApiTransport.for_config(single, timeout_s, trust_env, watch_margin_s,
+                                                self._tls)
+            self.client = lightkube.Client(single, timeout=httpx2.Timeout(timeout_s),
+                                           field_manager=FIELD_MANAGER, trust_env=trust_env,
+                                           transport=transport)
 
     @classmethod
     def connect(cls, kubeconfig: str | None = None, server: str | None = None,
-                timeout_s: float = 10.0, lean: bool = True) -> KubeApi:
-        """From a kubeconfig file, a bare server URL (tests), or the in-cluster account;
-        ``lean=False``: every call through lightkube (the benchmark's baseline)."""
+                timeout_s: float = 10.0) -> KubeApi:
+        """From a kubeconfig file, a bare server URL (tests), or the in-cluster account."""
         if server:
             # from_one with an empty user: lightkube's from_server leaves the user unset
             config = KubeConfig.from_one(cluster=Cluster(server=server), user=User())
-            return cls(config, timeout_s, trust_env=False, lean=lean)
+            return cls(config, timeout_s, trust_env=False)
         with _translated("load the Kubernetes configuration"):
             config = (KubeConfig.from_file(kubeconfig) if kubeconfig
                       else KubeConfig.from_service_account())
-        return cls(config, timeout_s, lean=lean)
+        return cls(config, timeout_s)
 
     def fork(self) -> KubeApi:
-        """A new connection with the same configuration (for a watch thread)."""
-        return KubeApi(self._config, self._timeout_s, self._trust_env, self._want_lean,
-                       self._watch_margin_s)
+        """A new connection pool with the same configuration and TLS context, of the same
+        class (for a watch thread: closing it ends only its own calls)."""
+        api = type(self).__new__(type(self))
+        api._open(self._config, self._timeout_s, self._trust_env, self._watch_margin_s,
+                  self._tls)
+        return api
 
     def close(self) -> None:
-        """Close the connections; a watch blocked on one ends with a ``KubeError``."""
-        self._closed = True
-        if self.lean is not None:
-            self.lean.close()
-        with self._client_lock:
-            client = self._client
-        if client is not None:
-            with contextlib.suppress(Exception):
-                client.close()
+        """Close the connections; a watch blocked on one ends with a ``KubeError``, and
+        calls after this raise ``KubeError``."""
+        with contextlib.suppress(Exception):
+            self.client.close()
 
     # -- generic helpers -------------------------------------------------------------------
     def _list(self, res: Any, what: str, *, labels: Mapping[str, Any] | None = None,
               fields: Mapping[str, Any] | None = None, namespace: str | None = None
               ) -> Listing[Any]:
-        if self.lean is not None and namespace is None:
-            return lean.list_objects(self.lean, res, f"list {what}", labels, fields)
+        """Every object (page after page while the server hands out continue tokens)."""
         with _translated(f"list {what}"):
             kwargs: dict[str, Any] = {"labels": labels, "fields": fields}
             if res in (Pod, PodSummary):
                 kwargs["namespace"] = namespace or lightkube.ALL_NS
             it = self.client.list(res, **kwargs)
             items = list(it)
-            return Listing(items, it._resourceVersion or "")
+        version = ""
+        with contextlib.suppress(NotReadyError):  # a list answer without a resourceVersion
+            version = it.resourceVersion
+        return Listing(items, version)
 
     def _watch(self, res: Any, what: str, resource_version: str, timeout_s: int | None, *,
                labels: Mapping[str, Any] | None = None, fields: Mapping[str, Any] | None = None
                ) -> Iterator[tuple[str, Any]]:
-        if self.lean is not None:
-            return lean.watch_objects(self.lean, res, f"watch {what}", resource_version,
-                                      timeout_s, labels, fields)
-        return self._lightkube_watch(res, what, resource_version, timeout_s, labels, fields)
-
-    def _lightkube_watch(self, res: Any, what: str, resource_version: str,
-                         timeout_s: int | None, labels: Mapping[str, Any] | None,
-                         fields: Mapping[str, Any] | None) -> Iterator[tuple[str, Any]]:
         kwargs: dict[str, Any] = {"labels": labels, "fields": fields,
                                   "resource_version": resource_version or None,
                                   "server_timeout": timeout_s}
@@ -320,18 +286,6 @@ class KubeApi:
         """Create the pod's Binding; the API server copies ``annotations`` onto the pod in
         the same write. ``Conflict`` if the pod is already bound or is another pod."""
         what = f"bind pod {namespace}/{name} to {node}"
-        if self.lean is not None:
-            meta: dict[str, Any] = {"name": name, "namespace": namespace}
-            if uid:
-                meta["uid"] = uid
-            if annotations:
-                meta["annotations"] = dict(annotations)
-            body = {"apiVersion": "v1", "kind": "Binding", "metadata": meta,
-                    "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
-            path = f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}"
-            self.lean.request("POST", f"{path}/binding?fieldManager={FIELD_MANAGER}", what,
-                              _ENCODE(body))
-            return
         binding = Pod.Binding(
             metadata=ObjectMeta(name=name, namespace=namespace, uid=uid or None,
                                 annotations=dict(annotations) if annotations else None),
@@ -408,17 +362,10 @@ class KubeApi:
         return self._watch(GPULedger, "GPULedgers", resource_version, timeout_s)
 
     def get_ledger(self, node: str) -> KubeObject:
-        if self.lean is not None:
-            return lean.object_call(self.lean, "GET", f"{_LEDGERS}/{quote(node, safe='')}",
-                                     f"get GPULedger {node}")
         with _translated(f"get GPULedger {node}"):
             return dict(self.client.get(GPULedger, node))
 
     def create_ledger(self, obj: Mapping[str, Any]) -> KubeObject:
-        if self.lean is not None:
-            body = {"apiVersion": names.API_VERSION, "kind": "GPULedger", **obj}
-            return lean.object_call(self.lean, "POST", f"{_LEDGERS}?fieldManager={FIELD_MANAGER}",
-                                     f"create GPULedger {_name(obj)}", _ENCODE(body))
         with _translated(f"create GPULedger {_name(obj)}"):
             return dict(self.client.create(GPULedger.from_dict(dict(obj))))
 
@@ -430,10 +377,6 @@ class KubeApi:
             meta = dict(body.get("metadata") or {})
             meta["resourceVersion"] = resource_version
             body["metadata"] = meta
-        if self.lean is not None:
-            return lean.object_call(self.lean,
-                "PATCH", f"{_LEDGERS}/{quote(node, safe='')}?fieldManager={FIELD_MANAGER}",
-                f"update GPULedger {node}", _ENCODE(body), MERGE_PATCH)
         with _translated(f"update GPULedger {node}"):
             return dict(self.client.patch(GPULedger, node, body, patch_type=PatchType.MERGE))
 
@@ -537,12 +480,6 @@ class KubeApi:
         with (_translated(f"evict pod {namespace}/{name}"),
               contextlib.suppress(msgspec.ValidationError)):
             self.client.create(eviction, name=name, namespace=namespace)
-
-
-_ENCODE = msgspec.json.Encoder().encode
-
-
-_LEDGERS = lean.path_of(GPULedger)
 
 
 def _name(obj: Mapping[str, Any]) -> str:

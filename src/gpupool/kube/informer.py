@@ -2,10 +2,11 @@
 
 The informer lists, hands the whole list to ``on_sync`` (the handler replaces
 what it knew of that kind), then watches from the list's resourceVersion and
-hands each event to ``on_event``. When the watch ends it resumes from the last
-resourceVersion it saw; on 410 Gone or any error it lists again (after a
-back-off for errors). ``stop()`` closes the informer's own connection, which
-ends a watch that is waiting for events.
+hands each event to ``on_event``. The watch goes on from the last resourceVersion
+seen each time the server ends a watch request (``watch_timeout_s``); on 410 Gone
+or any error — a watch the server stopped answering among them — it lists again
+(after a back-off for errors). ``stop()`` closes the informer's own connection,
+which ends a watch that is waiting for events at once.
 
 Handlers run on the informer's thread; they take their own lock.
 """
@@ -65,8 +66,8 @@ class Informer(Generic[T]):
         return self
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        """Stop and wait up to ``timeout_s`` for the thread (a watch blocked on a quiet
-        stream ends when the server closes it, at the latest after ``watch_timeout_s``)."""
+        """Stop and wait up to ``timeout_s`` for the thread (closing the connection ends a
+        watch blocked on a quiet stream; a handler still running is waited for)."""
         self.signal_stop()
         self._thread.join(timeout=timeout_s)
 
