@@ -25,7 +25,8 @@ Interface::
 * ``budgets``: how many more pods each PodDisruptionBudget lets go (name -> count). A set
   that takes more pods of a budget than it allows is never chosen (the Eviction API would
   refuse the rest); a candidate naming a budget the mapping lacks is not eligible.
-* ``limits``: how many victim sets may be tried (``Limits``).
+* ``limits``: how many victim sets may be tried and how many nodes' room worked out
+  (``Limits``), which bounds the time a call takes.
 
 Order, best first: fewest victims; then the lowest priorities (the victims' priorities,
 highest first, compared in turn); then the least GPU share freed beyond the need (milli-GPU:
