@@ -50,7 +50,7 @@ p50 in isolation, against 0.52-0.66), so bind's waits on the API ("total" minus 
 are about 0.45 ms shorter than in figures taken before; a real API server answers after
 etcd commits, in milliseconds, which is why "own" is reported beside "total".
 
-Targets (issue 3): p99 ≤ 5 ms in-process and ≤ 15 ms over HTTP, ≥ 300 pods/s,
+Targets (the extender's): p99 ≤ 5 ms in-process and ≤ 15 ms over HTTP, ≥ 300 pods/s,
 RSS ≤ 300 MiB and rebuild ≤ 5 s at 5,000 nodes / 50,000 pods.
 """
 

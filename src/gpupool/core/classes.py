@@ -1,4 +1,4 @@
-"""Resource classes (seed 004): named label selectors over GPUs, and their GPU masks.
+"""Resource classes: named label selectors over GPUs, and their GPU masks.
 
 A ``ResourceClass`` selects GPUs by their labels (``Gpu.label_map()``: the
 published labels plus the built-in ``gpupool.io/model``, ``gpupool.io/memory``

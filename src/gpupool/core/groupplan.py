@@ -1,4 +1,4 @@
-"""Building tenant resource groups automatically (seed 001): from each tenant's
+"""Building tenant resource groups automatically: from each tenant's
 estimated demand (``DemandEstimate``: GPUs, optionally of one model) and the cluster's
 healthy GPUs, ``build_groups`` carves one group per tenant and model, taking whole
 nodes first, and reports the GPUs it could not find (``GroupPlan.unmet``). The groups
@@ -51,7 +51,7 @@ def build_groups(
     permitted: Mapping[str, frozenset[str]] | None = None,
     shared: bool = True,
 ) -> GroupPlan:
-    """Group GPUs by model and estimated demand (seed 001's automatic mode).
+    """Group GPUs by model and estimated demand (the automatic mode).
 
     Largest estimates first (then by tenant). Each tenant gets a group of whole
     GPUs of its model, taken best fit: the node whose free GPUs cover the rest of

@@ -1,4 +1,4 @@
-"""Tenant resource groups (seed 001): sets of nodes and GPUs bound to tenants.
+"""Tenant resource groups: sets of nodes and GPUs bound to tenants.
 
 A ``ResourceGroup`` holds whole nodes (every GPU on them) and/or single GPUs by
 uuid, so a group can take part of a machine and two groups may share GPUs. It

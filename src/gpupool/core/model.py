@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 from gpupool.core.errors import InvalidInput
 
 CORE_UNITS_PER_GPU = 100
-"""Compute of one GPU in units of 1 % (seed 003)."""
+"""Compute of one GPU in units of 1 %."""
 
 DEFAULT_MEMORY_UNIT_MIB = 256
-"""GPU memory is accounted in units of this many MiB unless configured (seed 003)."""
+"""GPU memory is accounted in units of this many MiB unless configured."""
 
 Labels = tuple[tuple[str, str], ...]
 

@@ -1,7 +1,7 @@
-"""Quota arithmetic (seeds 001 and 004): limits, what is charged, what remains.
+"""Quota arithmetic (tenant groups and resource classes): limits, what is charged, what remains.
 
-Three scopes carry limits: a tenant (seed 001's per-tenant upper limit), a
-(tenant, class) pair (seed 004's per-namespace quota per resource class) and a
+Three scopes carry limits: a tenant (a tenant's upper limit), a
+(tenant, class) pair (per-namespace quota per resource class) and a
 resource group. Each limit has three dimensions, each optional (None =
 unlimited):
 

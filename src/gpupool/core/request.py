@@ -20,7 +20,7 @@ class Mode(Enum):
 
 
 class Affinity(Enum):
-    """Where a pod's containers go among the chosen node's GPUs (seed 000)."""
+    """Where a pod's containers go among the chosen node's GPUs."""
 
     LEAST_LOADED = "least-loaded"
     POD = "pod"
@@ -125,7 +125,7 @@ class PodRequest:
 def merged_demand(request: PodRequest) -> GpuDemand:
     """One demand standing for all the pod's GPU containers.
 
-    A single container is its own demand. With pod affinity (seed 000) all
+    A single container is its own demand. With pod affinity all
     containers share the same GPUs: the merged demand asks the largest count
     with the summed per-GPU slice. Otherwise each container gets GPUs of its
     own: the merged demand asks the summed count with the largest slice, and

@@ -1,7 +1,7 @@
 """Label selectors over GPU labels: matchLabels and matchExpressions.
 
 Operators: In, NotIn, Exists, DoesNotExist, Gt, Lt. ``Gt``/``Lt`` compare
-Kubernetes quantities exactly (``memory Gt 10Gi``), as seed 004 asks.
+Kubernetes quantities exactly (``memory Gt 10Gi``).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ One Allocate (one container, ``n`` logical device IDs):
    (``gpupool.io/allocation``) only if ``verify.DecisionGate`` accepts it (signed by
    gpupool's scheduler for this pod and node, on a pod that asks a GPU); without a
    decision, refuse — or, with ``decide_unscheduled`` (clusters without the
-   extender), decide as seed 000 does: the least-loaded GPUs (the core's
+   extender), decide itself: the least-loaded GPUs (the core's
    ``pick_gpus`` with ``GpuOrder.LOOSEST``; pod affinity keeps the pod's containers
    on the same GPUs), recorded first (compare-and-swap);
 4. re-check the decision against the node: GPUs present at the recorded

@@ -1,4 +1,4 @@
-"""Logical devices: what kubelet sees of the node's GPUs (seed 000).
+"""Logical devices: what kubelet sees of the node's GPUs.
 
 Every physical GPU is split into a fixed number of logical devices (from its
 memory, or a configured split). Kubelet counts and picks logical devices; the
