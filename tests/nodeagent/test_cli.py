@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import yaml
+
 from gpupool_testing.fake_apiserver import FakeApiServer
 
 from gpupool.cli.main import main
@@ -61,3 +63,20 @@ def test_the_daemonset_passes_flags_the_command_accepts() -> None:
     assert args.kubelet_dir == Path("/var/lib/kubelet")
     mounts = {m["mountPath"] for m in container["volumeMounts"]}
     assert {"/var/lib/kubelet/device-plugins", "/var/lib/kubelet/pod-resources"} <= mounts
+
+
+def test_the_shipped_node_agent_runs_as_root_to_reach_kubelets_socket_folders() -> None:
+    """The image's default user is 65532; kubelet's device-plugins, plugins_registry and
+    plugins folders are root's, so the agent's container must run as uid 0 (with no
+    capabilities and no privilege escalation: owning the folders is enough)."""
+    root = Path(__file__).resolve().parents[2]
+    assert "USER 65532" in (root / "deploy" / "Dockerfile").read_text()
+    docs = yaml.safe_load_all((root / "deploy" / "node-agent" / "daemonset.yaml").read_text())
+    ds = next(d for d in docs if d and d.get("kind") == "DaemonSet")
+    (agent,) = [c for c in ds["spec"]["template"]["spec"]["containers"]]
+    ctx = agent["securityContext"]
+    assert ctx["runAsUser"] == 0 and ctx["runAsNonRoot"] is False
+    assert ctx["allowPrivilegeEscalation"] is False and ctx["capabilities"]["drop"] == ["ALL"]
+    mounts = {m["mountPath"] for m in agent["volumeMounts"]}
+    assert {"/var/lib/kubelet/device-plugins", "/var/lib/kubelet/plugins_registry",
+            "/var/lib/kubelet/plugins"} <= mounts
