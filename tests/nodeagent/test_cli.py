@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import yaml
-
 from gpupool_testing.fake_apiserver import FakeApiServer
 
 from gpupool.cli.main import main
