@@ -263,16 +263,11 @@ def _hold_decision(live: LiveCluster, pod: Any, f: PodFacts) -> None:
 
 
 def _in_ledger(live: LiveCluster, f: PodFacts, alloc: Allocation,
-                notes: Mapping[str, str]) -> bool:
-    """Whether the decision is the very entry the extender wrote for this pod in its
-    node's GPULedger (an object only the extender may write): the extender counts such a
-    decision as if signed (decisions bound before signing existed)."""
-    view = live.ledgers.get(alloc.node)
-    entry = view.entries.get(f.uid) if view is not None else None
-    return entry is not None and entry.allocation == alloc and \
-        entry.pod == f"{f.namespace}/{f.name}" and \
-        entry.bind_time == notes.get(names.ANNOTATION_BIND_TIME) and \
-        (entry.group or "") == (notes.get(names.ANNOTATION_RESOURCE_GROUP) or "")
+               notes: Mapping[str, str]) -> bool:
+    """The extender's rule (``ledger.vouches``): decisions bound before signing existed
+    count when they are the very entry the extender wrote for the pod."""
+    return ledger.vouches(live.ledgers.get(alloc.node), f.uid, f.namespace, f.name, notes,
+                          alloc)
 
 
 def _try_reserve(state: ClusterState, alloc: Allocation) -> str:

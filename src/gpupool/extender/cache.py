@@ -36,7 +36,6 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from gpupool.contract import names
 from gpupool.contract.devices import DeviceRecord, read_device
 from gpupool.core.allocation import Allocation
 from gpupool.core.eligibility import Catalogue
@@ -122,12 +121,8 @@ class ClusterCache(Commitments):
         """Whether a pod's recorded decision may hold GPUs (``pods.DecisionFilter``): it
         must be vouched for by its signature, or be the very entry the extender wrote for
         this pod in the node's GPULedger (read without the lock: views are immutable)."""
-        view = self.ledgers.get(decision.node)
-        entry = view.entries.get(uid) if view is not None else None
-        vouched = entry is not None and not entry.is_hold and entry.allocation == decision and \
-            entry.pod == f"{namespace}/{name}" and \
-            entry.bind_time == notes.get(names.ANNOTATION_BIND_TIME) and \
-            (entry.group or "") == (notes.get(names.ANNOTATION_RESOURCE_GROUP) or "")
+        vouched = ledger.vouches(self.ledgers.get(decision.node), uid, namespace, name,
+                                 notes, decision)
         return self.decisions.counts(uid, namespace, name, notes, asks_gpu, vouched)
 
     def _forget_pod(self, uid: str) -> None:

@@ -126,6 +126,18 @@ def counted(view: View, prune: Iterable[str] = (), replacing: str | None = None
             if u not in dropped and u not in displaced]
 
 
+def vouches(view: View | None, uid: str, namespace: str, name: str,
+            notes: Mapping[str, str], decision: Allocation) -> bool:
+    """Whether ``decision`` (recorded on pod ``namespace/name``) is the very bind entry the
+    extender wrote for that pod in the node's GPULedger (an object only the extender may
+    write): such a decision counts as if signed. A hold is never a decision."""
+    entry = view.entries.get(uid) if view is not None else None
+    return entry is not None and not entry.is_hold and entry.allocation == decision and \
+        entry.pod == f"{namespace}/{name}" and \
+        entry.bind_time == notes.get(names.ANNOTATION_BIND_TIME) and \
+        (entry.group or "") == (notes.get(names.ANNOTATION_RESOURCE_GROUP) or "")
+
+
 def view_of(obj: Mapping[str, Any], memo: dict[tuple[str, str], Entry] | None = None) -> View:
     """Decode a GPULedger object; undecodable entries are logged and left out.
 
