@@ -29,7 +29,8 @@ Interface::
   (``Limits``), which bounds the time a call takes.
 
 Order, best first: fewest victims; then the lowest priorities (the victims' priorities,
-highest first, compared in turn); then the least GPU share freed beyond the need (milli-GPU:
+highest first, compared in turn); then the youngest (``Candidate.started_s``, latest
+first, compared in turn); then the least GPU share freed beyond the need (milli-GPU:
 per GPU the larger of the compute and memory fractions; a Room's need is its request's
 share on that node); then node order; then keys. Sets are tried smallest first, and what
 cannot beat the best set found is skipped (``room.NodeRoom.branches`` bounds how few
@@ -66,6 +67,7 @@ class Candidate:
     charge: Charge | None = None
     budgets: tuple[str, ...] = ()
     leaving: bool = False
+    started_s: float = 0.0  # when it started (any clock); the younger goes first at a tie
 
     @property
     def key(self) -> str:
@@ -245,7 +247,8 @@ class _Search:
 
 def _rank(victims: Sequence[Candidate], excess: int, order: int) -> Rank:
     return (len(victims), tuple(sorted((c.priority for c in victims), reverse=True)),
-            excess, order, tuple(sorted(c.key for c in victims)))
+            tuple(sorted(-c.started_s for c in victims)), excess, order,
+            tuple(sorted(c.key for c in victims)))
 
 
 def _by_priority(victims: Iterable[Candidate]) -> tuple[Candidate, ...]:
