@@ -54,6 +54,8 @@ KINDS: dict[str, Kind] = {
         Kind("deviceclasses", "resource.k8s.io", "v1", "DeviceClass", False),
         Kind("resourceclaims", "resource.k8s.io", "v1", "ResourceClaim", True),
         Kind("poddisruptionbudgets", "policy", "v1", "PodDisruptionBudget", True),
+        Kind("tenantquotas", "gpupool.io", "v1alpha1", "TenantQuota", False),
+        Kind("gpupermissions", "gpupool.io", "v1alpha1", "GPUPermission", False),
     )
 }
 HISTORY = 200_000  # watch events retained; older resourceVersions get 410 Gone

@@ -3,8 +3,10 @@
 ``constraints_for`` is the one function adapters call before fit and scoring:
 
 1. class and selector: ``request.gpu_class`` (an unknown class blocks the pod)
-   and ``request.selector`` become a GPU mask;
-2. quota of the tenant and of (tenant, class): exceeded blocks the pod with
+   and ``request.selector`` become a GPU mask; the tenant's GPU permissions
+   (``tenants.PermissionBook``) narrow it (none left blocks the pod, naming them);
+2. quota of the tenant and of (tenant, class), and of every tenant quota covering
+   the pod's namespace (``tenants.TenantBook``): exceeded blocks the pod with
    the quota ``Reason`` and its numbers;
 3. group: ``request.group`` names one (unknown, not allowed for the tenant, or
    meant for other GPU models blocks the pod); when it names none and groups
@@ -19,7 +21,7 @@ rest is a few vectorised passes per candidate group. The chosen group is in
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gpupool.core.allocation import Allocation
 from gpupool.core.classes import ClassCatalog
@@ -29,6 +31,7 @@ from gpupool.core.quota import Amount, Charge, QuotaBook, amount_of_allocation, 
 from gpupool.core.reasons import Check, Reason
 from gpupool.core.request import PodRequest
 from gpupool.core.state import BoolArray, ClusterState
+from gpupool.core.tenants import PermissionBook, TenantBook
 
 
 @dataclass(slots=True)
@@ -38,16 +41,31 @@ class Catalogue:
     groups: GroupCatalog = field(default_factory=GroupCatalog)
     classes: ClassCatalog = field(default_factory=ClassCatalog)
     quotas: QuotaBook = field(default_factory=QuotaBook)
+    tenants: TenantBook = field(default_factory=TenantBook)  # tenant quotas (TenantQuota)
+    permissions: PermissionBook = field(default_factory=PermissionBook)  # GPUPermission
 
 
 def constraints_for(state: ClusterState, request: PodRequest, catalogue: Catalogue
                     ) -> Constraints:
     """The masks (or the refusal) that classes, groups and quota put on ``request``."""
+    found = _constraints(state, request, catalogue)
+    if found.blocked is None and len(catalogue.permissions) and request.gpus:
+        names = catalogue.permissions.names_of(request.tenant)
+        if names:
+            return replace(found, permission=f"GPUPermission {names}")
+    return found
+
+
+def _constraints(state: ClusterState, request: PodRequest, catalogue: Catalogue
+                 ) -> Constraints:
     gpu_mask, blocked = class_mask(state, request, catalogue.classes)
     if blocked is not None:
         return Constraints(blocked=blocked)
+    gpu_mask, blocked = _permitted(state, request, catalogue, gpu_mask)
+    if blocked is not None:
+        return Constraints(blocked=blocked)
     charge = Charge(request_amount(state, request, gpu_mask), request.tenant, request.gpu_class)
-    blocked = catalogue.quotas.check(charge)
+    blocked = catalogue.quotas.check(charge) or catalogue.tenants.check(catalogue.quotas, charge)
     if blocked is not None:
         return Constraints(blocked=blocked)
     if request.group is not None:
@@ -103,10 +121,20 @@ def _named_group(state: ClusterState, request: PodRequest, catalogue: Catalogue,
         return Constraints(blocked=_blocked(
             Check.GROUP, f"group {name} is meant for {', '.join(sorted(group.models))}, the pod "
             f"allows {', '.join(sorted(request.models or ()))}", True))
-    reason = catalogue.quotas.check(Charge(charge.amount, group=name))
+    reason = catalogue.quotas.check(Charge(charge.amount, group=name)) or \
+        _outside_permissions(state, request, catalogue, name)
     if reason is not None:
         return Constraints(blocked=reason)
     return catalogue.groups.constraints(state, name, gpu_mask)
+
+
+def _outside_permissions(state: ClusterState, request: PodRequest, catalogue: Catalogue,
+                         name: str) -> Reason | None:
+    if len(catalogue.permissions) == 0:
+        return None
+    return catalogue.permissions.refusal(state, request.tenant,
+                                         catalogue.groups.gpu_mask(state, name),
+                                         f"GPU of group {name}")
 
 
 def _best_fit_group(state: ClusterState, request: PodRequest, catalogue: Catalogue,
@@ -124,6 +152,18 @@ def _best_fit_group(state: ClusterState, request: PodRequest, catalogue: Catalog
             Check.GROUP, f"no resource group of tenant {request.tenant or '(none)'} can hold "
             f"{request.describe()}: {why}", all(r.permanent for r in choice.rooms)))
     return groups.constraints(state, choice.group.name, gpu_mask)
+
+
+def _permitted(state: ClusterState, request: PodRequest, catalogue: Catalogue,
+               gpu_mask: BoolArray | None) -> tuple[BoolArray | None, Reason | None]:
+    """``gpu_mask`` within the tenant's GPU permissions, or why it leaves no GPU."""
+    if len(catalogue.permissions) == 0 or not request.gpus:
+        return gpu_mask, None
+    what = f"GPU of class {request.gpu_class}" if request.gpu_class else "GPU"
+    reason = catalogue.permissions.refusal(state, request.tenant, gpu_mask, what)
+    if reason is not None:
+        return None, reason
+    return catalogue.permissions.narrowed(state, request.tenant, gpu_mask), None
 
 
 def _blocked(check: Check, message: str, permanent: bool) -> Reason:

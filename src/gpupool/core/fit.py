@@ -20,6 +20,7 @@ class Constraints:
     gpu_mask: BoolArray | None = None
     blocked: Reason | None = None  # request-level refusal (quota), applies to every node
     group: str | None = None  # the resource group node_mask/gpu_mask stand for (for reasons)
+    permission: str | None = None  # the tenant's GPU permissions that narrowed gpu_mask
 
 
 NO_CONSTRAINTS = Constraints()
@@ -220,7 +221,8 @@ def _mask_words(request: PodRequest, c: Constraints) -> str:
         words = "GPUs of the selector"
     else:
         words = "GPUs"
-    return words if c.group is None else f"{words} in group {c.group}"
+    words = words if c.group is None else f"{words} in group {c.group}"
+    return words if c.permission is None else f"{words} permitted by {c.permission}"
 
 
 def _explain_gpu_free(state: ClusterState, demand: GpuDemand, i: int, c: Constraints

@@ -36,6 +36,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from gpupool.contract import quotas
 from gpupool.contract.devices import DeviceRecord, read_device
 from gpupool.core.allocation import Allocation
 from gpupool.core.eligibility import Catalogue
@@ -356,3 +357,46 @@ class ClusterCache(Commitments):
                 return
             self.catalogue.groups.put(group)
             self.catalogue.quotas.set_group_limit(name, limit)
+
+    # -- tenancy: tenant quotas and GPU permissions ---------------------------------------------
+    def sync_tenant_quotas(self, objs: Iterable[dict[str, Any]]) -> None:
+        with self.lock:
+            for quota in list(self.catalogue.tenants):
+                self.catalogue.tenants.remove(quota.name)
+            for obj in objs:
+                self.tenant_quota_event("ADDED", obj)
+            self.synced.add("tenantquotas")
+
+    def tenant_quota_event(self, kind: str, obj: dict[str, Any]) -> None:
+        with self.lock:
+            self.catalogue_version += 1
+            name = str((obj.get("metadata") or {}).get("name"))
+            self.catalogue.tenants.remove(name)
+            if kind == "DELETED":
+                return
+            quota = quotas.quota_of(obj)
+            if isinstance(quota, quotas.Broken):
+                log.warning("%s", quota.message)
+                return
+            self.catalogue.tenants.put(quota)
+
+    def sync_permissions(self, objs: Iterable[dict[str, Any]]) -> None:
+        with self.lock:
+            for name in list(self.catalogue.permissions.by_name):
+                self.catalogue.permissions.remove(name)
+            for obj in objs:
+                self.permission_event("ADDED", obj)
+            self.synced.add("gpupermissions")
+
+    def permission_event(self, kind: str, obj: dict[str, Any]) -> None:
+        with self.lock:
+            self.catalogue_version += 1
+            name = str((obj.get("metadata") or {}).get("name"))
+            self.catalogue.permissions.remove(name)
+            if kind == "DELETED":
+                return
+            permission = quotas.permission_or_denial(obj)
+            if isinstance(permission, quotas.Broken):
+                log.warning("%s", permission.message)
+                return
+            self.catalogue.permissions.put(permission)

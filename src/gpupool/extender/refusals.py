@@ -102,7 +102,8 @@ class Refusals:
             self.tables.clear()              # repeat after a rebuild; this reference cannot)
             self.layout = state.index
         blocked = c.blocked.message if c.blocked is not None else None
-        key = (request.shape, request.gpu_class, c.group, blocked, catalogue_version)
+        key = (request.shape, request.gpu_class, c.group, blocked, catalogue_version,
+               c.permission)
         table = self.tables.get(key)
         if table is None:
             n = len(state.nodes)

@@ -76,6 +76,8 @@ GPUDevice = create_global_resource(names.GROUP, _V, "GPUDevice", "gpudevices")
 ResourceClass = create_global_resource(names.GROUP, _V, "ResourceClass", "resourceclasses")
 ResourceGroup = create_global_resource(names.GROUP, _V, "ResourceGroup", "resourcegroups")
 GPULedger = create_global_resource(names.GROUP, _V, "GPULedger", "gpuledgers")
+TenantQuota = create_global_resource(names.GROUP, _V, "TenantQuota", "tenantquotas")
+GPUPermission = create_global_resource(names.GROUP, _V, "GPUPermission", "gpupermissions")
 
 FIELD_MANAGER = "gpupool"
 LABEL_NODE = names.LABEL_NODE  # GPUDevice label: the node the GPU is in
@@ -480,6 +482,32 @@ class KubeApi:
         with (_translated(f"evict pod {namespace}/{name}"),
               contextlib.suppress(msgspec.ValidationError)):
             self.client.create(eviction, name=name, namespace=namespace)
+
+    # -- TenantQuota / GPUPermission (tenancy: docs/tenancy.md) ---------------------------------
+    def list_tenant_quotas(self) -> Listing[KubeObject]:
+        return self._list(TenantQuota, "TenantQuotas")
+
+    def watch_tenant_quotas(self, resource_version: str, timeout_s: int | None = None
+                            ) -> Iterator[tuple[str, KubeObject]]:
+        return self._watch(TenantQuota, "TenantQuotas", resource_version, timeout_s)
+
+    def list_gpu_permissions(self) -> Listing[KubeObject]:
+        return self._list(GPUPermission, "GPUPermissions")
+
+    def watch_gpu_permissions(self, resource_version: str, timeout_s: int | None = None
+                              ) -> Iterator[tuple[str, KubeObject]]:
+        return self._watch(GPUPermission, "GPUPermissions", resource_version, timeout_s)
+
+    def patch_tenant_quota_status(self, name: str, patch: Mapping[str, Any]) -> KubeObject:
+        """Merge-patch a TenantQuota's ``status`` (``None`` values delete keys)."""
+        with _translated(f"patch status of TenantQuota {name}"):
+            return dict(self.client.patch(TenantQuota.Status, name, {"status": dict(patch)},
+                                          patch_type=PatchType.MERGE))
+
+    def patch_gpu_permission_status(self, name: str, patch: Mapping[str, Any]) -> KubeObject:
+        with _translated(f"patch status of GPUPermission {name}"):
+            return dict(self.client.patch(GPUPermission.Status, name, {"status": dict(patch)},
+                                          patch_type=PatchType.MERGE))
 
 
 def _name(obj: Mapping[str, Any]) -> str:

@@ -1,0 +1,255 @@
+"""Tenants as a running system sets them: tenant quotas over sets of namespaces, and
+permissions saying which nodes and GPUs a tenant may group and draw from.
+
+A ``TenantQuota`` names a tenant (its own name) and the namespaces that make it up. Its
+``limit`` is the tenant's nominal quota, summed over those namespaces; ``classes`` holds
+per-class limits (``class.gpupool.io/<class>`` pods of the tenant). The cohort fields
+(``cohort``, ``borrowing_limit``, ``lending_limit``, ``weight``) are carried for the cohort
+arithmetic (``core.cohort``); this module only adds up what the namespaces use and refuses
+what would pass a limit, in the same words as ``QuotaBook.check``:
+``quota of tenant team-a exceeded: 2 GPUs asked, 7 of 8 in use, 1 left``.
+
+A ``Permission`` says that the pods of some namespaces may use only the GPUs on nodes its
+node selector matches and that its GPU selector matches. A namespace named by no
+permission is not restricted; one named by several may use the union of what they permit.
+Planning (automatic groups) and filtering both use ``PermissionBook``.
+
+Pure: no I/O; masks are cached per cluster epoch like class and group masks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from gpupool.core.classes import MaskCache
+from gpupool.core.errors import InvalidInput
+from gpupool.core.model import Gpu, Node
+from gpupool.core.quota import Amount, Charge, Limit, QuotaBook
+from gpupool.core.reasons import Check, Reason
+from gpupool.core.selector import Selector
+from gpupool.core.state import BoolArray, ClusterState
+
+_UNITS = {"gpus": "GPUs", "memory_mib": "MiB of GPU memory", "core_pct": "% of GPU compute"}
+
+
+@dataclass(frozen=True, slots=True)
+class TenantQuota:
+    """A tenant: its namespaces, nominal limit, per-class limits and cohort settings.
+
+    ``borrowing_limit`` None: may borrow whatever its cohort lends; ``lending_limit``
+    None: lends all it does not use. ``weight`` divides idle capacity in fair share.
+    """
+
+    name: str
+    namespaces: frozenset[str]
+    limit: Limit = field(default_factory=Limit)
+    classes: tuple[tuple[str, Limit], ...] = ()
+    cohort: str | None = None
+    borrowing_limit: Limit | None = None
+    lending_limit: Limit | None = None
+    weight: int = 1
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise InvalidInput("a tenant quota needs a name")
+        if self.weight < 0:
+            raise InvalidInput(f"tenant {self.name}: weight must be >= 0, got {self.weight}")
+        object.__setattr__(self, "namespaces", frozenset(self.namespaces))
+
+    def class_limit(self, gpu_class: str | None) -> Limit | None:
+        return next((lim for name, lim in self.classes if name == gpu_class), None)
+
+
+class TenantBook:
+    """Tenant quotas by name, and which quotas cover each namespace."""
+
+    def __init__(self, quotas: Iterable[TenantQuota] = ()) -> None:
+        self.by_name: dict[str, TenantQuota] = {}
+        self._covering: dict[str, tuple[TenantQuota, ...]] = {}
+        for q in quotas:
+            self.put(q)
+
+    def put(self, quota: TenantQuota) -> None:
+        self.by_name[quota.name] = quota
+        self._index()
+
+    def remove(self, name: str) -> TenantQuota | None:
+        gone = self.by_name.pop(name, None)
+        self._index()
+        return gone
+
+    def _index(self) -> None:
+        covering: dict[str, list[TenantQuota]] = {}
+        for name in sorted(self.by_name):
+            for ns in self.by_name[name].namespaces:
+                covering.setdefault(ns, []).append(self.by_name[name])
+        self._covering = {ns: tuple(qs) for ns, qs in covering.items()}
+
+    def __len__(self) -> int:
+        return len(self.by_name)
+
+    def __iter__(self) -> Iterator[TenantQuota]:
+        return iter([self.by_name[n] for n in sorted(self.by_name)])
+
+    def covering(self, namespace: str | None) -> tuple[TenantQuota, ...]:
+        """The quotas whose tenant includes ``namespace`` (by name)."""
+        return self._covering.get(namespace or "", ())
+
+    def tenant_of(self, namespace: str | None) -> str | None:
+        """The first covering tenant's name (None: the namespace belongs to none)."""
+        found = self.covering(namespace)
+        return found[0].name if found else None
+
+    def overlaps(self) -> dict[str, tuple[str, ...]]:
+        """Namespaces claimed by more than one tenant (every such quota applies)."""
+        return {ns: tuple(q.name for q in qs) for ns, qs in sorted(self._covering.items())
+                if len(qs) > 1}
+
+    @staticmethod
+    def used(book: QuotaBook, quota: TenantQuota, gpu_class: str | None = None) -> Amount:
+        """What the tenant's namespaces hold (of ``gpu_class`` only, when given)."""
+        total = Amount()
+        for ns in quota.namespaces:
+            total = total + (book.used_by_tenant(ns) if gpu_class is None
+                             else book.used_by_class(ns, gpu_class))
+        return total
+
+    def check(self, book: QuotaBook, charge: Charge) -> Reason | None:
+        """None if ``charge`` (tenant = a namespace) fits every tenant quota covering it."""
+        for quota in self.covering(charge.tenant):
+            reason = _excess(f"tenant {quota.name}", quota.limit,
+                             self.used(book, quota), charge.amount)
+            if reason is None and charge.gpu_class is not None:
+                limit = quota.class_limit(charge.gpu_class)
+                if limit is not None:
+                    reason = _excess(f"tenant {quota.name} for class {charge.gpu_class}",
+                                     limit, self.used(book, quota, charge.gpu_class),
+                                     charge.amount)
+            if reason is not None:
+                return reason
+        return None
+
+
+def _excess(what: str, limit: Limit, used: Amount, asked: Amount) -> Reason | None:
+    for dim, cap, u, m in limit.exceeded(used, asked):
+        msg = (f"quota of {what} exceeded: {m} {_UNITS[dim]} asked, {u} of {cap} in use, "
+               f"{max(cap - u, 0)} left")
+        return Reason("", Check.QUOTA, msg, permanent=m > cap)
+    return None
+
+
+# -- permissions ------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Permission:
+    """Pods of ``tenants`` (namespaces) may use GPUs on nodes ``nodes`` matches (None: any
+    node) that ``gpus`` matches (None: any GPU)."""
+
+    name: str
+    tenants: frozenset[str]
+    nodes: Selector | None = None
+    gpus: Selector | None = None
+    broken: str = ""  # why the object cannot be read: it then permits nothing
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tenants", frozenset(self.tenants))
+
+    def permits(self, node: Node, gpu: Gpu) -> bool:
+        if self.broken:
+            return False
+        if self.nodes is not None and not self.nodes.matches(dict(node.labels)):
+            return False
+        return self.gpus is None or self.gpus.matches(gpu.label_map())
+
+    def describe(self) -> str:
+        if self.broken:
+            return f"GPUPermission {self.name} (broken, permits nothing: {self.broken})"
+        nodes = self.nodes.describe() if self.nodes is not None else "any node"
+        gpus = self.gpus.describe() if self.gpus is not None else "any GPU"
+        return f"GPUPermission {self.name} (nodes: {nodes}; GPUs: {gpus})"
+
+
+class PermissionBook:
+    """Permissions by name; per tenant, the GPUs they permit (cached per epoch)."""
+
+    def __init__(self, permissions: Iterable[Permission] = ()) -> None:
+        self.by_name: dict[str, Permission] = {}
+        self._cache: MaskCache[BoolArray | None] = MaskCache()
+        for p in permissions:
+            self.put(p)
+
+    def put(self, permission: Permission) -> None:
+        self.by_name[permission.name] = permission
+        self._cache.clear()
+
+    def remove(self, name: str) -> Permission | None:
+        self._cache.clear()
+        return self.by_name.pop(name, None)
+
+    def __len__(self) -> int:
+        return len(self.by_name)
+
+    def of(self, tenant: str | None) -> tuple[Permission, ...]:
+        """The permissions naming ``tenant`` (none: the tenant is not restricted)."""
+        return tuple(self.by_name[n] for n in sorted(self.by_name)
+                     if tenant is not None and tenant in self.by_name[n].tenants)
+
+    def names_of(self, tenant: str | None) -> str:
+        return ", ".join(p.name for p in self.of(tenant))
+
+    def permitted(self, nodes: Sequence[Node], tenant: str) -> frozenset[str] | None:
+        """Uuids of the GPUs ``tenant`` may use among ``nodes`` (None: all of them)."""
+        perms = self.of(tenant)
+        if not perms:
+            return None
+        return frozenset(g.uuid for n in nodes for g in n.gpus
+                         if any(p.permits(n, g) for p in perms))
+
+    def mask(self, state: ClusterState, tenant: str | None) -> BoolArray | None:
+        """[node, gpu] -> ``tenant`` may use the GPU (None: no restriction); read-only."""
+        table = self._cache.masks_for(state)
+        if tenant in table:
+            return table[tenant]
+        perms = self.of(tenant)
+        mask = None if not perms else _mask(state, perms)
+        table[tenant] = mask
+        return mask
+
+    def narrowed(self, state: ClusterState, tenant: str | None, gpu_mask: BoolArray | None
+                 ) -> BoolArray | None:
+        """``gpu_mask`` within what ``tenant`` may use: one read-only object per pair and
+        epoch (scorers and the group catalogue key their caches on the mask's identity)."""
+        permitted = self.mask(state, tenant)
+        if permitted is None:
+            return gpu_mask
+        if gpu_mask is None:
+            return permitted
+        table = self._cache.masks_for(state)
+        key = ("within", tenant, id(gpu_mask))
+        found = table.get(key)
+        if found is None or table.get(("held", tenant, id(gpu_mask))) is not gpu_mask:
+            found = table[key] = permitted & gpu_mask
+            found.flags.writeable = False
+            table["held", tenant, id(gpu_mask)] = gpu_mask
+        return found
+
+    def refusal(self, state: ClusterState, tenant: str | None, gpu_mask: BoolArray | None,
+                what: str) -> Reason | None:
+        """A permanent refusal when ``tenant`` may use none of ``gpu_mask``'s present GPUs."""
+        narrowed = self.narrowed(state, tenant, gpu_mask)
+        if narrowed is None or narrowed is gpu_mask or bool((narrowed & state.present).any()):
+            return None
+        perms = "; ".join(p.describe() for p in self.of(tenant))
+        return Reason("", Check.GROUP, f"tenant {tenant} may use no {what} under its "
+                      f"permissions: {perms}", True)
+
+
+def _mask(state: ClusterState, perms: Sequence[Permission]) -> BoolArray:
+    mask = np.zeros(state.present.shape, np.bool_)
+    for i, node in enumerate(state.nodes):
+        for j, gpu in enumerate(node.gpus):
+            mask[i, j] = any(p.permits(node, gpu) for p in perms)
+    mask.flags.writeable = False
+    return mask
