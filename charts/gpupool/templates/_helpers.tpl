@@ -1,0 +1,47 @@
+{{/* The gpupool image: repository:tag, the tag defaulting to the chart's appVersion. */}}
+{{- define "gpupool.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end }}
+
+{{/* The pod-level security context of every workload but the node agent: the image's
+user 65532, never root, the container runtime's default seccomp profile. */}}
+{{- define "gpupool.podSecurity" -}}
+securityContext:
+  runAsNonRoot: true
+  runAsUser: 65532
+  runAsGroup: 65532
+  seccompProfile: {type: RuntimeDefault}
+{{- end }}
+
+{{/* The container-level security context of every container but the node agent's. */}}
+{{- define "gpupool.containerSecurity" -}}
+securityContext:
+  allowPrivilegeEscalation: false
+  readOnlyRootFilesystem: true
+  capabilities: {drop: [ALL]}
+{{- end }}
+
+{{/* imagePullSecrets, when given. */}}
+{{- define "gpupool.pullSecrets" -}}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/* Placement of the control components (extender, scheduler, controller, webhook). */}}
+{{- define "gpupool.controlPlacement" -}}
+{{- with .Values.controlPlane.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.controlPlane.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/* The service account name a component's pods run as, as a user name. */}}
+{{- define "gpupool.nodeAgentUser" -}}
+system:serviceaccount:{{ .Release.Namespace }}:gpupool-node-agent
+{{- end }}
