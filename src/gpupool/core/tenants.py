@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gpupool.core.classes import MaskCache
+from gpupool.core.cohort import Admission, CohortMember, CohortState, Verdict, admit
 from gpupool.core.errors import InvalidInput
 from gpupool.core.model import Gpu, Node
 from gpupool.core.quota import Amount, Charge, Limit, QuotaBook
@@ -117,11 +118,31 @@ class TenantBook:
                              else book.used_by_class(ns, gpu_class))
         return total
 
+    def cohort(self, book: QuotaBook, quota: TenantQuota) -> CohortState:
+        """The cohort arithmetic's view of ``quota``'s cohort: members named
+        ``tenant <name>``, each using what its namespaces hold."""
+        peers = [q for q in self if q is quota or
+                 (quota.cohort is not None and q.cohort == quota.cohort)]
+        return CohortState.of([member_of(q) for q in peers],
+                              {f"tenant {q.name}": self.used(book, q) for q in peers})
+
+    def admission(self, book: QuotaBook, quota: TenantQuota, amount: Amount) -> Admission:
+        """How ``amount`` more stands against the tenant's nominal quota and its cohort."""
+        return admit(self.cohort(book, quota), f"tenant {quota.name}", amount)
+
     def check(self, book: QuotaBook, charge: Charge) -> Reason | None:
-        """None if ``charge`` (tenant = a namespace) fits every tenant quota covering it."""
+        """None if ``charge`` (tenant = a namespace) fits every tenant quota covering it;
+        in a cohort, beyond the nominal only by borrowing what the cohort lends, and a
+        charge that needs lent capacity back waits (not permanent) while it is reclaimed."""
         for quota in self.covering(charge.tenant):
-            reason = _excess(f"tenant {quota.name}", quota.limit,
-                             self.used(book, quota), charge.amount)
+            if quota.cohort is None:
+                reason = _excess(f"tenant {quota.name}", quota.limit,
+                                 self.used(book, quota), charge.amount)
+            else:
+                found = self.admission(book, quota, charge.amount)
+                reason = None if found.admitted else Reason(
+                    "", Check.QUOTA, found.reason,
+                    found.permanent and found.verdict is not Verdict.RECLAIMS)
             if reason is None and charge.gpu_class is not None:
                 limit = quota.class_limit(charge.gpu_class)
                 if limit is not None:
@@ -131,6 +152,12 @@ class TenantBook:
             if reason is not None:
                 return reason
         return None
+
+
+def member_of(quota: TenantQuota) -> CohortMember:
+    """The cohort member a tenant quota is (named ``tenant <name>``)."""
+    return CohortMember(f"tenant {quota.name}", quota.limit, quota.cohort,
+                        quota.borrowing_limit, quota.lending_limit, quota.weight)
 
 
 def _excess(what: str, limit: Limit, used: Amount, asked: Amount) -> Reason | None:
