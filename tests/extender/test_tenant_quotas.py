@@ -104,8 +104,8 @@ def test_a_permission_confines_a_tenant_to_its_nodes_and_names_itself(
     two = fake.seed("pods", pod_obj("two", {"gpupool.io/gpu": "2"}, ns="lab"))
     answer = replica.extender.filter({"Pod": two, "NodeNames": every})
     assert answer["NodeNames"] == []
-    assert answer["FailedAndUnresolvableNodes"]["z"] == ("gpupool: 2 GPUs of the selector permitted by "
-                                                          "GPUPermission zone-z1 needed, 1 here")
+    assert answer["FailedAndUnresolvableNodes"]["z"] == (
+        "gpupool: 2 GPUs of the selector permitted by GPUPermission zone-z1 needed, 1 here")
     other = fake.seed("pods", pod_obj("other", {"gpupool.io/gpu": "1"}, ns="free"))
     assert len(replica.extender.filter({"Pod": other, "NodeNames": every})["NodeNames"]) == 4
 
