@@ -373,8 +373,8 @@ def reclaim(state: CohortState, lender: str, need: Amount, pods: Sequence[Candid
     short, now = need, state
     while short != Amount():
         found = select(Quota(cluster, short), left, budgets=budgets, limits=limits)
-        if isinstance(found, NoVictims):
-            return _plan(m, need, chosen, False, f"the borrowed pods of cohort {m.cohort} "
+        if isinstance(found, NoVictims):  # nobody is evicted for less than the need
+            return _plan(m, need, [], False, f"the borrowed pods of cohort {m.cohort} "
                          f"cannot give back {_describe(short)}: {found.message}")
         now, short = _evicted(now, lender, short, found.victims, member_of)
         chosen.extend(found.victims)
