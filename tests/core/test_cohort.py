@@ -146,7 +146,7 @@ def test_a_state_can_be_read_from_a_quota_book() -> None:
     assert s.borrowed("team-b") == G(1) and s.lendable_idle("team-a") == G(4)
 
 
-# -- borrowed pods ----------------------------------------------------------------------------------
+# -- borrowed pods ------------------------------------------------------------------------------
 def pod(key: str, group: str, gpus: int, started: float, priority: int = 0,
         budgets: tuple[str, ...] = ()) -> Candidate:
     alloc = Allocation(key, "n", 0, 0)
