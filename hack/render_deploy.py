@@ -56,9 +56,10 @@ def find_helm(explicit: str | None = None) -> str | None:
     return shutil.which("helm")
 
 
-def helm_template(helm: str, *args: str, namespace: str = NAMESPACE) -> str:
+def helm_template(helm: str, *args: str, namespace: str = NAMESPACE,
+                  chart: Path = CHART) -> str:
     """``helm template`` of the chart; ``args`` are more helm flags (``--set``, ``-f``)."""
-    cmd = [helm, "template", RELEASE, str(CHART), "--namespace", namespace, *args]
+    cmd = [helm, "template", RELEASE, str(chart), "--namespace", namespace, *args]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RenderError(f"{' '.join(cmd)} failed (exit {done.returncode}):\n"
