@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -105,6 +106,11 @@ class WorldCache:
             devices, classes, groups, pods = (list(self._objects[k].values()) for k in KINDS)
         return observe(devices, classes, groups, pods, verify)
 
+    def objects(self, kind: str) -> list[Obj]:
+        """The objects of ``kind`` as last seen (the dicts themselves: do not change them)."""
+        with self._lock:
+            return list(self._objects[kind].values())
+
 
 def _feeds() -> dict[str, Feed[Any]]:
     def watch_pods(api: KubeApi, rv: str, t: int) -> Iterator[tuple[str, Any]]:
@@ -125,10 +131,13 @@ class Controller:
     """Applies ``reconcile``'s plans through a ``ControllerApi``."""
 
     def __init__(self, api: ControllerApi, clock: Callable[[], str] = utc_now, *,
-                 verify: Verify | None, device_classes: DeviceClassSync | None = None):
+                 verify: Verify | None, device_classes: DeviceClassSync | None = None,
+                 observer: RoundObserver | None = None):
         """``verify`` checks each decision's signature (``KeyRingSource.verify``); None
         counts unsigned decisions too (only for clusters without gpupool's extender).
-        ``device_classes`` also keeps the DRA DeviceClasses in line, after each round."""
+        ``device_classes`` also keeps the DRA DeviceClasses in line, after each round.
+        ``observer`` is told of every round of ``run`` (metrics)."""
+        self.observer = observer
         self.api = api
         self.device_classes = device_classes
         self.clock = clock
@@ -216,12 +225,16 @@ class Controller:
                         return
             while not stop.is_set():
                 world.dirty.clear()
+                started = time.monotonic()
                 self._new_round()
                 observed = world.observed(self.verify)
                 outcome = self._with_device_classes(
                     observed, self.apply(reconcile(observed, self.clock())))
                 if outcome.writes or outcome.failures:
                     log.info("reconciled: %s", outcome.summary())
+                if self.observer is not None:
+                    self.observer(observed, world.objects("pods"), outcome,
+                                  time.monotonic() - started)
                 if on_round is not None:
                     on_round(outcome)
                 _wait_for_work(world, stop, resync_s)
@@ -230,6 +243,11 @@ class Controller:
                 inf.signal_stop()
             for inf in informers:
                 inf.join(0.5)
+
+
+RoundObserver = Callable[[Observed, list[Obj], Outcome, float], None]
+"""Told after each round of ``Controller.run``: what was observed, the pods as JSON, what
+the round did, and how long it took in seconds."""
 
 
 def _informer(api: KubeApi, world: WorldCache, kind: str, feed: Feed[Any], watch_timeout_s: int

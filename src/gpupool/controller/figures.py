@@ -1,0 +1,224 @@
+"""What the controller's metrics say, worked out from one round's view: pure values.
+
+* quota: used (and the limit, where one is set) per scope — ``group`` (limit from the
+  ResourceGroup's ``spec.quota``), ``tenant`` (namespace) and ``class`` (all tenants) —
+  charged with the core's ``QuotaBook`` from the decisions that count;
+* GPUs per (model, pool): how many, how many healthy, the share allocated and the
+  share that is free but fragmented — the core's FGD measure
+  (``gpupool.core.fragmentation``) against the workload the extender would derive from
+  the same allocations (``gpupool.core.policies.observed``). A node's fragmentation is
+  booked to the model and pool of its first GPU. The controller does not watch nodes, so
+  CPU never limits a task here (the extender's figure may be higher on CPU-bound nodes);
+* pending GPU pods by reason (``pending_reason``), read from what kube-scheduler wrote
+  into the pod's ``PodScheduled`` condition — the extender's counted refusals start with
+  ``gpupool:`` — and, for a pod bound but refused by its node agent, the decision's
+  ``failed`` phase;
+* decisions not counted, by reason (signature codes come from ``VerifyTally``).
+
+A pool is the value of the GPU label named by ``pool_label`` in the GPUDevice's
+``spec.labels`` (``none`` when a GPU has none).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from gpupool.contract import annotations as records
+from gpupool.contract import names
+from gpupool.contract.podspec_request import pod_request
+from gpupool.controller.observed import Observed, PlacedGpu, name_of
+from gpupool.controller.resources import Broken, group_of
+from gpupool.core.errors import GpupoolError, InvalidInput
+from gpupool.core.fragmentation import FragmentationModel
+from gpupool.core.model import CORE_UNITS_PER_GPU, Node
+from gpupool.core.policies.observed import observed_workload
+from gpupool.core.quota import Amount, Charge, Limit, QuotaBook, amount_of_allocation
+from gpupool.core.state import MILLI, ClusterState
+
+POOL_LABEL = "gpupool.io/pool"
+NO_POOL = "none"
+ROOMY_MILLI = 10**12  # nodes' CPU and memory: the controller does not know them
+PENDING_REASONS = ("waiting", "gated", "scheduler-error", "quota", "gpupool", "preempting",
+                   "other", "allocation-failed")
+EXTENDER_PREFIX = "gpupool: "  # how kube-scheduler's message counts the extender's reasons
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaFigure:
+    scope: str  # group | tenant | class
+    name: str
+    used: Amount
+    limit: Limit | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PoolFigure:
+    """GPUs of one model in one pool; shares in milli-GPU (1000 = one GPU)."""
+
+    model: str
+    pool: str
+    gpus: int = 0
+    healthy: int = 0
+    allocated_milli: int = 0
+    free_milli: int = 0
+    fragmented_milli: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Figures:
+    quotas: tuple[QuotaFigure, ...]
+    pools: tuple[PoolFigure, ...]
+    pending: Mapping[str, int]
+    uncounted: Mapping[str, int]
+    workload: str = ""  # where the fragmentation workload came from
+
+
+def figures(observed: Observed, pods: Iterable[Mapping[str, Any]],
+            unverified: Mapping[str, int] | None = None, pool_label: str = POOL_LABEL
+            ) -> Figures:
+    """Every figure of one round (``unverified``: signature failures by reason)."""
+    pools, source = pool_figures(observed, pool_label)
+    uncounted = Counter(dict(unverified or {}))
+    uncounted["not-a-gpu-pod"] += sum(1 for p in observed.problems
+                                      if "asks no gpupool GPU resource" in p.message)
+    return Figures(quota_figures(observed), pools, pending_figures(pods),
+                   {k: v for k, v in uncounted.items() if v}, source)
+
+
+# -- quota ----------------------------------------------------------------------------------------
+def quota_figures(observed: Observed) -> tuple[QuotaFigure, ...]:
+    book = QuotaBook()
+    limits: dict[str, Limit | None] = {}
+    for obj in observed.groups:
+        parsed = group_of(obj, name_of(obj))
+        if not isinstance(parsed, Broken):
+            limits[parsed[0].name] = parsed[1]
+            book.set_group_limit(parsed[0].name, parsed[1])
+    by_class: dict[str, Amount] = {}
+    for h in observed.holdings:
+        amount = amount_of_allocation(h.allocation)
+        book.charge(h.key, Charge(amount, h.tenant, h.gpu_class, h.group))
+        if h.gpu_class is not None:
+            by_class[h.gpu_class] = by_class.get(h.gpu_class, Amount()) + amount
+    out = [QuotaFigure("group", g, book.used_by_group(g), limit)
+           for g, limit in sorted(limits.items())]
+    out += [QuotaFigure("tenant", t, book.used_by_tenant(t))
+            for t in sorted({h.tenant for h in observed.holdings})]
+    out += [QuotaFigure("class", c, a) for c, a in sorted(by_class.items())]
+    return tuple(out)
+
+
+# -- GPUs, allocation, fragmentation --------------------------------------------------------------
+def pool_of(gpu: PlacedGpu, pool_label: str) -> str:
+    return dict(gpu.gpu.labels).get(pool_label) or NO_POOL
+
+
+def cluster_state(observed: Observed) -> ClusterState:
+    """The published GPUs with every counted allocation reserved (a decision the state
+    refuses — a GPU not published, two decisions on one slice — is left out)."""
+    by_node: dict[str, list[PlacedGpu]] = {}
+    for placed in observed.gpus:
+        by_node.setdefault(placed.node, []).append(placed)
+    nodes = [Node(n, ROOMY_MILLI, ROOMY_MILLI,
+                  tuple(replace(p.gpu, healthy=True) for p in sorted(
+                      ps, key=lambda p: (p.gpu.index, p.gpu.uuid))))
+             for n, ps in sorted(by_node.items())]
+    state = ClusterState(nodes)
+    with state.deferred():
+        for h in observed.holdings:
+            try:
+                state.reserve(h.allocation)
+            except GpupoolError:
+                continue
+    for placed in observed.gpus:
+        if not placed.gpu.healthy:
+            state.set_health(placed.node, placed.gpu.uuid, False)
+    return state
+
+
+def pool_figures(observed: Observed, pool_label: str = POOL_LABEL
+                 ) -> tuple[tuple[PoolFigure, ...], str]:
+    """(a figure per model and pool, where the fragmentation workload came from)."""
+    if not observed.gpus:
+        return (), ""
+    state = cluster_state(observed)
+    placed = {(p.node, p.gpu.uuid): p for p in observed.gpus}
+    used = _used_milli(state)
+    workload, source = observed_workload(state, [])
+    model = FragmentationModel(workload)
+    frag = model.measure(state.free_milli, state.cpu_free, model.access(state))
+    acc: dict[tuple[str, str], PoolFigure] = {}
+    for i, node in enumerate(state.nodes):
+        for j, gpu in enumerate(node.gpus):
+            key = (gpu.model, pool_of(placed[node.name, gpu.uuid], pool_label))
+            f = acc.get(key, PoolFigure(*key))
+            acc[key] = replace(f, gpus=f.gpus + 1, healthy=f.healthy + bool(state.healthy[i, j]),
+                               allocated_milli=f.allocated_milli + int(used[i, j]),
+                               free_milli=f.free_milli + max(int(state.free_milli[i, j]), 0))
+        first = (node.gpus[0].model, pool_of(placed[node.name, node.gpus[0].uuid], pool_label))
+        f = acc[first]
+        acc[first] = replace(f, fragmented_milli=f.fragmented_milli +
+                             int(frag[i]) // max(workload.total_weight, 1))
+    return tuple(acc[k] for k in sorted(acc)), source
+
+
+def _used_milli(state: ClusterState) -> Any:
+    """Each GPU's allocated share: its larger used dimension (as ``ClusterState.usage``)."""
+    cap_u = np.maximum(state.unit_cap, 1)
+    used = np.maximum((state.core_cap - state.core_free) * MILLI // CORE_UNITS_PER_GPU,
+                      -(-(state.unit_cap - state.unit_free) * MILLI // cap_u))
+    return np.where(state.present, used, 0)
+
+
+# -- pending pods ---------------------------------------------------------------------------------
+def _map(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def asks_gpus(pod: Mapping[str, Any]) -> bool:
+    try:
+        return bool(pod_request(pod).gpus)
+    except InvalidInput:
+        return False
+
+
+def pending_reason(pod: Mapping[str, Any]) -> str | None:
+    """Why a GPU pod is not running yet (one of ``PENDING_REASONS``), None when it is not
+    a pending GPU pod."""
+    meta, spec, status = _map(pod.get("metadata")), _map(pod.get("spec")), \
+        _map(pod.get("status"))
+    if status.get("phase", "Pending") != "Pending" or meta.get("deletionTimestamp") or \
+            not asks_gpus(pod):
+        return None
+    if spec.get("nodeName"):
+        notes = _map(meta.get("annotations"))
+        failed = notes.get(names.ANNOTATION_PHASE) == names.PHASE_FAILED and \
+            records.has_decision(notes)
+        return "allocation-failed" if failed else None
+    scheduled = next((c for c in status.get("conditions") or () if isinstance(c, Mapping)
+                      and c.get("type") == "PodScheduled"), None)
+    if scheduled is None or scheduled.get("status") != "False":
+        return "waiting"
+    return _refusal(str(scheduled.get("reason") or ""), str(scheduled.get("message") or ""))
+
+
+def _refusal(reason: str, message: str) -> str:
+    if reason == "SchedulingGated":
+        return "gated"
+    if reason == "SchedulerError":
+        return "scheduler-error"
+    if "making room" in message:
+        return "preempting"
+    if EXTENDER_PREFIX in message:
+        return "quota" if "quota of" in message else "gpupool"
+    return "other"
+
+
+def pending_figures(pods: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    counts = Counter(r for r in map(pending_reason, pods) if r is not None)
+    return {r: counts.get(r, 0) for r in PENDING_REASONS}
