@@ -66,7 +66,7 @@ CORE_FORBIDDEN = {
 }
 CONTRACT_STDLIB = frozenset({
     "__future__", "json", "typing", "dataclasses", "collections", "enum", "re", "datetime",
-    "functools", "itertools", "math", "fractions", "string",
+    "functools", "itertools", "math", "fractions", "string", "difflib",
 })
 SECURITY_FORBIDDEN = {k.split(".")[0]: v for k, v in CORE_FORBIDDEN.items()
                       if k not in ("time", "secrets", "uuid")}

@@ -90,12 +90,13 @@ def test_the_table_marks_the_chosen_node_and_gives_reasons(
 
 @pytest.mark.parametrize(("args", "words"), [
     (["--pod", "missing.yaml"], "missing.yaml: no such file"),
-    (["--pod", "{bad}"], "not a readable YAML or JSON Pod"),
+    (["--pod", "{bad}"], "bad.yaml:3:1: not valid YAML"),
     (["--pod", "{deployment}"], "kind is 'Deployment'"),
     (["--pod", "{too_much_core}"], "gpupool.io/gpu-core=150 must be 1..100"),
     (["--pod", "{list}"], "expected one Pod object, got list"),
     (["--pod", "{ok}", "--policy", "fastest"], "unknown policy 'fastest'"),
-    (["--pod", "{ok}", "--nodes", "{bad_cluster}"], "every GPU needs its memory"),
+    (["--pod", "{ok}", "--nodes", "{bad_cluster}"],
+     "bad_cluster.yaml:2:42: nodes[0].gpus: missing required key 'memory'"),
     (["--pod", "{ok}", "--seed", "x"], "invalid int value"),
     (["nodes"], "--nodes FILE is for explaining offline; a live view reads the cluster"),
 ])

@@ -27,7 +27,7 @@ def test_a_bad_fake_gpu_file_is_a_clear_error(tmp_path: Path, capsys: object) ->
     (tmp_path / "g.yaml").write_text("gpus: 1")
     assert main(["device-plugin", "--node-name", "n", "--fake-gpus",
                  str(tmp_path / "g.yaml")]) == 2
-    assert "top-level 'gpus' list" in capsys.readouterr().err  # type: ignore[attr-defined]
+    assert "g.yaml:1:7: gpus: expected a list" in capsys.readouterr().err  # type: ignore[attr-defined]
 
 
 def test_the_command_registers_with_kubelet_and_stops_on_sigterm(

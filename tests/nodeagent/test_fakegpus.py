@@ -24,14 +24,14 @@ def test_the_file_describes_models_memory_numa_and_labels(tmp_path: Path) -> Non
 
 
 @pytest.mark.parametrize("text, message", [
-    ("gpus: 3", "top-level 'gpus' list"),
-    ("gpus: [{model: x, memoryMiB: 1}]", "needs a uuid"),
+    ("gpus: 3", "g.yaml:1:7: gpus: expected a list, got a whole number '3'"),
+    ("gpus: [{model: x, memoryMiB: 1}]", r"gpus\[0\]: missing required key 'uuid'"),
     ("gpus: [{uuid: a, memoryMiB: 0}]", "memoryMiB must be positive"),
     ("gpus: [{uuid: a, memoryMiB: 10, health: Sick}]", "health must be Healthy or Unhealthy"),
     ("gpus: [{uuid: a, memoryMiB: 10}, {uuid: a, memoryMiB: 10}]", "must be unique"),
     ("gpus: [{uuid: a, memoryMiB: 10, numaNode: -1}]", "numaNode must be a whole number"),
     ("gpus: [{uuid: a, memoryMiB: 10, index: 2}]", "indexes must be 0..n-1"),
-    ("gpus: [unclosed", "is not YAML"),
+    ("gpus: [unclosed", "g.yaml:1:16: not valid YAML"),
 ])
 def test_a_bad_file_is_refused_with_the_reason(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "g.yaml"

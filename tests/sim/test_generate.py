@@ -90,9 +90,9 @@ def test_cpu_and_memory_scales_multiply_every_pods_asks_up_to_the_largest_node()
 
 @pytest.mark.parametrize(("text", "message"), [
     ("mixes: []", "no mixes"),
-    ("mixes: [{about: x}]", "mixes[0]: a mix needs a name"),
+    ("mixes: [{about: x}]", "mixes.yaml:1:9: mixes[0]: missing required key 'name'"),
     ("mixes: [{name: a}, {name: a}]", "mixes[1]: mix 'a' appears twice"),
-    ("mixes: [{name: a, colour: red}]", "mixes[0]: unknown key 'colour'"),
+    ("mixes: [{name: a, colour: red}]", "mixes.yaml:1:19: unknown key 'colour' in mixes[0]"),
     ("mixes: [{name: a, constrained: 0.5}]", "constrained pods need a models list"),
     ("mixes: [{name: a, constrained: 2, models: {T4: 1}}]", "constrained must be within 0..1"),
     ("mixes: [{name: a, models: {H100: 1}}]", "mixes[0].models.H100: unknown GPU model 'H100'"),

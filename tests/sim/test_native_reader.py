@@ -70,10 +70,11 @@ def test_a_pod_naming_an_unknown_class_is_refused_when_the_scenario_is_built() -
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("nodes: [{name: n, memory: 1Gi}]", r"nodes\[0\]: a node needs cpu and memory"),
+        ("nodes: [{name: n, memory: 1Gi}]",
+         r"x.yaml:1:9: nodes\[0\]: missing required key 'cpu'"),
         ("nodes: [{name: n, cpu: lots, memory: 1Gi}]", r"nodes\[0\].cpu"),
         ("nodes: [{name: n, cpu: 1, memory: 1Gi, gpus: {count: 1, model: T4}}]",
-         r"nodes\[0\].gpus.memory: every GPU needs its memory"),
+         r"nodes\[0\].gpus: missing required key 'memory'"),
         ("nodes: [{name: n, replicas: 2, cpu: 1, memory: 1Gi}]", r"must contain \{i\}"),
         ("nodes: [{name: n, cpu: 1, memory: 1Gi}, {name: n, cpu: 1, memory: 1Gi}]",
          "node n appears twice"),
@@ -97,10 +98,11 @@ def test_bad_cluster_names_file_and_entry(tmp_path: Path, text: str, message: st
          r"pods\[0\].containers\[0\]: .*gpu-core must be 0..100"),
         ("pods: [{name: p, containers: [{gpu: 1, mode: sometimes}]}]", r"containers\[0\].mode"),
         ("pods: [{name: p, creation: 10, deletion: 5}]", r"pods\[0\].deletion: 5.0 is before"),
-        ("pods: [{name: p, creation: soon}]", r"pods\[0\].creation: must be a number"),
+        ("pods: [{name: p, creation: soon}]",
+         r"pods\[0\].creation: expected a number, got a string 'soon'"),
         ("pods: [{name: p, affinity: glued}]", r"pods\[0\].affinity"),
         ("pods: [{name: p, models: []}]", r"pods\[0\]: .*allowed GPU models is empty"),
-        ("pods: [{cpu: 1}]", r"pods\[0\].name: every entry needs a name"),
+        ("pods: [{cpu: 1}]", r"pods\[0\]: missing required key 'name'"),
         ("pods: []", "pods: no pods"),
     ],
 )

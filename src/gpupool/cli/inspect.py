@@ -17,6 +17,7 @@ kubeconfig that cannot be used, or a failed API call.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import random
 from collections.abc import Mapping, Sequence
@@ -30,7 +31,9 @@ from rich.table import Table
 
 from gpupool.cli.inspect_fit import NodeVerdict, nodes_json, ordered, slices_text, verdicts
 from gpupool.cli.inspect_live import CONNECTION_HELP, VIEWS_HELP, add_options, add_views
+from gpupool.contract.podshape import POD
 from gpupool.contract.podspec_request import pod_request
+from gpupool.contract.yamlcheck import check_text
 from gpupool.core.classes import ClassCatalog
 from gpupool.core.eligibility import Catalogue, constraints_for
 from gpupool.core.errors import InvalidInput
@@ -103,22 +106,36 @@ def _one_line_errors(parser: argparse.ArgumentParser) -> None:
 
 
 def read_pod(path: Path) -> Mapping[str, Any]:
-    """The one Pod in a YAML or JSON file."""
+    """The one Pod in a YAML or JSON file, every field on the paths gpupool reads checked
+    against Kubernetes' Pod schema (``gpupool.contract.podshape``)."""
     if not path.is_file():
         raise InvalidInput(f"{path}: no such file")
     try:
         text = path.read_text(encoding="utf-8")[:MAX_POD_BYTES + 1]
-        doc = yaml.safe_load(text)
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+    except (OSError, UnicodeDecodeError) as exc:
         one_line = " ".join(str(exc).split())
         raise InvalidInput(f"{path}: not a readable YAML or JSON Pod ({one_line})") from None
     if len(text) > MAX_POD_BYTES:
         raise InvalidInput(f"{path}: larger than {MAX_POD_BYTES} bytes; not a Pod manifest")
+    doc = _checked_pod(text, path)
     if not isinstance(doc, Mapping):
         raise InvalidInput(f"{path}: expected one Pod object, got {type(doc).__name__}")
-    if doc.get("kind", "Pod") != "Pod":
+    return doc
+
+
+def _checked_pod(text: str, path: Path) -> Any:
+    """The decoded manifest; a kind other than Pod is named before its fields are."""
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError:
+        doc = None  # check_text below says where
+    if doc is not None and not isinstance(doc, Mapping):
+        raise InvalidInput(f"{path}: expected one Pod object, got {type(doc).__name__}")
+    if isinstance(doc, Mapping) and doc.get("kind", "Pod") != "Pod":
         raise InvalidInput(f"{path}: kind is {doc.get('kind')!r}; inspect takes a Pod "
                            "(take the pod template out of a Deployment or Job)")
+    check_text(text, str(path), POD, functools.partial(yaml.compose, Loader=yaml.SafeLoader),
+               yaml.YAMLError)
     return doc
 
 

@@ -39,7 +39,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except GpupoolError as exc:
-        print(f"gpupool: {exc}", file=sys.stderr)
+        for line in str(exc).splitlines() or [""]:  # a file's problems: one line each
+            print(f"gpupool: {line}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -27,6 +27,7 @@ them fail). A GPU's memory in use is the sum of its processes'.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -36,6 +37,7 @@ from typing import Any
 
 import yaml
 
+from gpupool.contract.yamlcheck import FLAG, SCALAR, TEXT, WHOLE, Map, Seq, check_text
 from gpupool.core.errors import GpupoolError, InvalidInput
 from gpupool.nodeagent.gpu import (
     HEALTHY,
@@ -47,6 +49,25 @@ from gpupool.nodeagent.gpu import (
 )
 
 log = logging.getLogger(__name__)
+
+PROCESS = Map({"pid": WHOLE, "memoryMiB": WHOLE, "smPct": WHOLE}, required=frozenset({"pid"}))
+FAKE_GPU = Map({
+    "uuid": TEXT,
+    "model": TEXT,
+    "memoryMiB": WHOLE,
+    "numaNode": WHOLE,
+    "architecture": TEXT,
+    "index": WHOLE,
+    "labels": Map({}, others=SCALAR),
+    "health": TEXT,
+    "reason": TEXT,
+    "present": FLAG,
+    "processes": Seq(PROCESS),
+    "usageError": TEXT,
+}, required=frozenset({"uuid", "memoryMiB"}))
+FAKE_GPU_FILE = Map({"gpus": Seq(FAKE_GPU)}, required=frozenset({"gpus"}))
+"""Every key a fake GPU file may hold (docs/fake-gpus.md); others are errors."""
+_compose = functools.partial(yaml.compose, Loader=yaml.SafeLoader)
 
 
 class FakeGpuBackend:
@@ -155,9 +176,12 @@ class FakeGpuBackend:
 def load_entries(path: Path) -> list[dict[str, Any]]:
     """The GPU entries of a fake GPU file, validated (``InvalidInput`` says what is wrong)."""
     try:
-        body = yaml.safe_load(Path(path).read_text())
-    except OSError as exc:
-        raise InvalidInput(f"cannot read fake GPU file {path}: {exc.strerror}") from None
+        text = Path(path).read_text(encoding="utf-8")
+        check_text(text, str(path), FAKE_GPU_FILE, _compose, yaml.YAMLError)
+        body = yaml.safe_load(text)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidInput(f"cannot read fake GPU file {path}: "
+                           f"{getattr(exc, 'strerror', None) or exc}") from None
     except yaml.YAMLError as exc:
         raise InvalidInput(f"fake GPU file {path} is not YAML: {exc}") from None
     if not isinstance(body, dict) or not isinstance(body.get("gpus"), list):

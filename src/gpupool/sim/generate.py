@@ -42,6 +42,7 @@ from gpupool.core.errors import InvalidInput
 from gpupool.core.model import Node
 from gpupool.core.request import GpuDemand, Mode, PodRequest
 from gpupool.sim import native
+from gpupool.sim.native_schema import MIXES
 from gpupool.sim.scenario import Scenario, TracePod
 from gpupool.sim.synthetic import (
     CPU_MILLI_LADDER,
@@ -155,7 +156,7 @@ def _check_models(mix: WorkloadMix, cluster: list[Node]) -> None:
 def read_mixes(path: Path = MIXES_FILE) -> dict[str, WorkloadMix]:
     """The mixes of a mix file, by name (in file order)."""
     where = native._Where(Path(path))
-    doc = native.load(Path(path))
+    doc = native.load(Path(path), MIXES)
     out: dict[str, WorkloadMix] = {}
     for i, entry in enumerate(where.items(doc.get("mixes"))):
         mix = _mix(where / "mixes" / i, where.mapping(entry))

@@ -14,12 +14,14 @@ from typing import Any
 
 import yaml
 
+from gpupool.contract.yamlcheck import Shape
 from gpupool.core.classes import ResourceClass
 from gpupool.core.errors import GpupoolError, InvalidInput
 from gpupool.core.model import Gpu, Node, freeze_labels
 from gpupool.core.quantity import to_int, to_mib, to_milli
 from gpupool.core.request import Affinity, GpuDemand, Mode, PodRequest
 from gpupool.core.selector import Selector
+from gpupool.sim.native_schema import NATIVE, checked_text
 from gpupool.sim.scenario import TracePod
 
 MAX_REPLICAS = 100_000
@@ -51,11 +53,13 @@ class _Where:
         return value
 
 
-def load(path: Path) -> Mapping[str, Any]:
-    """The YAML document at ``path`` as a map."""
+def load(path: Path, shape: Shape = NATIVE) -> Mapping[str, Any]:
+    """The YAML document at ``path`` as a map (every key checked against ``shape``)."""
     path = Path(path)
     try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+        checked_text(text, str(path), shape)
+        doc = yaml.safe_load(text)
     except OSError as exc:
         raise InvalidInput(f"cannot read {path}: {exc.strerror or exc}") from None
     except (yaml.YAMLError, UnicodeDecodeError) as exc:

@@ -1,0 +1,100 @@
+"""The keys gpupool's YAML files for the simulator may hold (``gpupool.contract.yamlcheck``).
+
+Every key a reader understands is listed here; anything else is an error that names
+the file, the line and the closest known key. A new key is one line in its map.
+``checked_text`` composes a file's text with PyYAML and checks it against a shape.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import yaml
+
+from gpupool.contract.yamlcheck import (
+    FLAG,
+    NUMBER,
+    QUANTITY,
+    SCALAR,
+    TEXT,
+    Map,
+    OneOf,
+    Seq,
+    Shape,
+    Value,
+    check_text,
+)
+
+LABELS = Map({}, others=SCALAR)
+SELECTOR = Map({
+    "matchLabels": LABELS,
+    "matchExpressions": Seq(Map({"key": TEXT, "operator": TEXT, "values": Seq(SCALAR)},
+                                required=frozenset({"key", "operator"}))),
+})
+GPU_FIELDS: dict[str, Shape] = {
+    "model": TEXT,
+    "memory": QUANTITY,
+    "healthy": FLAG,
+    "labels": LABELS,
+}
+GPU = Map(GPU_FIELDS, required=frozenset({"model", "memory"}))
+GPU_GROUP = Map({**GPU_FIELDS, "count": QUANTITY}, required=frozenset({"model", "memory"}))
+NODE = Map({
+    "name": TEXT,
+    "replicas": QUANTITY,
+    "cpu": QUANTITY,
+    "memory": QUANTITY,
+    "labels": LABELS,
+    "gpus": OneOf((Seq(GPU), GPU_GROUP)),
+}, required=frozenset({"name", "cpu", "memory"}))
+RESOURCE_CLASS = Map({"name": TEXT, "selector": SELECTOR}, required=frozenset({"name"}))
+CONTAINER = Map({
+    "name": TEXT,
+    "gpu": QUANTITY,
+    "gpuMemory": QUANTITY,
+    "gpuCore": QUANTITY,
+    "mode": TEXT,
+})
+POD = Map({
+    "name": TEXT,
+    "replicas": QUANTITY,
+    "cpu": QUANTITY,
+    "memory": QUANTITY,
+    "containers": Seq(CONTAINER),
+    "models": OneOf((Seq(TEXT), TEXT)),
+    "selector": SELECTOR,
+    "affinity": TEXT,
+    "class": TEXT,
+    "creation": NUMBER,
+    "deletion": NUMBER,
+}, required=frozenset({"name"}))
+NATIVE = Map({
+    "nodes": Seq(NODE),
+    "classes": Seq(RESOURCE_CLASS),
+    "pods": Seq(POD),
+})
+"""A cluster and/or workload file (``gpupool.sim.native``)."""
+
+WEIGHTS = Map({}, others=NUMBER)
+MIX = Map({
+    "name": TEXT,
+    "about": TEXT,
+    "constrained": NUMBER,
+    "models": WEIGHTS,
+    "classes": WEIGHTS,
+    "shares": WEIGHTS,
+    "cpu_scale": NUMBER,
+    "memory_scale": NUMBER,
+    "pods": Value(frozenset({"int"}), "a whole number"),
+    "seed": Value(frozenset({"int"}), "a whole number"),
+}, required=frozenset({"name"}))
+MIXES = Map({"mixes": Seq(MIX)})
+"""A mix file (``gpupool.sim.generate``)."""
+
+_compose = functools.partial(yaml.compose, Loader=yaml.SafeLoader)
+
+
+def checked_text(text: str, file: str, shape: Shape = NATIVE) -> None:
+    """Raise ``YamlProblems`` (every problem, ``file:line:col: ...``) unless ``text`` is
+    well-formed YAML of ``shape``."""
+    check_text(text, file, shape, _compose, yaml.YAMLError)
