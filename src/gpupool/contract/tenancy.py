@@ -9,6 +9,8 @@ selector over GPU labels, parsed by ``core.selector``: Gt/Lt values are Kubernet
 quantities); a group has ``spec.nodes`` (node names), ``spec.gpus`` (GPU uuids),
 ``spec.tenants`` (namespaces), ``spec.models`` (GPU models), each a list of strings,
 and optionally ``spec.quota`` with whole numbers ``gpus``, ``memoryMiB``, ``corePct``.
+With ``spec.mode: automatic`` the members are the GPUs the controller planned
+(``status.members.gpus``, ``automatic_of`` reads the planning spec).
 The core constructors do the validating; this module reaches into the dicts, checks
 that names are names Kubernetes could ever hold (a tenant that is no valid namespace
 name can never match a pod), and says which field is wrong.
@@ -23,6 +25,7 @@ from typing import Any
 
 from gpupool.core.classes import ResourceClass, check_class_name
 from gpupool.core.errors import InvalidInput
+from gpupool.core.groupplan import AutoGroup
 from gpupool.core.groups import ResourceGroup
 from gpupool.core.quota import Limit
 from gpupool.core.selector import Selector
@@ -80,6 +83,9 @@ def group_of(obj: Mapping[str, Any], name: str) -> tuple[ResourceGroup, Limit | 
         spec = _spec(obj, "ResourceGroup", name)
         group = ResourceGroup(name, *(_names(spec, key) for key in
                                       ("nodes", "gpus", "tenants", "models")))
+        if is_automatic(obj):  # members: what the controller planned (status.members)
+            group = ResourceGroup(name, frozenset(), planned_members(obj), group.tenants,
+                                  group.models)
         return group, _limit(spec.get("quota"))
     except InvalidInput as exc:
         return Broken("InvalidSpec", f"{exc}; fix the ResourceGroup (pods naming group {name} "
@@ -116,3 +122,47 @@ def _whole(quota: Mapping[str, Any], key: str) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidInput(f"spec.quota.{key} must be a whole number, got {value!r}")
     return value
+
+
+# -- automatic groups ---------------------------------------------------------------------------
+AUTOMATIC = "automatic"
+
+
+def is_automatic(obj: Mapping[str, Any]) -> bool:
+    spec = obj.get("spec")
+    return isinstance(spec, Mapping) and spec.get("mode") == AUTOMATIC
+
+
+def planned_members(obj: Mapping[str, Any]) -> frozenset[str]:
+    """The GPU uuids the controller chose for an automatic group (``status.members.gpus``;
+    none while it has not planned, or when the status cannot be read)."""
+    status = obj.get("status")
+    members = status.get("members") if isinstance(status, Mapping) else None
+    gpus = members.get("gpus") if isinstance(members, Mapping) else None
+    if not isinstance(gpus, list):
+        return frozenset()
+    return frozenset(u for u in gpus if isinstance(u, str) and _PRINTABLE.match(u))
+
+
+def automatic_of(obj: Mapping[str, Any], name: str) -> AutoGroup | Broken:
+    """An automatic group's planning spec, or why it cannot be planned."""
+    try:
+        spec = _spec(obj, "ResourceGroup", name)
+        demand = spec.get("demand")
+        if not isinstance(demand, Mapping):
+            raise InvalidInput("spec.demand must be an object with gpus or sharePct")
+        gpus, share = demand.get("gpus"), demand.get("sharePct")
+        for key, v in (("gpus", gpus), ("sharePct", share)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+                raise InvalidInput(f"spec.demand.{key} must be a whole number, got {v!r}")
+        raw = spec.get("nodeSelector")
+        if raw is not None and not isinstance(raw, Mapping):
+            raise InvalidInput("spec.nodeSelector must be a label selector")
+        shareable = spec.get("shareable", False)
+        if not isinstance(shareable, bool):
+            raise InvalidInput(f"spec.shareable must be true or false, got {shareable!r}")
+        return AutoGroup(name, _names(spec, "tenants"), _names(spec, "models"), gpus, share,
+                         None if raw is None else Selector.from_spec(raw), shareable)
+    except InvalidInput as exc:
+        return Broken("InvalidSpec", f"{exc}; fix the ResourceGroup (its members are kept as "
+                      "they are until then)")

@@ -19,6 +19,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from gpupool.contract.quotas import Broken as BrokenObject
+from gpupool.contract.quotas import permission_or_denial
+from gpupool.controller import groupsync, quotastatus
 from gpupool.controller.deviceclasses import DeviceClassSync
 from gpupool.controller.observed import Obj, Observed, Verify, observe
 from gpupool.controller.reconcile import (
@@ -32,6 +35,8 @@ from gpupool.controller.reconcile import (
     reconcile,
 )
 from gpupool.controller.trust import RememberedVerify
+from gpupool.core.model import Labels, freeze_labels
+from gpupool.core.tenants import PermissionBook
 from gpupool.kube.api import KubeApi, Listing
 from gpupool.kube.controller_ops import ControllerApi, pod_json
 from gpupool.kube.errors import KubeError
@@ -159,7 +164,13 @@ class Controller:
     def reconcile_once(self) -> Outcome:
         """List everything, reconcile, apply."""
         observed = self.list_world()
-        return self._with_device_classes(observed, self.apply(reconcile(observed, self.clock())))
+        out = self._with_device_classes(observed, self.apply(reconcile(observed, self.clock())))
+        try:
+            tenancy = TenancyWorld.listed(self.api)
+        except KubeError as exc:
+            out.failures.append(str(exc))
+            return out
+        return self._with_tenancy(observed, out, tenancy)
 
     def _with_device_classes(self, observed: Observed, out: Outcome) -> Outcome:
         if self.device_classes is None:
@@ -204,6 +215,31 @@ class Controller:
                 self.api.patch_resource_group_status(action.name, action.patch)
             out.statuses.append(f"{action.kind}/{action.name}")
 
+    def _with_tenancy(self, observed: Observed, out: Outcome, tenancy: TenancyWorld
+                      ) -> Outcome:
+        """Resource groups' members (automatic groups planned, ``groupsync``), then
+        TenantQuota and GPUPermission status (``quotastatus``); a failed write is logged
+        and retried next round."""
+        labels, permissions, quotas = tenancy.snapshot()
+        book = PermissionBook(p for p in map(permission_or_denial, permissions)
+                              if not isinstance(p, BrokenObject))
+        writes: list[tuple[str, str, Obj]] = [
+            ("ResourceGroup", p.name, p.patch) for p in groupsync.plan(observed, labels, book)]
+        nodes = groupsync.core_nodes(observed, labels)
+        writes += [(p.kind, p.name, p.patch) for p in
+                   quotastatus.plan(observed, quotas, permissions, nodes, self.clock())]
+        patchers = {"ResourceGroup": self.api.patch_resource_group_status,
+                    "TenantQuota": self.api.patch_tenant_quota_status,
+                    "GPUPermission": self.api.patch_gpu_permission_status}
+        for kind, name, patch in writes:
+            try:
+                patchers[kind](name, patch)
+                out.statuses.append(f"{kind}/{name}")
+            except KubeError as exc:
+                out.failures.append(str(exc))
+                log.warning("%s (retried next round)", exc)
+        return out
+
     def _log_notes(self, notes: tuple[str, ...]) -> None:
         for note in notes:
             if note not in self._last_notes:
@@ -218,6 +254,8 @@ class Controller:
         world = WorldCache()
         informers = [_informer(self.api, world, kind, feed, watch_timeout_s)
                      for kind, feed in _feeds().items()]
+        tenancy = TenancyWorld(world.dirty)
+        informers += tenancy.informers(self.api, watch_timeout_s)
         try:
             for inf in informers:
                 while not inf.synced.wait(0.1):
@@ -230,6 +268,7 @@ class Controller:
                 observed = world.observed(self.verify)
                 outcome = self._with_device_classes(
                     observed, self.apply(reconcile(observed, self.clock())))
+                outcome = self._with_tenancy(observed, outcome, tenancy)
                 if outcome.writes or outcome.failures:
                     log.info("reconciled: %s", outcome.summary())
                 if self.observer is not None:
@@ -269,3 +308,80 @@ def _wait_for_work(world: WorldCache, stop: threading.Event, resync_s: float) ->
             stop.wait(QUIET_S)
             return
         waited += 0.5
+
+
+class TenancyWorld:
+    """Node labels, GPUPermissions and TenantQuotas as the informers last saw them (for
+    ``groupsync`` and ``quotastatus``). A node event marks the world dirty only when the
+    node's labels changed (its status changes all the time and plans nothing)."""
+
+    def __init__(self, dirty: threading.Event | None = None) -> None:
+        self._lock = threading.Lock()
+        self.dirty = dirty or threading.Event()
+        self.labels: dict[str, Labels] = {}
+        self.objects: dict[str, dict[str, Obj]] = {"gpupermissions": {}, "tenantquotas": {}}
+
+    @staticmethod
+    def listed(api: ControllerApi) -> TenancyWorld:
+        world = TenancyWorld()
+        world.sync_nodes(api.list_nodes().items)
+        world.sync("gpupermissions", api.list_gpu_permissions().items)
+        world.sync("tenantquotas", api.list_tenant_quotas().items)
+        return world
+
+    def snapshot(self) -> tuple[dict[str, Labels], list[Obj], list[Obj]]:
+        with self._lock:
+            return (dict(self.labels), list(self.objects["gpupermissions"].values()),
+                    list(self.objects["tenantquotas"].values()))
+
+    def sync_nodes(self, nodes: Iterable[Any]) -> None:
+        with self._lock:
+            self.labels = {str(n.metadata.name): freeze_labels(n.metadata.labels)
+                           for n in nodes}
+        self.dirty.set()
+
+    def node_event(self, event: str, node: Any) -> None:
+        name, labels = str(node.metadata.name), freeze_labels(node.metadata.labels)
+        with self._lock:
+            if event == "DELETED":
+                self.labels.pop(name, None)
+            elif self.labels.get(name) == labels:
+                return
+            else:
+                self.labels[name] = labels
+        self.dirty.set()
+
+    def sync(self, kind: str, items: Iterable[Any]) -> None:
+        with self._lock:
+            self.objects[kind] = {_key(dict(o)): dict(o) for o in items}
+        self.dirty.set()
+
+    def event(self, kind: str, event: str, obj: Any) -> None:
+        o = dict(obj)
+        with self._lock:
+            if event == "DELETED":
+                self.objects[kind].pop(_key(o), None)
+            else:
+                self.objects[kind][_key(o)] = o
+        self.dirty.set()
+
+    def informers(self, api: KubeApi, watch_timeout_s: int) -> list[Informer[Any]]:
+        nodes: Feed[Any] = Feed("nodes", lambda a: a.list_nodes(),
+                                lambda a, rv, t: a.watch_nodes(rv, t))
+        out = [Informer(api, nodes, self.sync_nodes, self.node_event, watch_timeout_s).start()]
+        for kind, feed in (
+                ("gpupermissions", Feed("gpupermissions", lambda a: a.list_gpu_permissions(),
+                                        lambda a, rv, t: a.watch_gpu_permissions(rv, t))),
+                ("tenantquotas", Feed("tenantquotas", lambda a: a.list_tenant_quotas(),
+                                      lambda a, rv, t: a.watch_tenant_quotas(rv, t)))):
+            out.append(Informer(api, feed, _synced(self, kind), _evented(self, kind),
+                                watch_timeout_s).start())
+        return out
+
+
+def _synced(world: TenancyWorld, kind: str) -> Callable[[list[Any]], None]:
+    return lambda items: world.sync(kind, items)
+
+
+def _evented(world: TenancyWorld, kind: str) -> Callable[[str, Any], None]:
+    return lambda event, obj: world.event(kind, event, obj)

@@ -25,6 +25,7 @@ from typing import Any
 from gpupool.contract import annotations as records
 from gpupool.contract.podspec_request import gpu_class_of
 from gpupool.controller.defaults import ANNOTATION_MODELS, default_classes, is_owned
+from gpupool.controller.groupsync import PLANNED_KEYS
 from gpupool.controller.observed import (
     Obj,
     Observed,
@@ -256,6 +257,9 @@ def group_status(obj: Obj, observed: Observed, book: QuotaBook, now: str) -> Obj
     status.update(usage)
     status.update(_unaccounted(observed, lambda pod: _group_named(pod) == name))
     status["conditions"] = conditions(verdicts, obj.get("status"), now, _generation(obj))
+    current = obj.get("status")
+    if isinstance(current, Mapping):  # members, capacity, free, conflicts: ``groupsync``
+        status.update({k: current[k] for k in PLANNED_KEYS if k in current})
     return status
 
 

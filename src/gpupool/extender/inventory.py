@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpupool.contract import tenancy
 from gpupool.contract.devices import DeviceRecord
 from gpupool.core.classes import ResourceClass
 from gpupool.core.errors import InvalidInput, QuantityError
@@ -99,6 +100,9 @@ def resource_group(obj: Mapping[str, Any]) -> tuple[ResourceGroup, Limit | None]
     name = str(meta.get("name") or "")
     group = ResourceGroup(name, _names(spec, "nodes", name), _names(spec, "gpus", name),
                           _names(spec, "tenants", name), _names(spec, "models", name))
+    if tenancy.is_automatic(obj):  # the members the controller planned
+        group = ResourceGroup(name, frozenset(), tenancy.planned_members(obj), group.tenants,
+                              group.models)
     quota = spec.get("quota")
     if quota is None:
         return group, None

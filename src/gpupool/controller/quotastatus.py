@@ -1,0 +1,134 @@
+"""TenantQuota and GPUPermission status, from the pods gpupool placed.
+
+A TenantQuota's ``status``: ``used`` (what its namespaces' pods hold: GPUs, MiB of GPU
+memory, percent of compute), ``limit`` and ``remaining`` (limited dimensions only),
+``borrowed`` (in a cohort: how far beyond its limits it runs on capacity its peers lend),
+``usedByClass`` (per class it limits), and the conditions ``Valid`` (the spec can be read;
+a namespace also claimed by another quota is named) and ``WithinQuota``. The numbers are
+those the extender enforces, by the same core arithmetic (``core.tenants``,
+``core.cohort``). A GPUPermission's ``status``: ``Valid`` and ``gpus``, how many published
+GPUs it permits.
+
+Pure: ``plan`` takes the observed world and returns merge patches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from gpupool.contract.quotas import Broken, permission_of, quota_of
+from gpupool.controller.observed import Obj, Observed, name_of
+from gpupool.controller.status import Verdict, amount_json, conditions, limit_json, merge_diff
+from gpupool.core.model import Node
+from gpupool.core.quota import Amount, Charge, QuotaBook, amount_of_allocation
+from gpupool.core.tenants import TenantBook, TenantQuota
+
+
+@dataclass(frozen=True, slots=True)
+class StatusPatch:
+    kind: str  # "TenantQuota" or "GPUPermission"
+    name: str
+    patch: Obj
+
+
+def charged(observed: Observed) -> QuotaBook:
+    book = QuotaBook()
+    for h in observed.holdings:
+        book.charge(h.key, Charge(amount_of_allocation(h.allocation), h.tenant, h.gpu_class,
+                                  h.group))
+    return book
+
+
+def plan(observed: Observed, quotas: Iterable[Obj], permissions: Iterable[Obj],
+         nodes: list[Node], now: str) -> list[StatusPatch]:
+    """Status patches for every TenantQuota and GPUPermission that needs one."""
+    objs = sorted(quotas, key=name_of)
+    parsed = {name_of(o): quota_of(o) for o in objs}
+    tenants = TenantBook(q for q in parsed.values() if not isinstance(q, Broken))
+    book = charged(observed)
+    out = []
+    for obj in objs:
+        desired = quota_status(obj, parsed[name_of(obj)], tenants, book, now)
+        out += _patch("TenantQuota", obj, desired)
+    for obj in sorted(permissions, key=name_of):
+        out += _patch("GPUPermission", obj, permission_status(obj, nodes, now))
+    return out
+
+
+def _patch(kind: str, obj: Obj, desired: Obj) -> list[StatusPatch]:
+    patch = merge_diff(obj.get("status") or {}, desired)
+    return [StatusPatch(kind, name_of(obj), patch)] if patch else []
+
+
+def quota_status(obj: Obj, parsed: TenantQuota | Broken, tenants: TenantBook,
+                 book: QuotaBook, now: str) -> Obj:
+    status: Obj = {}
+    if isinstance(parsed, Broken):
+        verdicts = [Verdict("Valid", False, parsed.reason, parsed.message)]
+    else:
+        used = tenants.used(book, parsed)
+        status = {"namespaces": sorted(parsed.namespaces), "used": amount_json(used),
+                  "limit": limit_json(parsed.limit),
+                  "remaining": limit_json(parsed.limit.remaining(used))}
+        if parsed.cohort is not None:
+            cohort = tenants.cohort(book, parsed)
+            status["borrowed"] = amount_json(cohort.borrowed(f"tenant {parsed.name}"))
+        if parsed.classes:
+            status["usedByClass"] = {c: amount_json(tenants.used(book, parsed, c))
+                                     for c, _ in parsed.classes}
+        verdicts = [_valid(parsed, tenants.overlaps()), _within(parsed, used)]
+    status["conditions"] = conditions(verdicts, _map(obj.get("status")), now,
+                                      _generation(obj))
+    return status
+
+
+def _valid(q: TenantQuota, overlaps: Mapping[str, tuple[str, ...]]) -> Verdict:
+    shared = {ns: names for ns, names in overlaps.items() if ns in q.namespaces}
+    if not shared:
+        return Verdict("Valid", True, "SpecValid", f"tenant {q.name}: namespaces "
+                       f"{', '.join(sorted(q.namespaces)) or '(none)'}")
+    words = "; ".join(f"{ns} also in {', '.join(n for n in names if n != q.name)}"
+                      for ns, names in shared.items())
+    return Verdict("Valid", True, "NamespaceShared", f"every quota naming a namespace "
+                   f"applies to its pods: {words}")
+
+
+def _within(q: TenantQuota, used: Amount) -> Verdict:
+    over = [(dim, cap, getattr(used, dim)) for dim in ("gpus", "memory_mib", "core_pct")
+            if (cap := getattr(q.limit, dim)) is not None and getattr(used, dim) > cap]
+    if not over:
+        return Verdict("WithinQuota", True, "WithinLimit", f"uses {_words(used)}")
+    dim, cap, have = over[0]
+    reason = "Borrowing" if q.cohort is not None else "OverLimit"
+    return Verdict("WithinQuota", False, reason,
+                   f"uses {have} of {dim} over its limit of {cap}"
+                   + (f", borrowed from cohort {q.cohort}" if q.cohort else
+                      " (the limit was lowered below what runs): new pods wait until "
+                      "enough is freed or the limit is raised"))
+
+
+def _words(a: Amount) -> str:
+    return f"{a.gpus} GPUs, {a.memory_mib} MiB of GPU memory, {a.core_pct} percent of compute"
+
+
+def permission_status(obj: Obj, nodes: list[Node], now: str) -> Obj:
+    parsed = permission_of(obj)
+    if isinstance(parsed, Broken):
+        verdict = Verdict("Valid", False, parsed.reason, parsed.message)
+        return {"gpus": 0, "conditions": conditions([verdict], _map(obj.get("status")), now,
+                                                     _generation(obj))}
+    count = sum(1 for n in nodes for g in n.gpus if parsed.permits(n, g))
+    verdict = Verdict("Valid", True, "SpecValid", f"permits {count} GPUs to "
+                      f"{', '.join(sorted(parsed.tenants))}")
+    return {"gpus": count, "conditions": conditions([verdict], _map(obj.get("status")), now,
+                                                     _generation(obj))}
+
+
+def _map(value: object) -> Mapping[str, object] | None:
+    return value if isinstance(value, Mapping) else None
+
+
+def _generation(obj: Obj) -> int | None:
+    gen = (obj.get("metadata") or {}).get("generation")
+    return gen if isinstance(gen, int) and not isinstance(gen, bool) else None
