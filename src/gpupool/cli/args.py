@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from gpupool.core.errors import InvalidInput
+from gpupool.core.policies import POLICIES, make_policy
+from gpupool.core.policies.config import PolicyConfig
+from gpupool.core.request import GpuDemand, Mode, PodRequest
+from gpupool.core.workload import TargetWorkload
 
 N = TypeVar("N", int, float)
 
@@ -43,3 +50,44 @@ def weight(text: str) -> tuple[str, float]:
         raise argparse.ArgumentTypeError(
             f"--weight takes NAME=NUMBER (e.g. fgd-balance.lambda=0.5), got {text!r}")
     return name.strip(), number
+
+
+class _Asked(dict[str, float]):
+    """A weights map that remembers every name a policy asks it for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: set[str] = set()
+
+    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
+        self.asked.add(key)
+        return super().get(key, default)
+
+
+def weight_names(policy: str) -> frozenset[str]:
+    """The weights ``policy`` reads: asked of the policy itself, built on a one-pod
+    workload, so the list is always the code's own."""
+    asked = _Asked()
+    make_policy(policy, PolicyConfig(_PROBE_WORKLOAD, asked))
+    return frozenset(asked.asked)
+
+
+def check_weights(weights: Sequence[tuple[str, float]], policies: Sequence[str]) -> None:
+    """Refuse a ``--weight`` no policy of ``policies`` reads, naming the closest name
+    and the policy that reads it (``InvalidInput``, one line)."""
+    used = {name: p for p in policies for name in weight_names(p)}
+    every = {name: p for p in sorted(POLICIES) for name in weight_names(p)}
+    for name, _ in weights:
+        if name in used:
+            continue
+        if name in every:
+            raise InvalidInput(f"--weight {name}: only policy {every[name]} reads it, and it "
+                               f"is not run (--policy {every[name]})")
+        near = difflib.get_close_matches(name, sorted(used or every), n=1, cutoff=0.5)
+        hint = f"did you mean {near[0]}?" if near else \
+            f"weights of {', '.join(policies)}: {', '.join(sorted(used)) or 'none'}"
+        raise InvalidInput(f"--weight {name}: no such weight ({hint})")
+
+
+_PROBE_WORKLOAD = TargetWorkload.from_requests(
+    [PodRequest("probe", 1000, 1024, (GpuDemand(1, 1024, 50, Mode.SHARED),))])

@@ -30,7 +30,7 @@ from typing import Any
 
 import uvicorn
 
-from gpupool.cli.args import bounded, weight
+from gpupool.cli.args import bounded, check_weights, weight
 from gpupool.core.policies import DEFAULT_POLICY, POLICIES, make_policy
 from gpupool.core.policies.config import PolicyConfig
 from gpupool.extender.app import build_app, build_probes, build_verbs
@@ -193,6 +193,7 @@ def _wire(args: argparse.Namespace) -> Wired:
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    check_weights(args.weight, [args.policy])
     make_policy(args.policy, PolicyConfig(BUILTIN_WORKLOAD, dict(args.weight)))  # fail fast
     wired = _wire(args)
     tls = None if args.plain_http else ReloadingContext(_material(wired.api, args))

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from gpupool.cli.args import bounded, weight
+from gpupool.cli.args import bounded, check_weights, weight
 from gpupool.core.errors import InvalidInput, UnknownName
 from gpupool.core.policies import POLICIES
 from gpupool.sim.campaign import (
@@ -95,7 +95,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         "among the window of nodes kube-scheduler would send the extender "
                         "(0: kube-scheduler's adaptive default; default 100: every node)")
     p.add_argument("--weight", type=weight, action="append", default=[], metavar="NAME=X",
-                   help="policy weight, e.g. fgd-balance.lambda=0.5 (repeatable)")
+                   help="policy weight, e.g. fgd-balance.lambda=0.5 (repeatable; the names "
+                        "each policy reads: docs/cli.md; an unknown name is an error)")
     p.add_argument("--mix", metavar="NAME",
                    help="a generated workload on the published 1,213-node cluster instead of "
                         "--nodes/--pods (names: the mix file's; see docs/simulator.md)")
@@ -155,6 +156,7 @@ def check_policies(names: Sequence[str]) -> tuple[str, ...]:
 
 def simulate(args: argparse.Namespace) -> int:
     policies = check_policies(args.policy or DEFAULT_POLICIES)
+    check_weights(args.weight, policies)
     started = time.perf_counter()
     campaign = Campaign(load(args), policies, args.seeds, SimMode(args.mode), args.inflate,
                         dict(args.weight), args.nodes_to_score,
