@@ -11,15 +11,19 @@ from pathlib import Path
 from gpupool_testing.fake_apiserver import FakeApiServer
 
 from gpupool.cli.webhook import _pod_node as pod_node_of
+from gpupool.controller.leader import ElectionTiming, LeaderElector
 from gpupool.controller.loop import Controller
+from gpupool.kube.api import KubeApi
 from gpupool.kube.controller_ops import ControllerApi
 from gpupool.kube.keystore import PUBLIC_CONFIG_MAP, KeyRingSource
+from gpupool.kube.lease import LeaseLock
 from gpupool.kube.webhook_ops import WebhookApi
 from gpupool.webhook.certificates import CertificateKeeper
 from gpupool.webhook.metrics import Metrics
 from gpupool.webhook.tls import ServingTls
 from tests.controller.builders import GIB, RING, device, group, model_selector, placed_pod, slices
 from tests.rbac_grants import Call, grants, manifest, needed, refused, writes
+from tests.waiting import wait_for
 from tests.webhook.conftest import PLURALS, plan, shipped_configurations
 
 NS = "gpupool-system"
@@ -98,3 +102,33 @@ def test_neither_role_can_read_the_private_signing_key_or_write_pods() -> None:
                      Call("", "pods/binding", "create", "team-a", "p"),
                      Call("gpupool.io", "gpudevices", "update", "", "gpu-1")]
         assert refused(forbidden, rules) == set(forbidden), account
+
+
+def test_the_controllers_rbac_covers_its_leader_election_on_its_own_lease_only() -> None:
+    timing = ElectionTiming(lease_duration_s=2, renew_deadline_s=1.2, retry_period_s=0.25)
+    with FakeApiServer() as fake:
+        runs = []
+        for who in ("a", "b"):
+            api = KubeApi.connect(server=fake.url, timeout_s=timing.retry_period_s)
+            elector = LeaderElector(LeaseLock(api, NS, "gpupool-controller"), who, timing)
+            stop = threading.Event()
+            thread = threading.Thread(target=elector.run, args=(stop,), daemon=True)
+            thread.start()
+            runs.append((api, elector, stop, thread))
+        try:
+            assert wait_for(lambda: any(e.is_leader() for _, e, _, _ in runs), 5)
+            time.sleep(3 * timing.retry_period_s)  # renewals, and the other one trying
+        finally:
+            for api, _, stop, thread in runs:  # the leader releases the lease on stop
+                stop.set()
+                thread.join(5)
+                api.close()
+        calls = needed(fake.requests)
+    rules = grants(manifest("controller", "rbac.yaml"), "gpupool-controller")
+    assert {(c.resource, c.verb) for c in calls} >= {("leases", "create"), ("leases", "get"),
+                                                       ("leases", "update")}
+    assert refused(calls, rules) == set()
+    assert writes(calls) == {("coordination.k8s.io", "leases")}
+    other = [Call("coordination.k8s.io", "leases", "update", NS, "gpupool-scheduler"),
+             Call("coordination.k8s.io", "leases", "get", "kube-system", "gpupool-controller")]
+    assert refused(other, rules) == set(other)
