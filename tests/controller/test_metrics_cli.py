@@ -1,0 +1,123 @@
+"""Two ``gpupool controller`` processes against the FAKE API server, scraped over HTTP:
+one leads and exports the cluster's figures, the other follows with /healthz fine and
+no figures; when the leader is stopped (SIGTERM) the follower takes over."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+from gpupool_testing.fake_apiserver import FakeApiServer
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpupool.kube.keystore import PUBLIC_CONFIG_MAP
+from tests.controller.builders import GIB, RING, device, group, placed_pod, slices
+from tests.waiting import wait_for
+
+NS = "gpupool-system"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def scrape(port: int) -> dict[str, float]:
+    """``name{a="b"}`` -> value (labels sorted), or {} while nothing answers."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+            text = r.read().decode()
+    except OSError:
+        return {}
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
+            out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
+    return out
+
+
+def healthz(port: int) -> int:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
+        return int(r.status)
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeApiServer]:
+    with FakeApiServer() as server:
+        for i in range(2):
+            server.seed("gpudevices", device("n1", i, labels={"gpupool.io/pool": "train"}))
+        server.seed("resourcegroups", group("team", nodes=["n1"], quota={"gpus": 2}))
+        server.seed("pods", placed_pod("a", "lab", "n1", slices("n1", (0, 8 * GIB, 50)),
+                                       group_name="team"))
+        server.seed("configmaps", {"metadata": {"name": PUBLIC_CONFIG_MAP, "namespace": NS},
+                                   "data": RING.to_data()})
+        yield server
+
+
+def controller(fake: FakeApiServer, name: str, port: int) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "POD_NAME": name, "POD_NAMESPACE": NS}
+    return subprocess.Popen(
+        [sys.executable, "-m", "gpupool.cli.main", "controller", "--server", fake.url,
+         "--metrics-port", str(port), "--metrics-address", "127.0.0.1",
+         "--lease-duration-seconds", "2", "--renew-deadline-seconds", "1.2",
+         "--retry-period-seconds", "0.25", "--no-device-classes", "--log-level", "WARNING"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def test_two_controllers_one_leads_and_exports_the_other_takes_over_when_it_stops(
+        fake: FakeApiServer) -> None:
+    ports = {"ctl-a": free_port(), "ctl-b": free_port()}
+    procs = {n: controller(fake, n, p) for n, p in ports.items()}
+    try:
+        def leading() -> list[str]:
+            return [n for n, p in ports.items() if scrape(p).get("gpupool_controller_is_leader")]
+        assert wait_for(lambda: len(leading()) == 1 and all(
+            "gpupool_controller_is_leader" in scrape(p) for p in ports.values()), 30)
+        (leader,) = leading()
+        (follower,) = set(ports) - {leader}
+        assert wait_for(lambda: "gpupool_controller_gpus{model=\"A100-SXM4-80GB\","
+                                "pool=\"train\"}" in scrape(ports[leader]), 15)
+        got = scrape(ports[leader])
+        assert got['gpupool_controller_quota_used_gpus{name="team",scope="group"}'] == 1
+        assert got['gpupool_controller_quota_limit_gpus{name="team",scope="group"}'] == 2
+        assert got['gpupool_controller_gpus_allocated{model="A100-SXM4-80GB",pool="train"}'] \
+            == 0.5
+        holder = (fake.get("leases", "gpupool-controller", NS) or {})["spec"]["holderIdentity"]
+        assert holder.startswith(leader + "_")
+        assert got[f'gpupool_controller_leader_info{{holder="{holder}"}}'] == 1
+        seen = scrape(ports[follower])
+        assert seen["gpupool_controller_is_leader"] == 0
+        assert seen[f'gpupool_controller_leader_info{{holder="{holder}"}}'] == 1
+        assert not any(k.startswith(("gpupool_controller_gpus", "gpupool_controller_quota"))
+                       for k in seen)
+        assert healthz(ports[follower]) == healthz(ports[leader]) == 200
+
+        procs[leader].send_signal(signal.SIGTERM)
+        assert procs[leader].wait(15) == 0
+        assert wait_for(lambda: scrape(ports[follower]).get("gpupool_controller_is_leader")
+                        == 1, 10)
+        assert wait_for(lambda: 'gpupool_controller_quota_used_gpus{name="team",'
+                                'scope="group"}' in scrape(ports[follower]), 10)
+        spec = (fake.get("leases", "gpupool-controller", NS) or {})["spec"]
+        assert spec["holderIdentity"].startswith(follower + "_")
+        assert spec["leaseTransitions"] == 1
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs.values():
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+            if p.stderr is not None:
+                p.stderr.close()
