@@ -32,9 +32,9 @@ from rich.console import Console
 
 from gpupool.cli.args import bounded
 from gpupool.controller.deviceclasses import DeviceClassSync
-from gpupool.controller.figures import POOL_LABEL, figures
+from gpupool.controller.figures import POOL_LABEL, Heartbeats, figures
 from gpupool.controller.leader import ElectionTiming, LeaderElector, lead
-from gpupool.controller.loop import Controller, Outcome, RoundObserver
+from gpupool.controller.loop import Controller, Outcome, RoundObserver, WorldCache
 from gpupool.controller.metrics import ControllerMetrics, VerifyTally, serve
 from gpupool.controller.observed import Observed
 from gpupool.kube.api import DraApi, KubeApi
@@ -78,6 +78,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--pool-label", default=POOL_LABEL, metavar="LABEL",
                    help="the GPUDevice label (spec.labels) that names a GPU's pool in the "
                         f"metrics (default {POOL_LABEL})")
+    p.add_argument("--stale-after", type=bounded(float, 1, 86_400), default=120.0,
+                   metavar="SECONDS",
+                   help="count a GPU as stale in the metrics when its node agent has not "
+                        "reported for this long (default 120, as the extender)")
     p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     p.set_defaults(func=run)
 
@@ -128,7 +132,8 @@ def run(args: argparse.Namespace) -> int:
     metrics = ControllerMetrics()
     tally = VerifyTally(verify) if verify is not None else None
     controller = Controller(api, verify=tally, device_classes=classes,
-                            observer=_observer(metrics, tally, args.pool_label))
+                            observer=_observer(metrics, tally, args.pool_label,
+                                               args.stale_after))
     try:
         return _watch(args, controller, metrics)
     finally:
@@ -141,13 +146,14 @@ def _close(*apis: KubeApi | None) -> None:
             api.close()
 
 
-def _observer(metrics: ControllerMetrics, tally: VerifyTally | None, pool_label: str
-              ) -> RoundObserver:
-    def observe(observed: Observed, pods: list[dict[str, Any]], outcome: Outcome,
+def _observer(metrics: ControllerMetrics, tally: VerifyTally | None, pool_label: str,
+              stale_after_s: float) -> RoundObserver:
+    def observe(observed: Observed, world: WorldCache, outcome: Outcome,
                 seconds: float) -> None:
         unverified = tally.take() if tally is not None else {}
-        metrics.round_done(figures(observed, pods, unverified, pool_label), observed, seconds,
-                           len(outcome.failures))
+        beats = Heartbeats(tuple(world.objects("gpudevices")), time.time(), stale_after_s)
+        figs = figures(observed, world.objects("pods"), unverified, pool_label, beats)
+        metrics.round_done(figs, observed, seconds, len(outcome.failures))
     return observe
 
 

@@ -13,7 +13,10 @@
   into the pod's ``PodScheduled`` condition — the extender's counted refusals start with
   ``gpupool:`` — and, for a pod bound but refused by its node agent, the decision's
   ``failed`` phase;
-* decisions not counted, by reason (signature codes come from ``VerifyTally``).
+* decisions not counted, by reason (signature codes come from ``VerifyTally``);
+* GPUs whose node agent has gone quiet (``status.heartbeatTime``, else the object's
+  creation, older than ``stale_after_s``: the extender's rule) and GPUs isolated for
+  over-use, per (model, pool).
 
 A pool is the value of the GPU label named by ``pool_label`` in the GPUDevice's
 ``spec.labels`` (``none`` when a GPU has none).
@@ -30,6 +33,7 @@ import numpy as np
 
 from gpupool.contract import annotations as records
 from gpupool.contract import names
+from gpupool.contract.devices import read_device
 from gpupool.contract.podspec_request import pod_request
 from gpupool.controller.observed import Observed, PlacedGpu, name_of
 from gpupool.controller.resources import Broken, group_of
@@ -67,6 +71,8 @@ class PoolFigure:
     allocated_milli: int = 0
     free_milli: int = 0
     fragmented_milli: int = 0
+    stale: int = 0
+    isolated: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,11 +84,22 @@ class Figures:
     workload: str = ""  # where the fragmentation workload came from
 
 
+@dataclass(frozen=True, slots=True)
+class Heartbeats:
+    """The GPUDevices as listed, and the rule for a silent node agent."""
+
+    devices: tuple[Mapping[str, Any], ...] = ()
+    now_s: float = 0.0
+    stale_after_s: float = 120.0
+
+
 def figures(observed: Observed, pods: Iterable[Mapping[str, Any]],
-            unverified: Mapping[str, int] | None = None, pool_label: str = POOL_LABEL
-            ) -> Figures:
+            unverified: Mapping[str, int] | None = None, pool_label: str = POOL_LABEL,
+            heartbeats: Heartbeats | None = None) -> Figures:
     """Every figure of one round (``unverified``: signature failures by reason)."""
     pools, source = pool_figures(observed, pool_label)
+    if heartbeats is not None:
+        pools = with_silence(pools, heartbeats, pool_label)
     uncounted = Counter(dict(unverified or {}))
     uncounted["not-a-gpu-pod"] += sum(1 for p in observed.problems
                                       if "asks no gpupool GPU resource" in p.message)
@@ -222,3 +239,20 @@ def _refusal(reason: str, message: str) -> str:
 def pending_figures(pods: Iterable[Mapping[str, Any]]) -> dict[str, int]:
     counts = Counter(r for r in map(pending_reason, pods) if r is not None)
     return {r: counts.get(r, 0) for r in PENDING_REASONS}
+
+
+def with_silence(pools: tuple[PoolFigure, ...], beats: Heartbeats, pool_label: str
+                 ) -> tuple[PoolFigure, ...]:
+    """``pools`` with the stale and isolated GPUs of ``beats.devices`` counted."""
+    acc = {(p.model, p.pool): p for p in pools}
+    for obj in beats.devices:
+        try:
+            dev = read_device(obj)
+        except InvalidInput:
+            continue  # a Problem already
+        key = (dev.gpu.model, dict(dev.gpu.labels).get(pool_label) or NO_POOL)
+        seen = dev.heartbeat_s if dev.heartbeat_s is not None else dev.created_s
+        stale = seen is not None and beats.now_s - seen > beats.stale_after_s
+        f = acc.get(key, PoolFigure(*key))
+        acc[key] = replace(f, stale=f.stale + stale, isolated=f.isolated + dev.isolated)
+    return tuple(acc[k] for k in sorted(acc))

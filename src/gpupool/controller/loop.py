@@ -272,8 +272,7 @@ class Controller:
                 if outcome.writes or outcome.failures:
                     log.info("reconciled: %s", outcome.summary())
                 if self.observer is not None:
-                    self.observer(observed, world.objects("pods"), outcome,
-                                  time.monotonic() - started)
+                    self.observer(observed, world, outcome, time.monotonic() - started)
                 if on_round is not None:
                     on_round(outcome)
                 _wait_for_work(world, stop, resync_s)
@@ -284,9 +283,9 @@ class Controller:
                 inf.join(0.5)
 
 
-RoundObserver = Callable[[Observed, list[Obj], Outcome, float], None]
-"""Told after each round of ``Controller.run``: what was observed, the pods as JSON, what
-the round did, and how long it took in seconds."""
+RoundObserver = Callable[[Observed, WorldCache, Outcome, float], None]
+"""Told after each round of ``Controller.run``: what was observed, the objects it was
+observed from, what the round did, and how long it took in seconds."""
 
 
 def _informer(api: KubeApi, world: WorldCache, kind: str, feed: Feed[Any], watch_timeout_s: int

@@ -4,7 +4,7 @@ Names (documented in docs/operations.md): quota per scope
 ``gpupool_controller_quota_{used,limit}_{gpus,memory_mib,core_pct}{scope, name}``; GPUs
 per ``{model, pool}``: ``gpupool_controller_gpus``, ``..._gpus_healthy``,
 ``..._gpus_allocated``, ``..._gpus_free``, ``..._gpus_fragmented`` (whole GPUs, shares
-summed); ``gpupool_controller_pending_pods{reason}``,
+summed), ``..._gpus_stale``, ``..._gpus_isolated``; ``gpupool_controller_pending_pods{reason}``,
 ``gpupool_controller_uncounted_decisions{reason}``, ``gpupool_controller_problems{kind}``;
 rounds: ``gpupool_controller_reconcile_seconds``, ``..._reconciles_total{result}``,
 ``..._write_failures_total``, ``..._last_reconcile_timestamp_seconds``; leadership:
@@ -61,6 +61,12 @@ class ControllerMetrics:
         self.fragmented = Gauge("gpupool_controller_gpus_fragmented",
                                 "Free GPU share a typical task cannot use (FGD fragmentation), "
                                 "in whole GPUs", _POOL, registry=r)
+        self.stale = Gauge("gpupool_controller_gpus_stale",
+                           "GPUs whose node agent has not reported within the stale time",
+                           _POOL, registry=r)
+        self.isolated = Gauge("gpupool_controller_gpus_isolated",
+                              "GPUs isolated by their node agent (a container over its slice)",
+                              _POOL, registry=r)
         self.pending = Gauge("gpupool_controller_pending_pods",
                              "GPU pods not running yet, by reason", ["reason"], registry=r)
         self.uncounted = Gauge("gpupool_controller_uncounted_decisions",
@@ -90,6 +96,7 @@ class ControllerMetrics:
         self._world: list[tuple[Gauge, set[tuple[str, ...]]]] = [
             (g, set()) for g in (*self.used.values(), *self.limit.values(), self.gpus,
                                  self.healthy, self.allocated, self.free, self.fragmented,
+                                 self.stale, self.isolated,
                                  self.pending, self.uncounted, self.problems)]
         self._lock = threading.Lock()
         for result in ("ok", "failed"):
@@ -116,6 +123,7 @@ class ControllerMetrics:
             series[self.allocated][key] = p.allocated_milli / MILLI
             series[self.free][key] = p.free_milli / MILLI
             series[self.fragmented][key] = p.fragmented_milli / MILLI
+            series[self.stale][key], series[self.isolated][key] = p.stale, p.isolated
         for reason in PENDING_REASONS:
             series[self.pending][(reason,)] = figs.pending.get(reason, 0)
         for reason, n in figs.uncounted.items():
