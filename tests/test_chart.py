@@ -321,3 +321,23 @@ def test_the_shipped_dashboard_and_alerts_render_when_present() -> None:
         (files / "grafana-dashboard.json").read_text())
     rules = yaml.safe_load((files / "alerts.yaml").read_text())
     assert one(docs, "PrometheusRule", "gpupool")["spec"]["groups"] == rules["groups"]
+
+
+# -- Kubernetes' own schemas ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("values", [(), ("metrics.serviceMonitor.enabled=true",
+                                         "controller.replicas=2", "webhook.enabled=false",
+                                         "scheduler.percentageOfNodesToScore=100")],
+                         ids=["default values", "custom values"])
+def test_every_rendered_object_is_valid_for_kubernetes_1_36_with_no_unknown_field(
+        values: tuple[str, ...]) -> None:
+    validator = pytest.importorskip(
+        "kubernetes_validate", reason="kubernetes-validate (Kubernetes' OpenAPI schemas) is "
+                                      "not installed: pip install kubernetes-validate")
+    checked = 0
+    for doc in render(*values, "namespace.create=true"):
+        if doc["apiVersion"].startswith("monitoring.coreos.com/"):
+            continue  # the Prometheus Operator's kinds: not Kubernetes'
+        validator.validate(doc, "1.36.0", strict=True)  # raises, naming the field
+        checked += 1
+    assert checked > 30
