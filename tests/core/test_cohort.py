@@ -19,6 +19,7 @@ from gpupool.core.cohort import (
     dominant_share,
     fair_shares,
     reclaim,
+    shortfall,
     weighted_max_min,
 )
 from gpupool.core.errors import InvalidInput, UnknownName
@@ -274,3 +275,17 @@ def test_the_dominant_share_orders_who_borrows_next() -> None:
 def test_admission_values_print_their_reason() -> None:
     got: Admission = admit(state(A, B), "team-a", G(1))
     assert got.member == "team-a" and got.cohort == "research" and got.asked == G(1)
+
+
+@pytest.mark.parametrize(("used_a", "used_b", "asked", "expected"), [
+    (4, 6, 1, 1), (4, 0, 1, 0), (2, 6, 3, 1), (0, 6, 3, 0)],
+    ids=["a member at its nominal in a full pool gives back what it asks",
+         "a member with room to borrow needs nothing back",
+         "within the nominal only what passes it counts",
+         "within the nominal a reclaim does it, nothing of its own"])
+def test_shortfall_is_what_a_member_must_free_of_its_own(
+        used_a: int, used_b: int, asked: int, expected: int) -> None:
+    s = state(A, B, team_a=used_a, team_b=used_b)
+    assert shortfall(s, "team-a", G(asked)) == G(expected)
+    after = s.refunded("team-a", G(expected))
+    assert admit(after, "team-a", G(asked)).verdict is not Verdict.REFUSED

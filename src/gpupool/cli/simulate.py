@@ -36,6 +36,10 @@ from gpupool.sim.report import write_all
 from gpupool.sim.scenario import Scenario
 from gpupool.sim.sources import scenario_from_files
 from gpupool.sim.synthetic import DEFAULT_NODES, TRACE_NODES, synthetic_scenario
+from gpupool.sim.tenants import Tenancy, tenancy_for
+from gpupool.sim.tenants_replay import GRACE_S, run_tenants
+from gpupool.sim.tenants_report import table as tenant_table
+from gpupool.sim.tenants_report import write_tenants
 from gpupool.sim.window import ALL_NODES, nodes_to_find
 
 DEFAULT_POLICIES = ("fgd", "fgd-balance", "best-fit", "random")
@@ -108,6 +112,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--learn-every", type=bounded(float, 1.0), default=LEARN_EVERY, metavar="N",
                    help=f"with --learn: re-derive the workload every N arrivals (protocol "
                         f"mode) or seconds (timed mode); default {LEARN_EVERY:.0f}")
+    p.add_argument("--tenancy", type=Path, metavar="FILE",
+                   help="timed mode: quota groups and cohorts (YAML, see docs/tenancy.md) to "
+                        "replay the pods' tenants under; a YAML pods file may hold them itself")
+    p.add_argument("--tenants", metavar="N|qos",
+                   help="timed mode: give the trace's pods tenants: tenant-<k> by a stable hash "
+                        "of the pod name into N tenants, or the trace's qos column")
+    p.add_argument("--eviction-grace", type=bounded(float, 0.0), default=GRACE_S, metavar="S",
+                   help=f"with tenants: seconds a reclaimed or preempted pod keeps its GPUs "
+                        f"(default {GRACE_S:g}, Kubernetes' termination grace period)")
     p.set_defaults(func=simulate)
     _one_line_errors(p)
 
@@ -156,6 +169,9 @@ def check_policies(names: Sequence[str]) -> tuple[str, ...]:
 
 def simulate(args: argparse.Namespace) -> int:
     policies = check_policies(args.policy or DEFAULT_POLICIES)
+    tenanted = _tenanted(args)
+    if tenanted is not None:
+        return _simulate_tenants(args, policies, *tenanted)
     check_weights(args.weight, policies)
     started = time.perf_counter()
     campaign = Campaign(load(args), policies, args.seeds, SimMode(args.mode), args.inflate,
@@ -214,3 +230,39 @@ def _table(campaign: Campaign, stats: Sequence[PolicyStats], wall: float) -> Tab
                       f"{p.decision_median_ms:.3f}", f"{p.wall_s:.1f}")
     return table
 
+
+# -- tenants ---------------------------------------------------------------------------------------
+def _tenanted(args: argparse.Namespace) -> tuple[Scenario, Tenancy] | None:
+    """The scenario and tenancy to replay, when tenancy flags or keys are given."""
+    asked = args.tenancy is not None or args.tenants is not None
+    if asked and args.mode != SimMode.TIMED.value:
+        raise InvalidInput("tenants are replayed in time: add --mode timed")
+    if not asked and args.mode != SimMode.TIMED.value:
+        return None
+    if not asked and (args.pods is None or args.pods.suffix.lower() not in (".yaml", ".yml")):
+        return None
+    return tenancy_for(load(args), args.pods, args.tenancy, args.tenants)
+
+
+def _simulate_tenants(args: argparse.Namespace, policies: Sequence[str], scenario: Scenario,
+                      tenancy: Tenancy) -> int:
+    """One replay with the cohorts and one without (same quotas), per policy and seed."""
+    started = time.perf_counter()
+    config = Campaign(scenario, tuple(policies), args.seeds, SimMode.TIMED).config()
+    variants = (tenancy, tenancy.without_cohorts()) if tenancy.borrows else (tenancy,)
+    runs = [run_tenants(scenario, t, p, s, config, args.eviction_grace)
+            for p in policies for s in args.seeds for t in variants]
+    try:
+        written = write_tenants(args.out, runs)
+    except OSError as exc:
+        raise InvalidInput(f"cannot write to {args.out}: {exc.strerror or exc}") from None
+    title = (f"{scenario.name}: {len(scenario.nodes)} nodes, "
+             f"{scenario.gpu_capacity_milli // 1000} GPUs, {len(scenario.pods)} pods, "
+             f"tenants in timed mode, {time.perf_counter() - started:.1f} s")
+    console = Console()
+    for p in policies:
+        for s in args.seeds:
+            for run in (r for r in runs if r.policy == p and r.seed == s):
+                console.print(tenant_table(run, f"{title}; policy {p}, seed {s}"))
+    console.print(f"wrote {', '.join(str(p) for p in written)}")
+    return 0

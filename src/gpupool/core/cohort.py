@@ -312,6 +312,28 @@ def _describe(a: Amount) -> str:
     return ", ".join(parts) or "nothing"
 
 
+def shortfall(state: CohortState, member: str, amount: Amount) -> Amount:
+    """How much of ``member``'s own usage must go for ``amount`` to be admitted (or to need
+    only a reclaim), the others' usage unchanged: per dimension, what ``used + amount``
+    passes ``max(nominal, min(nominal + borrowing limit, what the pool leaves it))``. More
+    than it uses in some dimension: even evicting all its pods would not do. This is what
+    a pod of higher priority takes back from its own member's pods of lower priority."""
+    m, used = state.member(member), state.used_by(member)
+    out = {}
+    for dim in DIMS:
+        n, asked = m.nominal_of(dim), getattr(amount, dim)
+        if n is None or asked <= 0:
+            out[dim] = 0
+            continue
+        extra, allowed = m.may_borrow(dim), n
+        if m.cohort is not None:
+            capacity, drawn = state.pool(member, dim)
+            room = capacity - (drawn - state.draw(member, dim)) + m.guaranteed(dim)
+            allowed = max(n, room if extra is None else min(n + extra, room))
+        out[dim] = max(0, getattr(used, dim) + asked - allowed)
+    return Amount(**out)
+
+
 # -- borrowed pods and reclaim ---------------------------------------------------------------
 def borrowed_keys(state: CohortState, pods: Iterable[Candidate],
                   member_of: MemberOf = by_group) -> frozenset[str]:

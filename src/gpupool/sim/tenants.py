@@ -1,0 +1,265 @@
+"""Tenancy of a simulated workload: quota groups in cohorts, the tenants that draw from them,
+and each pod's tenant and priority (docs/tenancy.md, "Tenants in the simulator").
+
+In gpupool's YAML (the pods file, or a separate ``--tenancy`` file)::
+
+    cohorts:                      # optional: a cohort a group names exists anyway
+      - {name: research, fairSharing: true}
+    groups:
+      - name: team-a
+        tenants: [team-a]         # default: the group's own name
+        cohort: research          # default: none (never beyond the nominal)
+        nominal: {gpus: 8, gpuMemory: 320Gi, gpuCore: 800}   # each dimension optional
+        borrowingLimit: {gpus: 4} # default: no limit
+        lendingLimit: {gpus: 8}   # default: all of the nominal
+        weight: 1                 # default 1
+    pods:
+      - {name: a-{i}, replicas: 4, tenant: team-a, priority: 100, ...}
+
+For the Alibaba trace, ``--tenants N`` gives each pod the tenant ``tenant-<k>`` with
+``k = sha256(pod name) mod N`` (stable across runs and machines), and ``--tenants qos`` the
+trace's ``qos`` column, lower-cased (``ls``, ``be``, ...). A tenant no group lists is not
+limited (it is reported, but never borrows or lends).
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from gpupool.core.cohort import CohortMember
+from gpupool.core.errors import GpupoolError, InvalidInput
+from gpupool.core.quantity import to_int, to_mib
+from gpupool.core.quota import Limit
+from gpupool.sim import native
+from gpupool.sim.scenario import Scenario, TracePod
+
+LIMIT_KEYS = {"gpus": "gpus", "gpuMemory": "memory_mib", "gpuCore": "core_pct"}
+
+
+@dataclass(frozen=True, slots=True)
+class Tenancy:
+    """Quota groups (cohort members), which group each tenant draws from, and the cohorts
+    whose borrowers are served by fair share (lowest dominant share first)."""
+
+    members: tuple[CohortMember, ...]
+    groups_of: Mapping[str, str]  # tenant -> group
+    fair: frozenset[str] = frozenset()
+    priorities: Mapping[str, int] = field(default_factory=dict)  # pod key -> priority
+
+    def group_of(self, tenant: str | None) -> str | None:
+        return None if tenant is None else self.groups_of.get(tenant)
+
+    def without_cohorts(self) -> Tenancy:
+        """The same quotas with no cohort: nobody borrows or lends (the baseline)."""
+        return Tenancy(tuple(replace(m, cohort=None) for m in self.members), self.groups_of,
+                       frozenset(), self.priorities)
+
+    @property
+    def borrows(self) -> bool:
+        return any(m.cohort is not None for m in self.members)
+
+
+# -- native YAML ------------------------------------------------------------------------------
+def read_tenancy(path: Path) -> Tenancy | None:
+    """The ``groups`` and ``cohorts`` of a YAML file (None: it has no ``groups``)."""
+    doc = native.load(Path(path))
+    if not doc.get("groups"):
+        return None
+    fair = {}
+    for k, raw in enumerate(_items(path, "cohorts", doc.get("cohorts"))):
+        spec = _mapping(path, f"cohorts[{k}]", raw)
+        name = _text(path, f"cohorts[{k}].name", spec.get("name"))
+        fair[name] = _flag(path, f"cohorts[{k}].fairSharing", spec.get("fairSharing", True))
+    members: list[CohortMember] = []
+    groups_of: dict[str, str] = {}
+    for k, raw in enumerate(_items(path, "groups", doc.get("groups"))):
+        member, tenants = _group(path, f"groups[{k}]", _mapping(path, f"groups[{k}]", raw))
+        if any(m.name == member.name for m in members):
+            raise _error(path, f"groups[{k}].name", f"group {member.name} appears twice")
+        members.append(member)
+        for t in tenants:
+            if t in groups_of:
+                raise _error(path, f"groups[{k}].tenants", f"tenant {t} is already in group "
+                             f"{groups_of[t]}; a tenant draws from one group")
+            groups_of[t] = member.name
+    return _checked(path, members, groups_of, fair)
+
+
+def _checked(path: Path, members: list[CohortMember], groups_of: dict[str, str],
+             fair: dict[str, bool]) -> Tenancy:
+    cohorts = {m.cohort for m in members if m.cohort is not None}
+    unused = sorted(set(fair) - cohorts)
+    if unused:
+        raise _error(path, "cohorts", f"cohort {unused[0]} has no group (a group joins it "
+                     "with cohort: <name>)")
+    fair_ones = frozenset(c for c in cohorts if fair.get(c, True))
+    return Tenancy(tuple(members), groups_of, fair_ones)
+
+
+def _group(path: Path, at: str, spec: Mapping[str, Any]) -> tuple[CohortMember, list[str]]:
+    name = _text(path, f"{at}.name", spec.get("name"))
+    tenants = spec.get("tenants", [name])
+    if not isinstance(tenants, list) or not all(isinstance(t, str) and t for t in tenants):
+        raise _error(path, f"{at}.tenants", "must be a list of tenant names")
+    cohort = spec.get("cohort")
+    if cohort is not None:
+        cohort = _text(path, f"{at}.cohort", cohort)
+    weight = spec.get("weight", 1)
+    if isinstance(weight, bool) or not isinstance(weight, int | float):
+        raise _error(path, f"{at}.weight", f"must be a number >= 0, got {weight!r}")
+    nominal = _limit(path, f"{at}.nominal", spec.get("nominal")) or Limit()
+    borrowing = _limit(path, f"{at}.borrowingLimit", spec.get("borrowingLimit"))
+    lending = _limit(path, f"{at}.lendingLimit", spec.get("lendingLimit"))
+    try:
+        member = CohortMember(name, nominal, cohort, borrowing, lending, weight)
+    except GpupoolError as exc:
+        raise _error(path, at, str(exc)) from None
+    if member.nominal == Limit():
+        raise _error(path, f"{at}.nominal", "a group needs a nominal quota (gpus, gpuMemory "
+                     "or gpuCore)")
+    return member, list(tenants)
+
+
+def _limit(path: Path, at: str, raw: object) -> Limit | None:
+    if raw is None:
+        return None
+    spec = _mapping(path, at, raw)
+    values: dict[str, int] = {}
+    for key, dim in LIMIT_KEYS.items():
+        if key in spec and spec[key] is not None:
+            try:
+                values[dim] = (to_mib(spec[key]) if key == "gpuMemory"
+                               else to_int(spec[key], key))
+            except GpupoolError as exc:
+                raise _error(path, f"{at}.{key}", str(exc)) from None
+    try:
+        return Limit(**values)
+    except GpupoolError as exc:
+        raise _error(path, at, str(exc)) from None
+
+
+def _error(path: Path, at: str, message: str) -> InvalidInput:
+    return InvalidInput(f"{path}: {at}: {message}")
+
+
+def _items(path: Path, at: str, raw: object) -> list[Any]:
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise _error(path, at, f"expected a list, got {type(raw).__name__}")
+    return raw
+
+
+def _mapping(path: Path, at: str, raw: object) -> Mapping[str, Any]:
+    if not isinstance(raw, Mapping):
+        raise _error(path, at, f"expected a map, got {type(raw).__name__}")
+    return raw
+
+
+def _text(path: Path, at: str, raw: object) -> str:
+    if not isinstance(raw, str) or not raw:
+        raise _error(path, at, "needs a name")
+    return raw
+
+
+def _flag(path: Path, at: str, raw: object) -> bool:
+    if not isinstance(raw, bool):
+        raise _error(path, at, f"must be true or false, got {raw!r}")
+    return raw
+
+
+# -- tenants for a trace --------------------------------------------------------------------------
+def hashed_tenant(name: str, count: int) -> str:
+    """``tenant-<k>``, ``k = sha256(name) mod count``: the same on every run and machine."""
+    digest = hashlib.sha256(name.encode("utf-8")).digest()
+    return f"tenant-{int.from_bytes(digest[:8], 'big') % count}"
+
+
+def qos_tenants(pods_csv: Path) -> dict[str, str]:
+    """Pod name -> its ``qos`` column, lower-cased, from an Alibaba pod list."""
+    try:
+        with Path(pods_csv).open(newline="", encoding="utf-8") as handle:
+            rows = list(csv.DictReader(handle))
+    except OSError as exc:
+        raise InvalidInput(f"cannot read {pods_csv}: {exc.strerror or exc}") from None
+    if rows and "qos" not in rows[0]:
+        raise InvalidInput(f"{pods_csv}: --tenants qos needs a qos column; this file has "
+                           f"{', '.join(rows[0])}")
+    return {r["name"]: (r.get("qos") or "none").strip().lower() or "none" for r in rows}
+
+
+def with_tenants(scenario: Scenario, spec: str, pods_csv: Path | None) -> Scenario:
+    """The scenario with each pod's tenant set by ``spec`` (a count or ``qos``)."""
+    if spec == "qos":
+        if pods_csv is None or pods_csv.suffix.lower() != ".csv":
+            raise InvalidInput("--tenants qos reads the qos column of an Alibaba pod list "
+                               "(--pods FILE.csv)")
+        table = qos_tenants(pods_csv)
+        return _retag(scenario, [table.get(p.request.key, "none") for p in scenario.pods])
+    try:
+        count = int(spec)
+    except ValueError:
+        raise InvalidInput(f"--tenants must be a number of tenants or qos, got {spec!r}") from None
+    if not 1 <= count <= 1000:
+        raise InvalidInput(f"--tenants must be 1..1000, got {count}")
+    return _retag(scenario, [hashed_tenant(p.request.key, count) for p in scenario.pods])
+
+
+def _retag(scenario: Scenario, tenants: Sequence[str | None]) -> Scenario:
+    pods = tuple(TracePod(replace(p.request, tenant=t), p.creation_s, p.deletion_s)
+                 for p, t in zip(scenario.pods, tenants, strict=True))
+    return replace(scenario, pods=pods)
+
+
+def read_pod_tenancy(path: Path) -> tuple[dict[str, str], dict[str, int]]:
+    """Per pod (replicas expanded as the workload reader does), its ``tenant`` and its
+    ``priority`` (default 0), from a YAML pods file."""
+    doc, where = native.load(Path(path)), native._Where(Path(path))
+    tenants: dict[str, str] = {}
+    priorities: dict[str, int] = {}
+    for k, raw in enumerate(_items(path, "pods", doc.get("pods"))):
+        spec = _mapping(path, f"pods[{k}]", raw)
+        tenant, priority = spec.get("tenant"), spec.get("priority", 0)
+        if tenant is not None:
+            tenant = _text(path, f"pods[{k}].tenant", tenant)
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise _error(path, f"pods[{k}].priority", f"must be a whole number, got {priority!r}")
+        for name in native._expand(where / "pods" / k, spec):
+            if tenant is not None:
+                tenants[name] = tenant
+            priorities[name] = priority
+    return tenants, priorities
+
+
+def tagged(scenario: Scenario, tenants: Mapping[str, str]) -> Scenario:
+    """The scenario with the tenants of ``tenants`` (pod key -> tenant) set on its pods."""
+    return _retag(scenario, [tenants.get(p.request.key, p.request.tenant)
+                             for p in scenario.pods])
+
+
+def tenancy_for(scenario: Scenario, pods: Path | None, tenancy: Path | None,
+                tenants: str | None) -> tuple[Scenario, Tenancy] | None:
+    """The scenario with its pods' tenants set and the tenancy to replay it under, from
+    ``--tenancy`` (else the pods file's own ``groups``), the pods file's ``tenant`` and
+    ``priority`` keys and ``--tenants``; None when none of them says anything."""
+    yaml_pods = pods is not None and pods.suffix.lower() in (".yaml", ".yml")
+    found = read_tenancy(tenancy) if tenancy is not None else (
+        read_tenancy(pods) if yaml_pods and pods is not None else None)
+    if found is None and tenancy is not None:
+        raise InvalidInput(f"{tenancy}: no groups (a tenancy file lists groups with their "
+                           "nominal quota; see docs/tenancy.md)")
+    priorities: dict[str, int] = {}
+    if yaml_pods and pods is not None:
+        named, priorities = read_pod_tenancy(pods)
+        scenario = tagged(scenario, named)
+    if tenants is not None:
+        scenario = with_tenants(scenario, tenants, pods)
+    if found is None and tenants is None:
+        return None
+    base = found or Tenancy((), {})
+    return scenario, replace(base, priorities=priorities)

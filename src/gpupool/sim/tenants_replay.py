@@ -1,0 +1,335 @@
+"""Timed replay with tenants: quota groups, cohorts, priorities, a queue, reclaim and
+preemption inside a quota — through the same core as the extender.
+
+Pods arrive at ``creation_s`` and wait in a queue until their group's quota admits them
+(``core.cohort.admit``) and a node takes them (the policy, as in ``sim.timed``); then they
+run for ``deletion_s − creation_s`` seconds (no deletion time: until the end).
+
+* **Order** of a scheduling pass (after every instant at which something happened): pods
+  whose group is within its nominal before pods that would borrow (Kueue's rule), then
+  higher priority, then — in a cohort with fair sharing — the group with the lowest
+  dominant share (``core.cohort.dominant_share``), then arrival. A pass stops trying a
+  group's pods of one size and model set at the first that cannot start.
+* **Reclaim**: a pod within its group's nominal whose capacity was lent out evicts borrowed
+  pods of the cohort's other groups (``core.cohort.reclaim``); if its group's quota admits
+  it but no node has room, borrowed pods of the others are chosen by
+  ``core.victims.select`` with a ``Room`` need.
+* **Priorities inside a quota**: a pod its group's quota refuses evicts the group's own
+  pods of lower priority (``core.cohort.shortfall``, ``victims.select`` scoped
+  ``all_of(below(p), in_group(g))``).
+* Evicted pods keep their GPUs for ``grace_s`` (Kubernetes' termination grace period),
+  then go back to the queue and, when started again, run their whole duration again (no
+  checkpoint). While a group waits for its victims to leave, its pods that need an
+  eviction are not planned again.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+from gpupool.core.allocation import Allocation
+from gpupool.core.cohort import (
+    CohortState,
+    Verdict,
+    admit,
+    borrowed_keys,
+    dominant_share,
+    reclaim,
+    shortfall,
+)
+from gpupool.core.errors import InvalidInput
+from gpupool.core.policies.config import PolicyConfig
+from gpupool.core.quota import Amount, Charge, amount_of_allocation, amount_of_request
+from gpupool.core.request import PodRequest
+from gpupool.core.state import ClusterState
+from gpupool.core.victims import Candidate, Quota, Room, Selection, all_of, below, in_group, select
+from gpupool.sim.decision import Decider
+from gpupool.sim.scenario import Scenario
+from gpupool.sim.tenants import Tenancy
+
+GRACE_S = 30.0
+"""Kubernetes' default terminationGracePeriodSeconds."""
+LEAVE, RELEASE, ARRIVE = 0, 1, 2  # at one instant: departures, then arrivals
+NO_GROUP = "(no quota)"
+
+
+@dataclass(slots=True)
+class _Pod:
+    k: int
+    request: PodRequest
+    key: str
+    tenant: str
+    group: str | None
+    priority: int
+    arrival: float
+    duration: float | None
+    lower_bound: Amount
+    started: float | None = None  # the first start (wait time)
+    epoch: int = 0  # bumped at every start: a departure of an earlier run is stale
+    running: Candidate | None = None
+    leaving: bool = False
+    for_group: str | None = None  # evicted: the group its eviction makes room for
+
+
+@dataclass(slots=True)
+class Tally:
+    """What happened to one group (or one tenant without a group)."""
+
+    pods: int = 0
+    waits: list[float] = field(default_factory=list)
+    preempted: int = 0  # its pods evicted for its own pods of higher priority
+    reclaimed: int = 0  # its borrowed pods taken back by lenders
+    reclaims: int = 0  # evictions it caused to get its nominal back
+    back_s: list[float] = field(default_factory=list)  # reclaim decided -> its pod runs
+
+
+@dataclass(frozen=True, slots=True)
+class TenantRun:
+    """One replay: per key (group, or tenant without one) its tally, and over time (event
+    instants) the GPUs each key holds and borrows."""
+
+    policy: str
+    seed: int
+    borrowing: bool
+    keys: tuple[str, ...]
+    nominal_gpus: dict[str, int | None]
+    tallies: dict[str, Tally]
+    times: tuple[float, ...]
+    held: dict[str, tuple[int, ...]]
+    borrowed: dict[str, tuple[int, ...]]
+    waiting_at_end: dict[str, int]
+    last_arrival: float
+    wall_s: float
+
+
+def run_tenants(scenario: Scenario, tenancy: Tenancy, policy: str, seed: int,
+                config: PolicyConfig, grace_s: float = GRACE_S) -> TenantRun:
+    """Replay ``scenario`` under ``tenancy`` (see module)."""
+    started = time.perf_counter()
+    replay = _Replay(scenario, tenancy, policy, seed, config, grace_s)
+    replay.run()
+    return replay.result(time.perf_counter() - started)
+
+
+class _Replay:
+    def __init__(self, scenario: Scenario, tenancy: Tenancy, policy: str, seed: int,
+                 config: PolicyConfig, grace_s: float):
+        if grace_s < 0:
+            raise InvalidInput(f"the eviction grace period must be >= 0 s, got {grace_s}")
+        self.policy, self.seed, self.grace_s, self.tenancy = policy, seed, grace_s, tenancy
+        self.state = ClusterState(scenario.nodes)
+        self.decider = Decider(self.state, policy, config, seed, scenario.classes)
+        self.cohort = CohortState.of(tenancy.members)
+        whole = min((g.memory_mib for n in scenario.nodes for g in n.gpus), default=0)
+        self.pods = [self._pod(k, p.request, p.creation_s, p.deletion_s, whole)
+                     for k, p in enumerate(scenario.pods)]
+        self.by_key = {p.key: p for p in self.pods}
+        self.keys = tuple(dict.fromkeys([m.name for m in tenancy.members] +
+                                        sorted({self._key(p) for p in self.pods})))
+        self.tallies = {key: Tally() for key in self.keys}
+        self.held = {key: 0 for key in self.keys}
+        self.events: list[tuple[float, int, int, int]] = []
+        self.queues: dict[tuple[object, ...], list[tuple[int, float, int]]] = {}
+        self.awaiting: dict[str, int] = {}  # group -> victims still leaving for it
+        self.reclaimed_at: dict[str, float] = {}
+        self.times: list[float] = []
+        self.curve_held: dict[str, list[int]] = {key: [] for key in self.keys}
+        self.curve_borrowed: dict[str, list[int]] = {key: [] for key in self.keys}
+        self.last_arrival = 0.0
+
+    def _pod(self, k: int, request: PodRequest, created: float | None, deleted: float | None,
+             whole: int) -> _Pod:
+        if created is None:
+            raise InvalidInput(f"tenants are replayed in time: pod {request.key} has no "
+                               "creation time")
+        group = self.tenancy.group_of(request.tenant)
+        return _Pod(k, request, request.key, request.tenant or NO_GROUP, group,
+                    self.tenancy.priorities.get(request.key, 0), created,
+                    None if deleted is None else deleted - created,
+                    amount_of_request(request, self.state.memory_unit_mib, whole))
+
+    @staticmethod
+    def _key(p: _Pod) -> str:
+        return p.group or p.tenant
+
+    # -- the loop --------------------------------------------------------------------------------
+    def run(self) -> None:
+        for p in self.pods:
+            heapq.heappush(self.events, (p.arrival, ARRIVE, p.k, 0))
+        self.last_arrival = max((p.arrival for p in self.pods), default=0.0)
+        while self.events:
+            now = self.events[0][0]
+            while self.events and self.events[0][0] == now:
+                _, kind, k, epoch = heapq.heappop(self.events)
+                self._event(now, kind, k, epoch)
+            self._schedule(now)
+            self._record(now)
+
+    def _event(self, now: float, kind: int, k: int, epoch: int) -> None:
+        p = self.pods[k]
+        if kind == ARRIVE:
+            self.tallies[self._key(p)].pods += 1
+            self._enqueue(p)
+        elif p.running is not None and p.epoch == epoch:
+            self._stop(p)
+            if p.leaving:  # evicted: gone after its grace period (or done within it)
+                p.leaving = False
+                if p.for_group is not None:
+                    self.awaiting[p.for_group] -= 1
+                p.for_group = None
+                if kind == RELEASE:
+                    self._enqueue(p)
+
+    def _enqueue(self, p: _Pod) -> None:
+        shape = (p.group, p.tenant, p.lower_bound, p.request.models, p.request.gpu_class)
+        heapq.heappush(self.queues.setdefault(shape, []), (-p.priority, p.arrival, p.k))
+
+    # -- scheduling ------------------------------------------------------------------------------
+    def _schedule(self, now: float) -> None:
+        heads = [(self._order(q[0]), shape) for shape, q in self.queues.items() if q]
+        heapq.heapify(heads)
+        while heads:
+            _, shape = heapq.heappop(heads)
+            queue = self.queues[shape]
+            if not queue or not self._try(self.pods[queue[0][2]], now):
+                continue  # this size of this group waits until something changes
+            heapq.heappop(queue)
+            if queue:
+                heapq.heappush(heads, (self._order(queue[0]), shape))
+
+    def _order(self, entry: tuple[int, float, int]) -> tuple[object, ...]:
+        p = self.pods[entry[2]]
+        borrows, share = False, Fraction(0)
+        if p.group is not None:
+            borrows = admit(self.cohort, p.group, p.lower_bound).verdict is Verdict.BORROWS
+            if self.cohort.member(p.group).cohort in self.tenancy.fair:
+                share = dominant_share(self.cohort, p.group)
+        return (borrows, -p.priority, share, p.arrival, p.k)
+
+    def _try(self, p: _Pod, now: float) -> bool:
+        """Start ``p`` now, or set evictions going for it; False: it waits."""
+        if p.group is None:
+            return self._start(p, now, self.decider.decide(p.request, now))
+        first = admit(self.cohort, p.group, p.lower_bound)
+        if first.verdict is Verdict.REFUSED:
+            if self._may_evict(p.group):
+                self._preempt_own(p, now)
+            return False
+        allocation = self.decider.decide(p.request, now)
+        if allocation is None:
+            if first.verdict is not Verdict.BORROWS and self._may_evict(p.group):
+                self._reclaim_room(p, now)
+            return False
+        return self._admit_exact(p, now, allocation)
+
+    def _admit_exact(self, p: _Pod, now: float, allocation: Allocation) -> bool:
+        assert p.group is not None
+        exact = admit(self.cohort, p.group, amount_of_allocation(allocation))
+        if exact.admitted:
+            return self._start(p, now, allocation)
+        if exact.verdict is Verdict.RECLAIMS and self._may_evict(p.group):
+            plan = reclaim(self.cohort, p.group, exact.reclaim, self._running(),
+                           self.state)
+            if plan.restored:
+                self._evict(plan.victims, p.group, now, reclaim=True)
+        return False
+
+    def _may_evict(self, group: str) -> bool:
+        """Not while pods evicted for ``group`` are still leaving (they would be counted
+        twice)."""
+        return self.awaiting.get(group, 0) == 0
+
+    def _preempt_own(self, p: _Pod, now: float) -> None:
+        assert p.group is not None
+        need = shortfall(self.cohort, p.group, p.lower_bound)
+        if need == Amount():
+            return
+        found = select(Quota(self.state, need), self._running(),
+                       all_of(below(p.priority), in_group(p.group)))
+        if isinstance(found, Selection) and found.victims:
+            self._evict(found.victims, p.group, now, reclaim=False)
+
+    def _reclaim_room(self, p: _Pod, now: float) -> None:
+        assert p.group is not None
+        peers = {m.name for m in self.cohort.peers(p.group)} - {p.group}
+        running = self._running()
+        lent = borrowed_keys(self.cohort, running)
+        found = select(Room(self.state, p.request), running,
+                       lambda c: c.key in lent and c.charge is not None
+                       and c.charge.group in peers)
+        if isinstance(found, Selection) and found.victims:
+            self._evict(found.victims, p.group, now, reclaim=True)
+
+    # -- starting and stopping -----------------------------------------------------------------
+    def _start(self, p: _Pod, now: float, allocation: Allocation | None) -> bool:
+        if allocation is None:
+            return False
+        self.state.reserve(allocation)
+        amount = amount_of_allocation(allocation)
+        if p.group is not None:
+            self.cohort = self.cohort.charged(p.group, amount)
+            if p.group in self.reclaimed_at:
+                self.tallies[p.group].back_s.append(now - self.reclaimed_at.pop(p.group))
+        p.running = Candidate(allocation, p.priority, Charge(amount, p.tenant, None, p.group),
+                              started_s=now)
+        p.epoch += 1
+        if p.started is None:
+            p.started = now
+            self.tallies[self._key(p)].waits.append(now - p.arrival)
+        self.held[self._key(p)] += amount.gpus
+        if p.duration is not None:
+            heapq.heappush(self.events, (now + p.duration, LEAVE, p.k, p.epoch))
+        return True
+
+    def _stop(self, p: _Pod) -> None:
+        assert p.running is not None
+        self.state.release(p.key)
+        charge = p.running.charge
+        assert charge is not None
+        if p.group is not None:
+            self.cohort = self.cohort.refunded(p.group, charge.amount)
+        self.held[self._key(p)] -= charge.amount.gpus
+        p.running = None
+
+    def _evict(self, victims: tuple[Candidate, ...], group: str, now: float,
+               reclaim: bool) -> None:
+        for c in victims:
+            v = self.by_key[c.key]
+            v.leaving, v.for_group = True, group
+            tally = self.tallies[self._key(v)]
+            if reclaim:
+                tally.reclaimed += 1
+                self.tallies[group].reclaims += 1
+            else:
+                tally.preempted += 1
+            heapq.heappush(self.events, (now + self.grace_s, RELEASE, v.k, v.epoch))
+        self.awaiting[group] = self.awaiting.get(group, 0) + len(victims)
+        if reclaim:
+            self.reclaimed_at.setdefault(group, now)
+
+    def _running(self) -> list[Candidate]:
+        return [p.running for p in self.pods if p.running is not None and not p.leaving]
+
+    # -- results -----------------------------------------------------------------------------------
+    def _record(self, now: float) -> None:
+        self.times.append(now)
+        for key in self.keys:
+            self.curve_held[key].append(self.held[key])
+            borrowed = (self.cohort.borrowed(key).gpus if key in self.cohort.members else 0)
+            self.curve_borrowed[key].append(borrowed)
+
+    def result(self, wall_s: float) -> TenantRun:
+        waiting: dict[str, int] = {key: 0 for key in self.keys}
+        for queue in self.queues.values():
+            for _, _, k in queue:
+                waiting[self._key(self.pods[k])] += 1
+        nominal = {key: (self.cohort.member(key).nominal.gpus if key in self.cohort.members
+                         else None) for key in self.keys}
+        return TenantRun(self.policy, self.seed, self.tenancy.borrows, self.keys, nominal,
+                         self.tallies, tuple(self.times),
+                         {k: tuple(v) for k, v in self.curve_held.items()},
+                         {k: tuple(v) for k, v in self.curve_borrowed.items()},
+                         waiting, self.last_arrival, round(wall_s, 3))
