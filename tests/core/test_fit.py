@@ -71,11 +71,18 @@ def class_gpu_busy(s: ClusterState) -> Constraints:
     return one_gpu_of_class(s)
 
 
+def other_path(s: ClusterState) -> Constraints:
+    return Constraints(node_mask=np.zeros(1, np.bool_), excluded=np.ones(1, np.bool_),
+                       excluded_why="the node serves its GPUs another way")
+
+
 CASES: list[tuple[str, PodRequest, Setup, Check, str, bool]] = [
     ("a quota refusal applies to every node", pod("p", whole(2)), quota_blocked, Check.QUOTA,
      "quota of tenant t exceeded: 2 GPUs asked, 3 of 4 in use, 1 left", False),
     ("a node outside the group", pod("p", whole(1)), outside_group, Check.GROUP,
      "not in group g", True),
+    ("a node another path serves", pod("p", whole(1)), other_path, Check.NODE_MODE,
+     "the node serves its GPUs another way", True),
     ("another GPU model", pod("p", whole(1), models={"V100", "T4"}), nothing, Check.MODEL,
      "GPU model A100 is not one of T4|V100", True),
     ("too few GPUs of the class", pod("p", whole(2), gpu_class="big"), one_gpu_of_class,

@@ -94,6 +94,10 @@ def every_filter_reason(ext: Extender) -> Iterator[str]:
     yield from filtered(ext, {mem: "1024"}, cpu="2")                # CPU: for now (a)
     yield from filtered(ext, {mem: "1024"}, cpu="100m", memory="4Gi")  # memory: for now (b)
     yield from filtered(ext, {gpu: "1"}, nodes=["a", "no-inventory"])
+    ext.cache.node_event("ADDED", Node.from_dict(node_obj("d", labels={
+        "gpupool.io/node-mode": "dra"})))
+    ext.cache.device_event("ADDED", gpu_obj("d", 0))
+    yield from filtered(ext, {gpu: "1"}, nodes=["d"])               # node mode: a DRA node
     ext.cache.group_event("ADDED", {"metadata": {"name": "g"}, "spec": {
         "nodes": ["a"], "tenants": ["t"], "quota": {"gpus": 0}}})
     yield from filtered(ext, {mem: "1024"}, ns="t")                 # group quota

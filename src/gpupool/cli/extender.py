@@ -54,7 +54,7 @@ from gpupool.extender.tls import (
     TlsSource,
 )
 from gpupool.extender.workload import BUILTIN_WORKLOAD
-from gpupool.kube.api import KubeApi
+from gpupool.kube.api import DraApi, KubeApi
 from gpupool.kube.keystore import ensure_signing_keys, read_signing_keys
 from gpupool.security.certs import CLIENT_SCHEDULER
 from gpupool.security.signing import SigningKeys
@@ -169,7 +169,7 @@ def briefly(api: KubeApi) -> Iterator[KubeApi]:
 
 
 def _wire(args: argparse.Namespace) -> Wired:
-    api = KubeApi.connect(kubeconfig=args.kubeconfig, server=args.server)
+    api = DraApi.connect(kubeconfig=args.kubeconfig, server=args.server)  # DRA claims too
 
     def load() -> SigningKeys:
         with briefly(api) as secrets:

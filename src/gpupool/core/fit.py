@@ -21,6 +21,8 @@ class Constraints:
     blocked: Reason | None = None  # request-level refusal (quota), applies to every node
     group: str | None = None  # the resource group node_mask/gpu_mask stand for (for reasons)
     permission: str | None = None  # the tenant's GPU permissions that narrowed gpu_mask
+    excluded: BoolArray | None = None  # nodes another path serves (already out of node_mask)
+    excluded_why: str = ""  # why those nodes are out, as a sentence (for reasons)
 
 
 NO_CONSTRAINTS = Constraints()
@@ -161,6 +163,8 @@ def explain(
     if constraints.blocked is not None:
         return Reason(name, constraints.blocked.check, constraints.blocked.message,
                       constraints.blocked.permanent)
+    if constraints.excluded is not None and constraints.excluded[i]:
+        return Reason(name, Check.NODE_MODE, constraints.excluded_why, True)
     if constraints.node_mask is not None and not constraints.node_mask[i]:
         return Reason(name, Check.GROUP, f"not in group {constraints.group or request.group}",
                       True)

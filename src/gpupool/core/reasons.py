@@ -24,6 +24,7 @@ class Check(Enum):
     MEMORY = "memory"
     GPU_HEALTH = "gpu-health"
     GPU_FREE = "gpu-free"
+    NODE_MODE = "node-mode"  # the node serves its GPUs another way (checked before GROUP)
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,7 +38,7 @@ import numpy as np
 from gpupool.contract import annotations as records
 from gpupool.contract import names
 from gpupool.core.allocation import Allocation
-from gpupool.core.eligibility import charge_of, constraints_for
+from gpupool.core.eligibility import charge_of
 from gpupool.core.errors import OverCommit
 from gpupool.core.placement import Placer
 from gpupool.core.request import PodRequest
@@ -155,7 +155,7 @@ class Binder:
             i = state.index.get(args.node)
             if i is None:
                 return f"node {args.node}: {UNKNOWN_NODE}"
-            c = constraints_for(state, request, self.cache.catalogue)
+            c = self.cache.modes.constraints(state, request, self.cache.catalogue)
             placement = placer.decide(state, request, rng, c, among=np.array([i], np.int64),
                                       explain_limit=1)
             if placement.allocation is None:

@@ -46,6 +46,8 @@ from gpupool.core.state import ClusterState
 from gpupool.extender import inventory, ledger
 from gpupool.extender.budgets import Budgets
 from gpupool.extender.commitments import PENDING_GRACE_S, Commitments
+from gpupool.extender.draclaims import DraClaims
+from gpupool.extender.dramodes import NodeModes
 from gpupool.extender.inventory import NodeFacts
 from gpupool.extender.pods import PodFacts, facts_of
 from gpupool.extender.signatures import DecisionCheck
@@ -75,6 +77,8 @@ class ClusterCache(Commitments):
         self.dirty: set[str] = set()
         self.freshness: dict[str, bool] = {}  # GPUDevice -> freshness the last sweep applied
         self.budgets = Budgets()  # PodDisruptionBudgets, for preemption
+        self.modes = NodeModes()  # which nodes serve their GPUs through DRA
+        self.dra = DraClaims()  # ResourceSlices and ResourceClaims (held as "claim")
 
     # -- pods -----------------------------------------------------------------------------------
     def sync_pods(self, pods: Iterable[Any]) -> None:
@@ -274,6 +278,7 @@ class ClusterCache(Commitments):
             self._hold_all(self.pods.values(), self.ledgers.values())
             for node in list(self.waiting):
                 self._retry(node)
+            self.dra.hold_all(self)
 
     def _hold_all(self, pods: Iterable[PodFacts], views: Iterable[ledger.View]) -> None:
         for f in pods:
@@ -302,6 +307,7 @@ class ClusterCache(Commitments):
             self.state.add_nodes([node])
         pods = [self.pods[u] for u in self.pods_on.get(name, ()) if u in self.pods]
         self._hold_all(pods, [v for v in [self.ledgers.get(name)] if v is not None])
+        self.dra.hold_node(self, name)
 
     # -- disruption budgets ---------------------------------------------------------------------
     def sync_budgets(self, objs: Iterable[dict[str, Any]]) -> None:

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from gpupool.extender.cache import ClusterCache
-from gpupool.kube.api import KubeApi
+from gpupool.kube.api import DraApi, KubeApi
 from gpupool.kube.informer import Feed, Informer
 
 
@@ -79,7 +79,37 @@ def start_feeds(api: KubeApi, cache: ClusterCache, watch_timeout_s: int = 300,
                               lambda a, rv, t: a.watch_disruption_budgets(rv, t))
     started.append(Informer(api, budgets, cache.sync_budgets, cache.budget_event,
                             watch_timeout_s).start())
+    started += start_claim_feeds(api, cache, watch_timeout_s)
     return Feeds(tuple(started))
+
+
+def start_claim_feeds(api: KubeApi, cache: ClusterCache, watch_timeout_s: int = 300
+                      ) -> list[Informer[Any]]:
+    """ResourceSlices and ResourceClaims (resource.k8s.io/v1), when ``api`` speaks DRA.
+
+    Not waited for: a cluster without the API (before Kubernetes 1.34) answers 404 and the
+    informers keep retrying with a warning, while the device-plugin path serves on; DRA
+    pods' scores count the claims once they are listed."""
+    if not isinstance(api, DraApi):
+        return []
+    dra = cache.dra
+
+    def locked(handler: Callable[..., None]) -> Callable[..., None]:
+        def call(*args: Any) -> None:
+            with cache.lock:
+                handler(cache, *args)
+        return call
+
+    slices: Feed[Any] = Feed(  # an informer's connection is a fork: a DraApi too
+        "resourceslices", lambda a: cast(DraApi, a).list_all_resource_slices(),
+        lambda a, rv, t: cast(DraApi, a).watch_resource_slices(rv, t))
+    claims: Feed[Any] = Feed(
+        "resourceclaims", lambda a: cast(DraApi, a).list_resource_claims(),
+        lambda a, rv, t: cast(DraApi, a).watch_resource_claims(rv, t))
+    return [Informer(api, slices, locked(dra.sync_slices), locked(dra.slice_event),
+                     watch_timeout_s).start(),
+            Informer(api, claims, locked(dra.sync_claims), locked(dra.claim_event),
+                     watch_timeout_s).start()]
 
 
 @contextmanager

@@ -20,7 +20,6 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from gpupool.core.eligibility import constraints_for
 from gpupool.core.errors import InvalidInput
 from gpupool.core.placement import Placer
 from gpupool.core.request import PodRequest
@@ -112,7 +111,7 @@ def fits_without(cache: ClusterCache, placer: Placer, request: PodRequest, node:
                             u in state.allocations and state.allocations[u].node == node)
                 if a is not None]
     try:
-        c = constraints_for(state, request, cache.catalogue)
+        c = cache.modes.constraints(state, request, cache.catalogue)
         return bool(placer.candidates(state, request, c, among=np.array([i], np.int64)).mask[i])
     finally:
         for alloc in released:

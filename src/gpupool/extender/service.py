@@ -49,7 +49,6 @@ import msgspec
 import numpy as np
 
 from gpupool.core.allocation import Allocation
-from gpupool.core.eligibility import constraints_for
 from gpupool.core.errors import GpupoolError, InvalidInput
 from gpupool.core.fit import Constraints
 from gpupool.core.placement import Candidates, Placer
@@ -60,6 +59,7 @@ from gpupool.core.state import ClusterState, IntArray
 from gpupool.extender import preemption, protocol
 from gpupool.extender.binder import Binder
 from gpupool.extender.cache import ClusterCache
+from gpupool.extender.drascores import claim_priorities
 from gpupool.extender.gate import DEFAULT_SCHEDULER, bindable_request
 from gpupool.extender.metrics import Metrics
 from gpupool.extender.nodenames import MAX_SCORE, Matched, NameTable
@@ -208,7 +208,7 @@ class Extender:
         """Filter's answer on the current state (under the cache lock)."""
         state = self.cache.state
         idx = sent.rows
-        constraints = constraints_for(state, request, self.cache.catalogue)
+        constraints = self.cache.modes.constraints(state, request, self.cache.catalogue)
         cands = self.placer.candidates(state, request, constraints)
         if sent.all_known:
             ok = cands.mask[idx]
@@ -278,7 +278,7 @@ class Extender:
         if cycle is not None and cycle.request == request and cycle.stamp == self._stamp(state):
             c, cands = cycle.constraints, cycle.candidates
         else:
-            c = constraints_for(state, request, self.cache.catalogue)
+            c = self.cache.modes.constraints(state, request, self.cache.catalogue)
             cands = self.placer.candidates(state, request, c)
         keep = np.zeros(len(state.nodes), np.bool_)
         keep[rows] = True
@@ -320,8 +320,8 @@ class Extender:
             request = self._request(args.pod, args.pod_json)
         except GpupoolError as exc:
             return self._prioritize_error(exc)
-        if not request.gpus:
-            return protocol.NO_PRIORITIES
+        if not request.gpus:  # a pod whose GPUs come from ResourceClaims, or none
+            return claim_priorities(self, args, request)
         with self.cache.lock:
             self.cache.flush()
             state = self.cache.state

@@ -568,3 +568,34 @@ class DraApi(KubeApi):
     def delete_device_class(self, name: str) -> None:
         with _translated(f"delete DeviceClass {name}"):
             self.client.delete(DeviceClassV1, name)
+
+    # -- what the scheduler extender watches (every node's slices, every namespace's claims) --
+    def list_all_resource_slices(self) -> Listing[KubeObject]:
+        """Every ResourceSlice (all drivers: the reader keeps gpupool's)."""
+        with _translated("list ResourceSlices"):
+            it = self.client.list(ResourceSliceV1)
+            items = [dict(o) for o in it]
+        return Listing(items, it._resourceVersion or "")
+
+    def watch_resource_slices(self, resource_version: str, timeout_s: int | None = None
+                              ) -> Iterator[tuple[str, KubeObject]]:
+        with _translated("watch ResourceSlices"):
+            for kind, obj in self.client.watch(ResourceSliceV1,
+                                               resource_version=resource_version or None,
+                                               server_timeout=timeout_s):
+                yield kind, dict(obj)
+
+    def list_resource_claims(self) -> Listing[KubeObject]:
+        """ResourceClaims of every namespace."""
+        with _translated("list ResourceClaims"):
+            it = self.client.list(ResourceClaimV1, namespace=lightkube.ALL_NS)
+            items = [dict(o) for o in it]
+        return Listing(items, it._resourceVersion or "")
+
+    def watch_resource_claims(self, resource_version: str, timeout_s: int | None = None
+                              ) -> Iterator[tuple[str, KubeObject]]:
+        with _translated("watch ResourceClaims"):
+            for kind, obj in self.client.watch(ResourceClaimV1, namespace=lightkube.ALL_NS,
+                                               resource_version=resource_version or None,
+                                               server_timeout=timeout_s):
+                yield kind, dict(obj)
