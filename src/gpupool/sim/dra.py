@@ -1,0 +1,215 @@
+"""DRA's own allocation against gpupool's choice: the FGD protocol, five ways to place a claim.
+
+On a DRA node kube-scheduler itself allocates a pod's ResourceClaims. What it does, as
+its scheduler framework and the structured allocator (k8s.io/dynamic-resource-allocation)
+do, and what of it matters for packing:
+
+* **filter**: a node passes when its devices can hold the claims (consumable capacity per
+  dimension; a request without capacity takes a whole device) and its CPU and memory the
+  pod: the core's own fit, since gpupool's slices publish exactly its accounting;
+* **score**: the default profile's NodeResourcesFit (``LeastAllocated`` on cpu and memory,
+  weight 1 each: ``(allocatable - requested) * 100 / allocatable``, averaged) and
+  NodeResourcesBalancedAllocation (``(1 - std(requested/allocatable)) * 100``), each
+  weight 1; the DynamicResources plugin scores only the choice among ``firstAvailable``
+  sub-requests, the other default plugins score every node of this cluster alike; nothing
+  sees the GPUs. Requests of 0 count as 100m CPU and 200 MiB (kube-scheduler's non-zero
+  requests). The highest total wins, ties uniformly at random (``selectHost``);
+* **allocate**: the devices of the chosen node in slice order (gpupool publishes them by
+  GPU index), the first that fit (first fit).
+
+The variants (``VARIANTS``):
+
+``dra-first-fit``
+    kube-scheduler alone, as above.
+``gpupool-prioritize``
+    kube-scheduler with gpupool's prioritize for DRA pods: the policy's scores of the
+    candidate nodes scaled to 0..10 (kube-scheduler's extender range), added times
+    ``weight`` x 10 to the plugins' total (weight 100, the value docs/dra.md
+    recommends; ``-w5``: weight 5, the device-plugin entry's); devices first fit.
+``gpupool-node``
+    the policy's best node exactly (no 0..10 rounding, no plugin scores), devices first
+    fit: what only the device choice costs.
+``gpupool``
+    the device-plugin path: the policy chooses node and GPU (``Placer.decide``, the same
+    figures as ``gpupool simulate``).
+
+Every variant runs the same arrival order, node order and seeds as ``sim.protocol``; the
+headline is the unallocated GPU share when the arrived demand reaches the capacity. A
+trace pod's GPU share becomes a claim asking that share (its cores, its memory), so all
+variants place the same requests on the same accounting.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from gpupool.core.allocation import Allocation
+from gpupool.core.classes import ClassCatalog
+from gpupool.core.eligibility import class_mask
+from gpupool.core.errors import UnknownName
+from gpupool.core.fit import NO_CONSTRAINTS, Constraints, demand_of
+from gpupool.core.gpus import build_allocation
+from gpupool.core.placement import Candidates, Placer, choose
+from gpupool.core.policies import make_policy
+from gpupool.core.policies.config import PolicyConfig
+from gpupool.core.request import PodRequest
+from gpupool.core.state import ClusterState, IntArray
+from gpupool.core.workload import TargetWorkload
+from gpupool.sim.decision import policy_seed
+from gpupool.sim.protocol import arrival_order, node_order
+from gpupool.sim.scenario import Scenario, demand_milli
+
+MAX_NODE_SCORE = 100  # kube-scheduler's framework.MaxNodeScore
+MAX_EXTENDER_PRIORITY = 10  # extenderv1.MaxExtenderPriority
+NON_ZERO_CPU_MILLI = 100  # kube-scheduler's default request of a container without one
+NON_ZERO_MEMORY_MIB = 200
+RECOMMENDED_WEIGHT = 100
+
+
+@dataclass(frozen=True, slots=True)
+class Variant:
+    """Who chooses the node (``kube``, ``prioritize``, ``policy``) and the device
+    (``first-fit``, ``policy``); ``weight``: the extender's, for ``prioritize``."""
+
+    name: str
+    node: str
+    device: str
+    weight: int = 0
+
+
+VARIANTS: dict[str, Variant] = {v.name: v for v in (
+    Variant("dra-first-fit", "kube", "first-fit"),
+    Variant("gpupool-prioritize", "prioritize", "first-fit", RECOMMENDED_WEIGHT),
+    Variant("gpupool-prioritize-w5", "prioritize", "first-fit", 5),
+    Variant("gpupool-node", "policy", "first-fit"),
+    Variant("gpupool", "policy", "policy"),
+)}
+
+
+def kube_scores(state: ClusterState, request: PodRequest, rows: IntArray) -> np.ndarray:
+    """NodeResourcesFit (LeastAllocated) + NodeResourcesBalancedAllocation of ``rows`` with
+    the pod on them, as kube-scheduler's integer arithmetic gives them."""
+    cpu = max(request.cpu_milli, NON_ZERO_CPU_MILLI)
+    mem = max(request.memory_mib, NON_ZERO_MEMORY_MIB)
+    cpu_cap, mem_cap = state.cpu_cap[rows], state.mem_cap[rows]
+    cpu_req = np.minimum(cpu_cap - state.cpu_free[rows] + cpu, cpu_cap)
+    mem_req = np.minimum(mem_cap - state.mem_free[rows] + mem, mem_cap)
+    safe_cpu, safe_mem = np.maximum(cpu_cap, 1), np.maximum(mem_cap, 1)
+    least = ((cpu_cap - cpu_req) * MAX_NODE_SCORE // safe_cpu
+             + (mem_cap - mem_req) * MAX_NODE_SCORE // safe_mem) // 2
+    spread = np.abs(cpu_req / safe_cpu - mem_req / safe_mem) / 2  # std of two fractions
+    balanced = ((1 - spread) * MAX_NODE_SCORE).astype(np.int64)
+    return np.asarray(least + balanced, np.int64)
+
+
+def extender_scores(values: np.ndarray) -> np.ndarray:
+    """Policy values mapped linearly onto 0..10, as gpupool's prioritize answers them."""
+    lo, hi = float(values.min()), float(values.max())
+    if hi - lo <= 1e-12:
+        return np.full(values.shape, MAX_EXTENDER_PRIORITY, np.int64)
+    return np.rint((values - lo) * MAX_EXTENDER_PRIORITY / (hi - lo)).astype(np.int64)
+
+
+class DraDecider:
+    """Places one request the variant's way; never changes the state."""
+
+    def __init__(self, state: ClusterState, variant: Variant, policy: str,
+                 config: PolicyConfig, seed: int, catalog: ClassCatalog):
+        self.state = state
+        self.variant = variant
+        self.placer = Placer(make_policy(policy, config))
+        self.rng = random.Random(policy_seed(seed))
+        self.ties = random.Random(seed * 1_000_003 + 11)  # selectHost among equal totals
+        self.catalog = catalog
+
+    def decide(self, request: PodRequest) -> Allocation | None:
+        c = self._constraints(request)
+        cands = self.placer.candidates(self.state, request, c)
+        if cands.indices.size == 0:
+            return None
+        if self.variant.node == "policy" and self.variant.device == "policy":
+            scores = self.placer.score(self.state, request, cands, self.rng)
+            return self.placer.allocate_on(self.state, request, cands, scores,
+                                           choose(scores.value, self.rng))
+        k = self._node(request, cands)
+        return self._first_fit(request, cands, k)
+
+    def _node(self, request: PodRequest, cands: Candidates) -> int:
+        if self.variant.node == "policy":
+            return choose(self.placer.score(self.state, request, cands, self.rng).value,
+                          self.rng)
+        total = kube_scores(self.state, request, cands.indices)
+        if self.variant.node == "prioritize" and demand_of(request) is not None:
+            values = self.placer.score(self.state, request, cands, self.rng).value
+            total = total + extender_scores(values) * self.variant.weight * (
+                MAX_NODE_SCORE // MAX_EXTENDER_PRIORITY)
+        best = np.flatnonzero(total == total.max())
+        return int(best[self.ties.randrange(best.size)])
+
+    def _first_fit(self, request: PodRequest, cands: Candidates, k: int) -> Allocation:
+        i = int(cands.indices[k])
+        demand = demand_of(request)
+        if demand is None or cands.gpu_fit is None:
+            return build_allocation(self.state, request, i, [])
+        positions = [int(p) for p in np.flatnonzero(cands.gpu_fit[i])[:demand.count]]
+        return build_allocation(self.state, request, i, positions)
+
+    def _constraints(self, request: PodRequest) -> Constraints:
+        if request.gpu_class is None and request.selector is None:
+            return NO_CONSTRAINTS
+        mask, refusal = class_mask(self.state, request, self.catalog)
+        return Constraints(gpu_mask=mask, blocked=refusal)
+
+
+@dataclass(frozen=True, slots=True)
+class DraRun:
+    """One (variant, seed) run: figures at the moment arrived demand reaches capacity."""
+
+    variant: str
+    seed: int
+    pods: int
+    unallocated_gpu_pct: float
+    stranded_gpu_pct: float  # free share on GPUs that are partly used, % of capacity
+    failed_before_full: int
+    wall_s: float
+
+
+def run_variant(scenario: Scenario, variant: str, seed: int, inflate: float = 1.3,
+                policy: str = "fgd-balance", config: PolicyConfig | None = None,
+                progress: Callable[[int], None] | None = None) -> DraRun:
+    """One run of the FGD protocol (``sim.protocol``) placing pods the variant's way."""
+    try:
+        spec = VARIANTS[variant]
+    except KeyError:
+        raise UnknownName(f"unknown variant {variant!r}; known: "
+                          f"{', '.join(VARIANTS)}") from None
+    state = ClusterState(node_order(scenario, seed))
+    capacity = state.usage().capacity_milli
+    order = arrival_order(scenario.requests, capacity, inflate, random.Random(seed))
+    config = config or PolicyConfig(TargetWorkload.from_requests(scenario.requests))
+    decider = DraDecider(state, spec, policy, config, seed,
+                         ClassCatalog(scenario.classes))
+    started = time.perf_counter()
+    arrived = failed = 0
+    for n, request in enumerate(order):
+        allocation = decider.decide(request)
+        if allocation is not None:
+            state.reserve(allocation)
+        else:
+            failed += 1
+        arrived += demand_milli(request)
+        if progress is not None:
+            progress(n)
+        if arrived >= capacity:
+            break
+    usage = state.usage()
+    free = np.where(state.present, state.free_milli, 0)
+    stranded = int(free[(free > 0) & (free < 1000)].sum())
+    return DraRun(variant, seed, n + 1, round(100.0 - 100.0 * usage.allocated_milli / capacity, 4),
+                  round(100.0 * stranded / capacity, 4), failed,
+                  round(time.perf_counter() - started, 3))
