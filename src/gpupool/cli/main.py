@@ -43,6 +43,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"gpupool: {line}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        print(f"gpupool {args.command}: interrupted", file=sys.stderr)
         return 130
 
 

@@ -8,6 +8,7 @@ relied on by automation; see docs/simulator.md.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,6 +23,7 @@ from gpupool.core.errors import InvalidInput, UnknownName
 from gpupool.core.policies import POLICIES
 from gpupool.sim.campaign import (
     Campaign,
+    CampaignInterrupted,
     PolicyStats,
     Run,
     SimMode,
@@ -178,17 +180,37 @@ def simulate(args: argparse.Namespace) -> int:
                         dict(args.weight), args.nodes_to_score,
                         args.learn_every if args.learn else None)
     workers = args.workers or default_workers(len(campaign.jobs))
-    runs = _with_progress(campaign, workers)
-    stats = aggregate(runs)
-    wall = time.perf_counter() - started
     try:
-        written = write_all(args.out, campaign, runs, stats, wall)
+        runs = _with_progress(campaign, workers)
+    except CampaignInterrupted as stop:
+        return _interrupted(args.out, campaign, stop, time.perf_counter() - started)
+    wall = time.perf_counter() - started
+    _report(args.out, campaign, runs, wall)
+    return 0
+
+
+def _report(out: Path, campaign: Campaign, runs: list[Run], wall: float) -> None:
+    """Write the outputs (each to a temporary file renamed into place) and print the table."""
+    stats = aggregate(runs)
+    try:
+        written = write_all(out, campaign, runs, stats, wall)
     except OSError as exc:
-        raise InvalidInput(f"cannot write to {args.out}: {exc.strerror or exc}") from None
+        raise InvalidInput(f"cannot write to {out}: {exc.strerror or exc}") from None
     console = Console()
     console.print(_table(campaign, stats, wall))
     console.print(f"wrote {', '.join(str(p) for p in written)}")
-    return 0
+
+
+def _interrupted(out: Path, campaign: Campaign, stop: CampaignInterrupted, wall: float) -> int:
+    """Ctrl-C: the queued runs were cancelled; what finished is reported and written."""
+    if stop.runs:
+        _report(out, campaign, stop.runs, wall)
+        print(f"gpupool simulate: interrupted; {len(stop.runs)} of {stop.planned} runs "
+              f"finished and were written to {out}; the others were cancelled", file=sys.stderr)
+    else:
+        print(f"gpupool simulate: interrupted before any run finished; nothing was written "
+              f"to {out}", file=sys.stderr)
+    return 130
 
 
 def _with_progress(campaign: Campaign, workers: int) -> list[Run]:

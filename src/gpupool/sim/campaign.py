@@ -8,8 +8,10 @@ workload from the arrivals as the extender does (``gpupool.sim.learning``).
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import random
+import signal
 import statistics
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -81,25 +83,61 @@ def run_one(campaign: Campaign, config: PolicyConfig, policy: str, seed: int,
                         campaign.nodes_to_score, campaign.learn_every)
 
 
+class CampaignInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a campaign: the runs that finished (in job order); the rest were
+    cancelled and the worker processes stopped."""
+
+    def __init__(self, runs: list[Run], planned: int):
+        super().__init__(f"{len(runs)} of {planned} runs finished")
+        self.runs, self.planned = runs, planned
+
+
 def run_campaign(campaign: Campaign, workers: int = 1,
                  progress: Progress | None = None) -> list[Run]:
-    """All runs, ordered by (policy, seed) as given. Unknown policies fail before any run."""
+    """All runs, ordered by (policy, seed) as given. Unknown policies fail before any run.
+    Ctrl-C raises ``CampaignInterrupted`` with the finished runs, at once."""
     config = campaign.config()
     for name in campaign.policies:
         make_policy(name, config)
     jobs = campaign.jobs
-    if workers <= 1 or len(jobs) == 1:
-        return [run_one(campaign, config, p, s, progress) for p, s in jobs]
     done: dict[tuple[str, int], Run] = {}
-    with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), initializer=_adopt,
-                             initargs=(campaign, config)) as pool:
-        futures = [pool.submit(_run_adopted, p, s) for p, s in jobs]
+    try:
+        if workers <= 1 or len(jobs) == 1:
+            for p, s in jobs:
+                done[(p, s)] = run_one(campaign, config, p, s, progress)
+        else:
+            _run_pooled(campaign, config, min(workers, len(jobs)), done, progress)
+    except KeyboardInterrupt:
+        raise CampaignInterrupted([done[j] for j in jobs if j in done], len(jobs)) from None
+    return [done[job] for job in jobs]
+
+
+def _run_pooled(campaign: Campaign, config: PolicyConfig, workers: int,
+                done: dict[tuple[str, int], Run], progress: Progress | None) -> None:
+    """The jobs in ``workers`` processes, into ``done``; on Ctrl-C (which the workers
+    ignore) the queued jobs are cancelled and the workers terminated, not waited for."""
+    before = set(multiprocessing.active_children())
+    pool = ProcessPoolExecutor(max_workers=workers, initializer=_adopt,
+                               initargs=(campaign, config))
+    try:
+        futures = [pool.submit(_run_adopted, p, s) for p, s in campaign.jobs]
         for future in as_completed(futures):
             run = future.result()
             done[(run.policy, run.seed)] = run
             if progress is not None:
                 progress(run.pods)
-    return [done[job] for job in jobs]
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        _terminate(set(multiprocessing.active_children()) - before)
+        raise
+    pool.shutdown()
+
+
+def _terminate(workers: set[multiprocessing.process.BaseProcess]) -> None:
+    for worker in workers:
+        worker.terminate()
+    for worker in workers:
+        worker.join(timeout=1.0)
 
 
 def default_workers(jobs: int) -> int:
@@ -112,7 +150,9 @@ _ADOPTED: list[tuple[Campaign, PolicyConfig]] = []
 
 
 def _adopt(campaign: Campaign, config: PolicyConfig) -> None:
-    """Worker start-up: keep the campaign, so each job ships only (policy, seed)."""
+    """Worker start-up: keep the campaign, so each job ships only (policy, seed); leave
+    Ctrl-C to the parent, which stops the workers."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _ADOPTED[:] = [(campaign, config)]
 
 

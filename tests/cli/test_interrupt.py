@@ -1,0 +1,109 @@
+"""Ctrl-C stops ``gpupool simulate`` at once: queued runs cancelled, workers stopped, the
+runs that finished written whole (never a half-written file), exit code 130."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpupool.cli import simulate as simulate_cli
+from gpupool.cli.main import main
+from gpupool.sim.campaign import Campaign, CampaignInterrupted, Progress, Run, run_campaign
+from gpupool.sim.synthetic import synthetic_scenario
+
+LONG = ["--policy", "fgd-balance", "--seeds", "1-400", "--workers", "2",
+        "--synthetic-nodes", "200"]
+"""About 0.5 s a run: a campaign of minutes."""
+
+
+def children(pid: int) -> set[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return set()
+    return {int(p) for p in text.split()}
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads /proc (Linux)")
+def test_ctrl_c_stops_a_long_campaign_with_workers_within_a_second(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "gpupool.cli.main", "simulate", *LONG,
+                             "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.monotonic() + 30
+    while len(children(proc.pid)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    workers = children(proc.pid)
+    assert len(workers) >= 2, "the campaign's workers never started"
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    sent = time.monotonic()
+    _, stderr = proc.communicate(timeout=20)
+    took = time.monotonic() - sent
+    assert proc.returncode == 130, stderr
+    assert took < 1.5, f"took {took:.2f} s to stop"
+    assert "Traceback" not in stderr
+    assert stderr.strip().splitlines()[-1].startswith("gpupool simulate: interrupted")
+    assert not any(alive(w) for w in workers), "a worker outlived the campaign"
+    leftovers = [p.name for p in out.iterdir()] if out.exists() else []
+    assert not [n for n in leftovers if n.startswith(".")], leftovers  # no temporary files
+    if "summary.json" in leftovers:  # some runs had finished: written whole
+        assert json.loads((out / "summary.json").read_text())
+
+
+def interrupt_after_first_run(real: object) -> object:
+    def run(campaign: Campaign, workers: int, progress: Progress | None = None) -> list[Run]:
+        def stop(_pods: int) -> None:
+            raise KeyboardInterrupt
+        return real(campaign, 2, stop)  # type: ignore[operator]
+    return run
+
+
+def test_an_interrupted_campaign_hands_back_the_runs_that_finished() -> None:
+    campaign = Campaign(synthetic_scenario(20), ("random",), (1, 2, 3))
+    with pytest.raises(CampaignInterrupted) as caught:
+        interrupt_after_first_run(run_campaign)(campaign, 2)  # type: ignore[operator]
+    assert len(caught.value.runs) == 1 and caught.value.planned == 3
+
+
+def test_simulate_writes_what_finished_and_exits_130(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(simulate_cli, "run_campaign", interrupt_after_first_run(run_campaign))
+    out = tmp_path / "out"
+    code = main(["simulate", "--policy", "random", "--seeds", "1-3", "--synthetic-nodes", "20",
+                 "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 130
+    assert err == (f"gpupool simulate: interrupted; 1 of 3 runs finished and were written "
+                   f"to {out}; the others were cancelled\n")
+    summary = json.loads((out / "summary.json").read_text())
+    assert sorted(p.name for p in out.iterdir()) == ["allocation.png", "curves.csv",
+                                                    "summary.json"]
+    assert summary
+
+
+def test_ctrl_c_before_any_run_finished_writes_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    def never(campaign: Campaign, workers: int, progress: Progress | None = None) -> list[Run]:
+        raise CampaignInterrupted([], 3)
+    monkeypatch.setattr(simulate_cli, "run_campaign", never)
+    out = tmp_path / "out"
+    assert main(["simulate", "--synthetic-nodes", "5", "--out", str(out)]) == 130
+    assert "nothing was written" in capsys.readouterr().err
+    assert not out.exists()
