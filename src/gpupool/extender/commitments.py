@@ -217,13 +217,17 @@ class Commitments(Holdings):
         again after. Nothing else can take the room meanwhile: the caller holds ``lock``."""
         sources = self.sources.get(key)
         held: Allocation | None = None
+        charge = None  # its quota charge goes aside with it (its own hold is no usage)
         if sources and "pod" not in sources:
             held = self.state.release(key)
+            charge = self.catalogue.quotas.refund(key) if held is not None else None
         try:
             yield
         finally:
             if held is not None:
                 self.state.reserve(held)
+            if charge is not None:
+                self.catalogue.quotas.charge(key, charge)
 
     def restore(self, key: str) -> None:
         """Hold again pending pod ``key``'s preemption holds (its bind failed after

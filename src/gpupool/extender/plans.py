@@ -50,6 +50,8 @@ class Plan:
     request: PodRequest
     group: str | None
     written: bool = False  # the hold is in the ledger already (evictions to carry out)
+    anywhere: bool = False  # victims may run on other nodes (a tenant quota's preemption)
+    why: str = ""  # what the evictions are for, when not plain priority preemption
 
     @property
     def displaces(self) -> tuple[str, ...]:
@@ -57,6 +59,8 @@ class Plan:
         return tuple(v.uid for v in self.victims) + self.leaving
 
     def note(self) -> str:
+        if self.why:
+            return f"making room here: {self.why}"
         who = "pods that are leaving" if not self.victims else \
             f"{len(self.victims)} pod{'s' if len(self.victims) > 1 else ''} of lower priority"
         return f"making room here: preempting {who} for this pod"

@@ -47,6 +47,7 @@ from gpupool.core.errors import OverCommit
 from gpupool.core.fit import Constraints
 from gpupool.core.request import PodRequest
 from gpupool.core.victims import Candidate, NoVictims, Room, Selection, below, select
+from gpupool.extender import tenantpreempt
 from gpupool.extender.cache import ClusterCache
 from gpupool.extender.ledger import HOLD, Entry, FitCheck, Ledgers, View, counted
 from gpupool.extender.metrics import Metrics
@@ -107,7 +108,8 @@ class Preemptor:
                 "budgets" not in self.cache.synced or self.retry_at.get(key, 0.0) > now or \
                 self._room_elsewhere(key, elsewhere):
             return {}
-        found = self._plan(pod, request, constraints, rows)
+        found = self._plan_for_quota(pod, request, rows) if self._quota_full(
+            request, constraints) else self._plan(pod, request, constraints, rows)
         if isinstance(found, NoVictims):
             self._retry_later(key, now)
             self.metrics.preemptions.labels("no-victims").inc()
@@ -182,6 +184,18 @@ class Preemptor:
         leaving = tuple(c.key for c in candidates if c.leaving and c.allocation.node == node)
         return Plan(request.key, ident.namespace, ident.name, priority, node, hold, victims,
                     leaving, request, constraints.group)
+
+    def _quota_full(self, request: PodRequest, constraints: Constraints) -> bool:
+        """Refused by a tenant quota that the tenant's own pods going could satisfy."""
+        return tenantpreempt.is_quota_refusal(constraints) and bool(
+            self.cache.catalogue.tenants.covering(request.tenant))
+
+    def _plan_for_quota(self, pod: Mapping[str, Any], request: PodRequest,
+                        rows: Sequence[int]) -> Plan | NoVictims:
+        """Preemption inside the tenant's quota, or reclaim from its cohort
+        (``tenantpreempt``)."""
+        return tenantpreempt.plan(self.cache, pod, request, rows, self._candidates,
+                                  self._hold_of, self.settings.limits)
 
     def _where(self, uid: str) -> tuple[str, str]:
         f = self.cache.pods[uid]
@@ -291,7 +305,8 @@ class Preemptor:
         displaced = cache.displaced()
         for v in plan.victims:
             g = cache.pods.get(v.uid)
-            if g is None or v.uid in cache.finished or g.node != plan.node:
+            if g is None or v.uid in cache.finished or (g.node != plan.node and
+                                                         not plan.anywhere):
                 return f"pod {v.namespace}/{v.name} is gone or elsewhere"
             if v.uid in displaced:
                 return f"pod {v.namespace}/{v.name} is being preempted for another pod"

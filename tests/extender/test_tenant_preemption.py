@@ -1,0 +1,117 @@
+"""Priorities inside a tenant's quota and reclaim of lent capacity, carried out by the
+extender's preemption over the FAKE API server (the Eviction API, holds in GPULedgers)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from gpupool_testing.fake_apiserver import FakeApiServer
+
+from gpupool.extender.plans import PreemptionSettings
+from tests.waiting import wait_for
+
+from .builders import Replica, pod_obj, schedule, seed_cluster
+
+FAST = PreemptionSettings(hold_s=60.0, retry_s=0.0)
+ONE = {"gpupool.io/gpu": "1"}
+
+
+@pytest.fixture
+def nodes(fake: FakeApiServer) -> list[str]:
+    return seed_cluster(fake, 2, 4)  # 8 GPUs: room is never what is short
+
+
+@pytest.fixture
+def replica(fake: FakeApiServer, nodes: list[str]) -> Iterator[Replica]:
+    r = Replica(fake, preemption=FAST)
+    assert wait_for(lambda: "budgets" in r.cache.synced)
+    yield r
+    r.close()
+
+
+def quota(fake: FakeApiServer, r: Replica, name: str, namespaces: list[str], gpus: int,
+          **spec: Any) -> None:
+    fake.seed("tenantquotas", {"metadata": {"name": name}, "spec": {
+        "namespaces": namespaces, "limits": {"gpus": gpus}, **spec}})
+    assert wait_for(lambda: name in r.cache.catalogue.tenants.by_name)
+
+
+def run(fake: FakeApiServer, r: Replica, nodes: list[str], name: str, ns: str,
+        priority: int = 0) -> dict[str, Any]:
+    pod = pod_obj(name, ONE, ns=ns)
+    pod["spec"]["priority"] = priority
+    pod = fake.seed("pods", pod)
+    assert wait_for(lambda: pod["metadata"]["uid"] in r.cache.unbound)
+    assert schedule(r.extender, pod, nodes)[1] == ""
+    assert wait_for(lambda: r.cache.pods[pod["metadata"]["uid"]].decision is not None)
+    return pod
+
+
+def pending(fake: FakeApiServer, r: Replica, name: str, ns: str, priority: int
+            ) -> dict[str, Any]:
+    pod = pod_obj(name, ONE, ns=ns)
+    pod["spec"]["priority"] = priority
+    pod = fake.seed("pods", pod)
+    assert wait_for(lambda: pod["metadata"]["uid"] in r.cache.unbound)
+    return pod
+
+
+def settled(r: Replica) -> bool:
+    assert r.extender.preemptor is not None
+    return wait_for(lambda: not r.extender.preemptor.inflight)  # type: ignore[union-attr]
+
+
+def alive(fake: FakeApiServer, pod: dict[str, Any]) -> bool:
+    meta = pod["metadata"]
+    return fake.get("pods", meta["name"], meta["namespace"]) is not None
+
+
+def test_a_higher_priority_pod_preempts_its_own_tenants_lowest_priority_pod_not_others(
+        fake: FakeApiServer, replica: Replica, nodes: list[str]) -> None:
+    quota(fake, replica, "team-a", ["a", "a-dev"], 2)
+    low = run(fake, replica, nodes, "low", "a-dev", priority=10)
+    mid = run(fake, replica, nodes, "mid", "a", priority=50)
+    other = run(fake, replica, nodes, "other", "b", priority=0)  # another tenant, lower
+    urgent = pending(fake, replica, "urgent", "a", 100)
+    answer = replica.extender.filter({"Pod": urgent, "NodeNames": nodes})
+    assert answer["NodeNames"] == []
+    notes = [v for v in answer["FailedNodes"].values() if "making room here" in v]
+    assert notes == ["gpupool: making room here: tenant team-a's quota is full: its pods of "
+                     "lower priority make way"]
+    assert settled(replica)
+    assert not alive(fake, low) and alive(fake, mid) and alive(fake, other)
+    assert wait_for(lambda: low["metadata"]["uid"] not in replica.cache.pods)
+    assert schedule(replica.extender, urgent, nodes)[1] == ""
+
+
+def test_a_pod_of_no_higher_priority_waits_and_nobody_is_evicted(
+        fake: FakeApiServer, replica: Replica, nodes: list[str]) -> None:
+    quota(fake, replica, "team-a", ["a"], 1)
+    low = run(fake, replica, nodes, "low", "a", priority=10)
+    same = pending(fake, replica, "same", "a", 10)
+    answer = replica.extender.filter({"Pod": same, "NodeNames": nodes})
+    assert answer["NodeNames"] == []
+    assert all("quota of tenant team-a exceeded" in v for v in answer["FailedNodes"].values())
+    assert settled(replica) and alive(fake, low)
+    assert not [p for m, p in fake.requests if m == "POST" and p.endswith("/eviction")]
+
+
+def test_a_lender_takes_back_what_its_cohort_borrowed_whatever_the_priorities(
+        fake: FakeApiServer, replica: Replica, nodes: list[str]) -> None:
+    quota(fake, replica, "lender", ["l"], 2, cohort="lab")
+    quota(fake, replica, "borrower", ["b"], 1, cohort="lab")
+    mine = run(fake, replica, nodes, "mine", "l")
+    first = run(fake, replica, nodes, "first", "b", priority=1000)
+    borrowed = run(fake, replica, nodes, "borrowed", "b", priority=1000)  # beyond its 1
+    back = pending(fake, replica, "back", "l", 0)
+    answer = replica.extender.filter({"Pod": back, "NodeNames": nodes})
+    assert answer["NodeNames"] == []
+    notes = [v for v in answer["FailedNodes"].values() if "making room here" in v]
+    assert notes == ["gpupool: making room here: taking back capacity tenant lender lent to "
+                     "cohort lab"]
+    assert settled(replica)
+    assert alive(fake, mine) and alive(fake, first) and not alive(fake, borrowed)
+    assert wait_for(lambda: borrowed["metadata"]["uid"] not in replica.cache.pods)
+    assert schedule(replica.extender, back, nodes)[1] == ""
