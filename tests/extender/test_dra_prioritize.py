@@ -7,12 +7,14 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import msgspec
 import pytest
 from lightkube.resources.core_v1 import Node
 
 from gpupool.contract import dra
 from gpupool.core.errors import InvalidInput
 from gpupool.core.request import Mode, PodRequest
+from gpupool.extender.app import verb_handlers
 from gpupool.extender.cache import ClusterCache
 from gpupool.extender.draclaims import DraClaims
 from gpupool.extender.drapods import claim_names, claims_request
@@ -252,3 +254,22 @@ def test_the_scored_request_is_the_core_policys_the_same_as_the_device_plugin_pa
     pod = pod_obj("p", {"gpupool.io/gpu-memory": "20480", "gpupool.io/gpu-core": "30"}, ns=NS)
     pod["metadata"]["uid"] = "uid-p"
     assert scores(twin_ext, pod, ["d0", "d1"]) == dra_scores
+
+
+def test_the_prioritize_claims_verb_scores_claim_pods_only_so_no_pod_is_scored_twice() -> None:
+    cache = cluster()
+    with cache.lock:
+        cache.dra.sync_claims(cache, [
+            claim("held", [ask(memory="40Gi", cores="50")],
+                  allocated_on=("d1", 1, {"memory": "40Gi", "cores": "50"})),
+            claim("new", [ask(memory="20Gi", cores="30")])])
+    ext = Extender(cache, Settings("best-fit"), Metrics())
+    verb = verb_handlers(ext)["prioritize-claims"]
+    body = msgspec.json.encode({"Pod": claim_pod("p", ("gpu", "new")),
+                                "NodeNames": ["d0", "d1", "plain"]})
+    assert {h["Host"]: h["Score"] for h in msgspec.json.decode(verb(body))}["d1"] == 10
+    plugin_pod = pod_obj("q", {"gpupool.io/gpu-memory": "1024"}, ns=NS)
+    plugin_pod["metadata"]["uid"] = "uid-q"
+    plugin = msgspec.json.encode({"Pod": plugin_pod, "NodeNames": ["plain"]})
+    assert msgspec.json.decode(verb(plugin)) == []  # the main entry's prioritize scores it
+    assert msgspec.json.decode(verb(b"{not json")) == []

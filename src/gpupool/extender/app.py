@@ -52,6 +52,7 @@ from starlette.routing import Route
 
 from gpupool.core.errors import InvalidInput
 from gpupool.extender import protocol
+from gpupool.extender.drascores import claims_priorities_json
 from gpupool.extender.metrics import Metrics
 from gpupool.extender.service import Extender
 from gpupool.extender.sizing import BodyLimits
@@ -60,7 +61,7 @@ log = logging.getLogger(__name__)
 BIND_THREADS = 16  # kube-scheduler binds asynchronously, up to its parallelism (16)
 DECIDE_THREADS = 2
 INLINE_BYTES = 256 * 1024  # filter and prioritize bodies up to this size: on the loop
-INLINE_VERBS = frozenset({"filter", "prioritize"})
+INLINE_VERBS = frozenset({"filter", "prioritize", "prioritize-claims"})
 Body = bytes | bytearray
 Handler = Callable[[Body], bytes]
 Scope = MutableMapping[str, Any]
@@ -71,6 +72,7 @@ JSON_HEADERS = [(b"content-type", b"application/json")]
 REFUSED: dict[str, Callable[[str], bytes]] = {
     "filter": lambda m: protocol.encode(protocol.filter_error(m)),
     "prioritize": lambda _m: protocol.NO_PRIORITIES,
+    "prioritize-claims": lambda _m: protocol.NO_PRIORITIES,  # DRA pods (docs/dra.md)
     "bind": lambda m: protocol.encode(protocol.binding_result(m)),
     "preempt": lambda _m: protocol.encode(protocol.preemption_result({}, {})),
 }
@@ -86,6 +88,8 @@ def verb_handlers(extender: Extender) -> dict[str, Handler]:
     return {
         "filter": guarded("filter", extender.filter_json),
         "prioritize": guarded("prioritize", extender.prioritize_json),
+        "prioritize-claims": guarded("prioritize-claims",
+                                     lambda body: claims_priorities_json(extender, body)),
         "bind": guarded("bind", decoded(extender.bind, "bind")),
         "preempt": guarded("preempt", lambda body: protocol.encode(extender.preempt(body))),
     }

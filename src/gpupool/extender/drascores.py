@@ -77,3 +77,20 @@ def claim_priorities(ext: Extender, args: protocol.ExtenderArgs, base: PodReques
 def _scaled(values: np.ndarray) -> np.ndarray:
     from gpupool.extender.service import scaled  # the device-plugin path's scaling
     return scaled(values)
+
+
+def claims_priorities_json(ext: Extender, body: bytes) -> bytes:
+    """The ``prioritize-claims`` verb: scores for pods whose GPUs come from ResourceClaims
+    only. The extender entry without ``managedResources`` that calls it is called for every
+    pod; a pod that asks gpupool's extended resources is answered empty here (the
+    ``prioritize`` verb of the main entry scores it), so no pod is scored twice."""
+    try:
+        args = protocol.read_args(body, "prioritize-claims")
+        base = ext._request(args.pod, args.pod_json)
+    except GpupoolError as exc:
+        log.info("prioritize-claims: %s", exc)
+        ext.metrics.decisions.labels("prioritize", "error").inc()
+        return protocol.NO_PRIORITIES
+    if base.gpus:
+        return protocol.NO_PRIORITIES
+    return claim_priorities(ext, args, base)
