@@ -46,17 +46,21 @@ Pure and deterministic: no I/O, no clock.
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from enum import Enum
 from fractions import Fraction
-from math import floor, isfinite
+from math import isfinite
 
 from gpupool.core.errors import InvalidInput, UnknownName
+from gpupool.core.fairshare import weighted_max_min
 from gpupool.core.quota import Amount, Limit, QuotaBook
 from gpupool.core.state import ClusterState
 from gpupool.core.victims import Candidate, Limits, NoVictims, Quota, select
+
+__all__ = ["Admission", "CohortMember", "CohortState", "ReclaimPlan", "Verdict", "admit",
+           "borrowed_keys", "by_group", "by_tenant", "dominant_share", "fair_shares",
+           "reclaim", "shortfall", "weighted_max_min"]
 
 DIMS = tuple(f.name for f in fields(Amount))
 _UNITS = {"gpus": "GPUs", "memory_mib": "MiB of GPU memory", "core_pct": "% of GPU compute"}
@@ -429,55 +433,6 @@ def _plan(m: CohortMember, need: Amount, chosen: list[Candidate], restored: bool
 
 
 # -- fair share ---------------------------------------------------------------------------------
-def weighted_max_min(capacity: int, wants: Mapping[str, int],
-                     weights: Mapping[str, float]) -> dict[str, int]:
-    """Divide ``capacity`` whole units among ``wants`` by weight: nobody gets more than it
-    wants, and what one does not want goes to the others in proportion to their weights
-    (members of weight 0 share, equally, only what the others leave). Deterministic: ties
-    go by name."""
-    live = {g: w for g, w in wants.items() if w > 0}
-    weighted = {g for g in live if weights.get(g, 1) > 0}
-    first = _dhondt(capacity, {g: live[g] for g in weighted},
-                    {g: Fraction(weights.get(g, 1)) for g in weighted})
-    rest = capacity - sum(first.values())
-    second = _dhondt(rest, {g: live[g] for g in live if g not in weighted},
-                     {g: Fraction(1) for g in live if g not in weighted})
-    return {g: first.get(g, 0) + second.get(g, 0) for g in wants}
-
-
-def _dhondt(capacity: int, wants: Mapping[str, int], weights: Mapping[str, Fraction]
-            ) -> dict[str, int]:
-    """Unit by unit to the lowest ``(share + 1) / weight`` (ties: name): the real water
-    level first, then the few units the floors leave, one at a time."""
-    level = _water_level(capacity, wants, weights)
-    share = {g: wants[g] if level is None else min(wants[g], floor(weights[g] * level))
-             for g in wants}
-    left = max(capacity - sum(share.values()), 0)
-    heap = [((share[g] + 1) / weights[g], g) for g in sorted(wants) if share[g] < wants[g]]
-    heapq.heapify(heap)
-    while left and heap:
-        _, g = heapq.heappop(heap)
-        share[g] += 1
-        left -= 1
-        if share[g] < wants[g]:
-            heapq.heappush(heap, ((share[g] + 1) / weights[g], g))
-    return share
-
-
-def _water_level(capacity: int, wants: Mapping[str, int], weights: Mapping[str, Fraction]
-                 ) -> Fraction | None:
-    """The level ``L`` at which ``sum(min(want, weight × L)) = capacity`` (None: every want
-    fits)."""
-    left, weight = Fraction(capacity), sum(weights.values(), Fraction(0))
-    for g in sorted(wants, key=lambda g: (wants[g] / weights[g], g)):
-        if wants[g] * weight <= left * weights[g]:
-            left -= wants[g]
-            weight -= weights[g]
-        else:
-            return left / weight
-    return None
-
-
 def fair_shares(state: CohortState, cohort: str, wants: Mapping[str, Amount]
                 ) -> dict[str, Amount]:
     """How much each member of ``cohort`` that wants to borrow (``wants``: beyond its
