@@ -214,7 +214,7 @@ def test_metrics_and_healthz_are_served_over_http() -> None:
 
 
 def test_gpus_whose_node_agent_went_quiet_or_that_are_isolated_are_counted() -> None:
-    from gpupool.controller.figures import Heartbeats
+    from gpupool.controller.figures import DeviceMemo, Heartbeats
 
     devices = [device("n1", i, labels={POOL: "a"}) for i in range(3)]
     devices[0]["status"]["heartbeatTime"] = "2026-01-01T00:00:00Z"  # 1,000 s ago
@@ -222,7 +222,7 @@ def test_gpus_whose_node_agent_went_quiet_or_that_are_isolated_are_counted() -> 
     devices[2]["status"]["isolation"] = {"state": names.DEVICE_ISOLATED, "reason": "over-use",
                                          "pods": ["lab/p"]}
     now = 1767225600.0 + 1000  # 2026-01-01T00:16:40Z
-    beats = Heartbeats(tuple(devices), now, stale_after_s=120)
+    beats = Heartbeats(DeviceMemo().read(devices), now, stale_after_s=120)
     (fig,) = figures(observe(devices, [], [], []), [], heartbeats=beats).pools
     assert (fig.stale, fig.isolated) == (1, 1)
     assert (fig.model, fig.pool, fig.gpus) == ("A100-SXM4-80GB", "a", 3)

@@ -32,7 +32,7 @@ from rich.console import Console
 
 from gpupool.cli.args import bounded
 from gpupool.controller.deviceclasses import DeviceClassSync
-from gpupool.controller.figures import POOL_LABEL, Heartbeats, figures
+from gpupool.controller.figures import POOL_LABEL, DeviceMemo, Heartbeats, figures
 from gpupool.controller.leader import ElectionTiming, LeaderElector, lead
 from gpupool.controller.loop import Controller, Outcome, RoundObserver, WorldCache
 from gpupool.controller.metrics import ControllerMetrics, VerifyTally, serve
@@ -78,6 +78,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--pool-label", default=POOL_LABEL, metavar="LABEL",
                    help="the GPUDevice label (spec.labels) that names a GPU's pool in the "
                         f"metrics (default {POOL_LABEL})")
+    p.add_argument("--metrics-every", type=bounded(float, 0, 3600), default=10.0,
+                   metavar="SECONDS",
+                   help="work out the cluster figures of the metrics (quota, GPUs, "
+                        "fragmentation, pending pods) after a round at most this often "
+                        "(default 10; 0: after every round)")
     p.add_argument("--stale-after", type=bounded(float, 1, 86_400), default=120.0,
                    metavar="SECONDS",
                    help="count a GPU as stale in the metrics when its node agent has not "
@@ -133,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
     tally = VerifyTally(verify) if verify is not None else None
     controller = Controller(api, verify=tally, device_classes=classes,
                             observer=_observer(metrics, tally, args.pool_label,
-                                               args.stale_after))
+                                               args.stale_after, args.metrics_every))
     try:
         return _watch(args, controller, metrics)
     finally:
@@ -147,13 +152,22 @@ def _close(*apis: KubeApi | None) -> None:
 
 
 def _observer(metrics: ControllerMetrics, tally: VerifyTally | None, pool_label: str,
-              stale_after_s: float) -> RoundObserver:
+              stale_after_s: float, every_s: float) -> RoundObserver:
+    """Records every round; works the cluster figures out at most every ``every_s`` (they
+    cost about as much as the round itself on a large cluster)."""
+    memo = DeviceMemo()
+    last = [-float("inf")]
+
     def observe(observed: Observed, world: WorldCache, outcome: Outcome,
                 seconds: float) -> None:
-        unverified = tally.take() if tally is not None else {}
-        beats = Heartbeats(tuple(world.objects("gpudevices")), time.time(), stale_after_s)
-        figs = figures(observed, world.objects("pods"), unverified, pool_label, beats)
-        metrics.round_done(figs, observed, seconds, len(outcome.failures))
+        unverified = tally.take() if tally is not None else {}  # this round's failures
+        metrics.round_ended(seconds, len(outcome.failures))
+        if time.monotonic() - last[0] < every_s:
+            return
+        last[0] = time.monotonic()
+        beats = Heartbeats(memo.read(world.objects("gpudevices")), time.time(), stale_after_s)
+        metrics.set_world(figures(observed, world.objects("pods"), unverified, pool_label,
+                                  beats), observed)
     return observe
 
 

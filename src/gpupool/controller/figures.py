@@ -33,7 +33,7 @@ import numpy as np
 
 from gpupool.contract import annotations as records
 from gpupool.contract import names
-from gpupool.contract.devices import read_device
+from gpupool.contract.devices import DeviceRecord, read_device
 from gpupool.contract.podspec_request import pod_request
 from gpupool.controller.observed import Observed, PlacedGpu, name_of
 from gpupool.controller.resources import Broken, group_of
@@ -86,11 +86,35 @@ class Figures:
 
 @dataclass(frozen=True, slots=True)
 class Heartbeats:
-    """The GPUDevices as listed, and the rule for a silent node agent."""
+    """The GPUDevices as read (``DeviceMemo.read``), and the rule for a silent node agent."""
 
-    devices: tuple[Mapping[str, Any], ...] = ()
+    devices: tuple[DeviceRecord, ...] = ()
     now_s: float = 0.0
     stale_after_s: float = 120.0
+
+
+class DeviceMemo:
+    """Reads GPUDevices, remembering each record by name and resourceVersion (a round
+    reads again only the objects that changed since the last one)."""
+
+    def __init__(self) -> None:
+        self._known: dict[tuple[str, str], DeviceRecord] = {}
+
+    def read(self, objects: Iterable[Mapping[str, Any]]) -> tuple[DeviceRecord, ...]:
+        """The records of ``objects`` (unreadable ones left out: they are Problems)."""
+        seen: dict[tuple[str, str], DeviceRecord] = {}
+        for obj in objects:
+            meta = _map(obj.get("metadata"))
+            key = (str(meta.get("name") or ""), str(meta.get("resourceVersion") or ""))
+            record = self._known.get(key) if key[1] else None
+            if record is None:
+                try:
+                    record = read_device(obj)
+                except InvalidInput:
+                    continue
+            seen[key] = record
+        self._known = seen
+        return tuple(seen.values())
 
 
 def figures(observed: Observed, pods: Iterable[Mapping[str, Any]],
@@ -169,19 +193,21 @@ def pool_figures(observed: Observed, pool_label: str = POOL_LABEL
     workload, source = observed_workload(state, [])
     model = FragmentationModel(workload)
     frag = model.measure(state.free_milli, state.cpu_free, model.access(state))
-    acc: dict[tuple[str, str], PoolFigure] = {}
+    healthy, free = state.healthy.tolist(), np.maximum(state.free_milli, 0).tolist()
+    used_l, frag_l, weight = used.tolist(), frag.tolist(), max(workload.total_weight, 1)
+    acc: dict[tuple[str, str], list[int]] = {}  # gpus, healthy, allocated, free, fragmented
     for i, node in enumerate(state.nodes):
         for j, gpu in enumerate(node.gpus):
             key = (gpu.model, pool_of(placed[node.name, gpu.uuid], pool_label))
-            f = acc.get(key, PoolFigure(*key))
-            acc[key] = replace(f, gpus=f.gpus + 1, healthy=f.healthy + bool(state.healthy[i, j]),
-                               allocated_milli=f.allocated_milli + int(used[i, j]),
-                               free_milli=f.free_milli + max(int(state.free_milli[i, j]), 0))
-        first = (node.gpus[0].model, pool_of(placed[node.name, node.gpus[0].uuid], pool_label))
-        f = acc[first]
-        acc[first] = replace(f, fragmented_milli=f.fragmented_milli +
-                             int(frag[i]) // max(workload.total_weight, 1))
-    return tuple(acc[k] for k in sorted(acc)), source
+            row = acc.setdefault(key, [0, 0, 0, 0, 0])
+            row[0] += 1
+            row[1] += healthy[i][j]
+            row[2] += used_l[i][j]
+            row[3] += free[i][j]
+        first = node.gpus[0]
+        acc[first.model, pool_of(placed[node.name, first.uuid], pool_label)][4] += \
+            frag_l[i] // weight
+    return tuple(PoolFigure(*k, *acc[k]) for k in sorted(acc)), source
 
 
 def _used_milli(state: ClusterState) -> Any:
@@ -243,16 +269,16 @@ def pending_figures(pods: Iterable[Mapping[str, Any]]) -> dict[str, int]:
 
 def with_silence(pools: tuple[PoolFigure, ...], beats: Heartbeats, pool_label: str
                  ) -> tuple[PoolFigure, ...]:
-    """``pools`` with the stale and isolated GPUs of ``beats.devices`` counted."""
-    acc = {(p.model, p.pool): p for p in pools}
-    for obj in beats.devices:
-        try:
-            dev = read_device(obj)
-        except InvalidInput:
-            continue  # a Problem already
+    """``pools`` with the stale and isolated GPUs of ``beats.devices`` counted (a GPU that
+    never stopped reporting and was never isolated changes nothing)."""
+    counts: dict[tuple[str, str], list[int]] = {}
+    for dev in beats.devices:
         key = (dev.gpu.model, dict(dev.gpu.labels).get(pool_label) or NO_POOL)
         seen = dev.heartbeat_s if dev.heartbeat_s is not None else dev.created_s
-        stale = seen is not None and beats.now_s - seen > beats.stale_after_s
-        f = acc.get(key, PoolFigure(*key))
-        acc[key] = replace(f, stale=f.stale + stale, isolated=f.isolated + dev.isolated)
+        row = counts.setdefault(key, [0, 0])
+        row[0] += seen is not None and beats.now_s - seen > beats.stale_after_s
+        row[1] += dev.isolated
+    acc = {(p.model, p.pool): p for p in pools}
+    for key, (stale, isolated) in counts.items():
+        acc[key] = replace(acc.get(key, PoolFigure(*key)), stale=stale, isolated=isolated)
     return tuple(acc[k] for k in sorted(acc))

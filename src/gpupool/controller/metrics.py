@@ -106,10 +106,18 @@ class ControllerMetrics:
     def round_done(self, figs: Figures, observed: Observed, seconds: float, failures: int,
                    now_s: float | None = None) -> None:
         """Record one round and set every cluster figure from it."""
+        self.round_ended(seconds, failures, now_s)
+        self.set_world(figs, observed)
+
+    def round_ended(self, seconds: float, failures: int, now_s: float | None = None) -> None:
+        """Record one round: its time, its result, its failed writes."""
         self.seconds.observe(seconds)
         self.rounds.labels("failed" if failures else "ok").inc()
         self.write_failures.inc(failures)
         self.last_round.set(time.time() if now_s is None else now_s)
+
+    def set_world(self, figs: Figures, observed: Observed) -> None:
+        """Set every cluster figure (series no longer in ``figs`` are removed)."""
         series: dict[Gauge, dict[tuple[str, ...], float]] = {g: {} for g, _ in self._world}
         for q in figs.quotas:
             for dim, _, _ in _DIMS:
