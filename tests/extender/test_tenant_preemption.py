@@ -115,3 +115,37 @@ def test_a_lender_takes_back_what_its_cohort_borrowed_whatever_the_priorities(
     assert alive(fake, mine) and alive(fake, first) and not alive(fake, borrowed)
     assert wait_for(lambda: borrowed["metadata"]["uid"] not in replica.cache.pods)
     assert schedule(replica.extender, back, nodes)[1] == ""
+
+
+def samples(r: Replica, name: str) -> dict[tuple[str, ...], float]:
+    found: dict[tuple[str, ...], float] = {}
+    for family in r.extender.metrics.registry.collect():
+        for s in family.samples:
+            if s.name == name:
+                found[tuple(s.labels.values())] = s.value
+    return found
+
+
+def test_metrics_show_nominal_used_borrowed_lent_pending_and_preemptions_per_tenant(
+        fake: FakeApiServer, replica: Replica, nodes: list[str]) -> None:
+    quota(fake, replica, "lender", ["l"], 3, cohort="lab")
+    quota(fake, replica, "borrower", ["b"], 1, cohort="lab", classes={"x": {"gpus": 5}})
+    run(fake, replica, nodes, "mine", "l")
+    run(fake, replica, nodes, "first", "b")
+    run(fake, replica, nodes, "second", "b")
+    pending(fake, replica, "waiting", "b", 0)
+    tenant = samples(replica, "gpupool_tenant_quota")
+    assert tenant["lender", "gpus", "nominal"] == 3 and tenant["lender", "gpus", "used"] == 1
+    assert tenant["borrower", "gpus", "used"] == 2
+    assert tenant["borrower", "gpus", "borrowed"] == 1
+    assert tenant["lender", "gpus", "lent"] == 1 and tenant["borrower", "gpus", "lent"] == 0
+    assert ("lender", "memory_mib", "nominal") not in tenant  # not limited
+    assert samples(replica, "gpupool_tenant_class_quota")["borrower", "x", "gpus",
+                                                           "nominal"] == 5
+    assert samples(replica, "gpupool_tenant_pending_pods") == {("borrower",): 1}
+    back = pending(fake, replica, "back", "l", 0)
+    run(fake, replica, nodes, "third", "b")  # the cohort lends all 2 idle GPUs of lender
+    replica.extender.filter({"Pod": back, "NodeNames": nodes})
+    assert settled(replica)
+    counted = samples(replica, "gpupool_extender_tenant_preemptions_total")
+    assert counted == {("lender", "reclaim"): 1}

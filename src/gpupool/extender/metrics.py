@@ -47,3 +47,8 @@ class Metrics:
                               "Connections the extender closed, by reason: client-certificate, "
                               "idle, slow-request, header-too-large", ["reason"],
                               registry=self.registry)
+        self.tenant_preemptions = Counter("gpupool_extender_tenant_preemptions_total",
+                                          "Preemptions started inside a tenant's quota "
+                                          "(kind priority) or to take back what a tenant lent "
+                                          "its cohort (kind reclaim)", ["tenant", "kind"],
+                                          registry=self.registry)

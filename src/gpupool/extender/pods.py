@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
@@ -57,6 +58,7 @@ class PodFacts:
     priority: int = 0  # spec.priority (the API server sets it from priorityClassName)
     leaving: bool = False  # being deleted (deletionTimestamp set)
     labels: Labels = ()  # kept for pods with a counted decision (disruption budgets)
+    bound_s: float = 0.0  # its signed bind time (epoch seconds; 0: none), for "youngest first"
 
     def held(self) -> Allocation:
         """What the pod holds on its node (its decision, or just CPU and memory)."""
@@ -88,7 +90,17 @@ def facts_of(pod: Any, counts: DecisionFilter = no_decisions) -> PodFacts:
                     gpu_class, records.group_of(notes, meta.labels), asks_gpu,
                     priority if isinstance(priority, int) else 0,
                     meta.deletionTimestamp is not None,
-                    freeze_labels(meta.labels) if decision is not None else ())
+                    freeze_labels(meta.labels) if decision is not None else (),
+                    _bound_s(notes) if decision is not None else 0.0)
+
+
+def _bound_s(notes: Mapping[str, str]) -> float:
+    """The decision's bind time in seconds (0 when it cannot be read)."""
+    text = notes.get(names.ANNOTATION_BIND_TIME) or ""
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
 
 
 def _decision(uid: str, notes: dict[str, str], node: str) -> Allocation | None:

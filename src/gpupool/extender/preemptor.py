@@ -194,8 +194,12 @@ class Preemptor:
                         rows: Sequence[int]) -> Plan | NoVictims:
         """Preemption inside the tenant's quota, or reclaim from its cohort
         (``tenantpreempt``)."""
-        return tenantpreempt.plan(self.cache, pod, request, rows, self._candidates,
-                                  self._hold_of, self.settings.limits)
+        found = tenantpreempt.plan(self.cache, pod, request, rows, self._candidates,
+                                   self._hold_of, self.settings.limits)
+        if not isinstance(found, NoVictims):
+            tenant = self.cache.catalogue.tenants.tenant_of(request.tenant) or ""
+            self.metrics.tenant_preemptions.labels(tenant, tenantpreempt.kind_of(found)).inc()
+        return found
 
     def _where(self, uid: str) -> tuple[str, str]:
         f = self.cache.pods[uid]
@@ -214,7 +218,8 @@ class Preemptor:
                         uid == key or "pod" not in cache.sources.get(uid, ()):
                     continue
                 out.append(Candidate(alloc, f.priority, f.charge(),
-                                     cache.budgets.covering(f.namespace, f.labels), f.leaving))
+                                     cache.budgets.covering(f.namespace, f.labels), f.leaving,
+                                     f.bound_s))
         return out
 
     def _hold_of(self, request: PodRequest, constraints: Constraints, node: str,

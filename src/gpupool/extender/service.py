@@ -68,6 +68,7 @@ from gpupool.extender.podspec import pod_request
 from gpupool.extender.preemptor import Preemptor
 from gpupool.extender.refusals import Refusals, noted
 from gpupool.extender.signatures import DecisionKeys
+from gpupool.extender.tenantmetrics import TenancyCollector
 from gpupool.extender.workload import BUILTIN_WORKLOAD, observed_workload
 from gpupool.kube.api import KubeApi
 
@@ -129,6 +130,7 @@ class Extender:
                                                                        settings.weights)))
         metrics.gpus_allocated.set_function(lambda: self.usage_gpus()[0])
         metrics.gpus_total.set_function(lambda: float(self.usage_gpus()[1]))
+        metrics.registry.register(TenancyCollector(cache))
 
     # -- policy ------------------------------------------------------------------------------
     def refresh_policy(self) -> str:

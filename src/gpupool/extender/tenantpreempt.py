@@ -48,8 +48,14 @@ from gpupool.extender.cache import ClusterCache
 from gpupool.extender.plans import Plan, Victim
 from gpupool.extender.podspec import pod_id, pod_priority
 
+RECLAIM = "taking back capacity"  # how a reclaim's plan says what it is for
 Candidates = Callable[[str, Sequence[int]], list[Candidate]]
 HoldOf = Callable[[PodRequest, Constraints, str, Selection, list[Candidate]], "Allocation | None"]
+
+
+def kind_of(plan: Plan) -> str:
+    """``reclaim`` or ``priority``: what a tenant quota's plan is for (metrics)."""
+    return "reclaim" if plan.why.startswith(RECLAIM) else "priority"
 
 
 def is_quota_refusal(constraints: Constraints) -> bool:
@@ -94,7 +100,7 @@ def _for_quota(cache: ClusterCache, quota: TenantQuota, request: PodRequest, amo
                            admission.reclaim, pods, state, _member(members), budgets, limits)
             if not plan.restored:
                 return NoVictims(plan.reason)
-            return plan.victims, (f"taking back capacity tenant {quota.name} lent to cohort "
+            return plan.victims, (f"{RECLAIM} tenant {quota.name} lent to cohort "
                                   f"{quota.cohort}")
     own: Eligible = all_of(below(priority), _in(quota.namespaces))
     short = _short(quota.limit if quota.cohort is None else _with_borrowing(quota),
