@@ -16,7 +16,7 @@ from gpupool.extender.feeds import start_claim_feeds, start_feeds
 from gpupool.extender.signatures import DecisionCheck
 from gpupool.kube.api import DraApi, KubeApi
 
-from .builders import gpu_obj, local_keys, node_obj
+from .builders import Replica, gpu_obj, local_keys, node_obj, pod_obj
 from .test_dra_accounting import (
     A100,
     CLAIM_A,
@@ -88,3 +88,19 @@ def test_an_api_server_without_dra_leaves_the_extender_serving(fake: FakeApiServ
     finally:
         feeds.stop(timeout_s=0.0)
         api.close()
+
+
+def test_bind_refuses_a_device_plugin_pod_sent_to_a_dra_node(fake: FakeApiServer) -> None:
+    replica = Replica(fake)
+    try:
+        assert wait_for(lambda: DRA_NODE in replica.cache.state.index)
+        pod = fake.seed("pods", pod_obj("p", {"gpupool.io/gpu": "1"}))
+        meta = pod["metadata"]
+        answer = replica.extender.bind({"PodName": "p", "PodNamespace": meta["namespace"],
+                                        "PodUID": meta["uid"], "Node": DRA_NODE})
+        assert "Dynamic Resource Allocation" in answer["Error"]
+        assert fake.get("pods", "p", "default")["spec"].get("nodeName") is None
+        assert replica.extender.bind({"PodName": "p", "PodNamespace": meta["namespace"],
+                                      "PodUID": meta["uid"], "Node": "plain"})["Error"] == ""
+    finally:
+        replica.close()
