@@ -1,4 +1,4 @@
-"""``gpupool controller``: keep gpupool's custom resources in line with the cluster.
+"""gpupool controller: keep gpupool's custom resources in line with the cluster.
 
 Creates a default ResourceClass per GPU model, writes the status of every
 ResourceClass and ResourceGroup (validity, selected GPUs, quota allocated /
