@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gpupool.core.classes import MaskCache
+from gpupool.core.classes import MaskCache, selector_mask
 from gpupool.core.cohort import Admission, CohortMember, CohortState, Verdict, admit
 from gpupool.core.errors import InvalidInput
 from gpupool.core.model import Gpu, Node
@@ -60,6 +60,10 @@ class TenantQuota:
             raise InvalidInput(f"tenant {self.name}: weight must be >= 0, got {self.weight}")
         object.__setattr__(self, "namespaces", frozenset(self.namespaces))
 
+    def limit_of(self, dim: int) -> int | None:
+        """The nominal limit of dimension ``dim`` (0 GPUs, 1 memory, 2 compute)."""
+        return (self.limit.gpus, self.limit.memory_mib, self.limit.core_pct)[dim]
+
     def class_limit(self, gpu_class: str | None) -> Limit | None:
         return next((lim for name, lim in self.classes if name == gpu_class), None)
 
@@ -70,6 +74,10 @@ class TenantBook:
     def __init__(self, quotas: Iterable[TenantQuota] = ()) -> None:
         self.by_name: dict[str, TenantQuota] = {}
         self._covering: dict[str, tuple[TenantQuota, ...]] = {}
+        self._sorted: tuple[TenantQuota, ...] = ()
+        self._members: dict[str, CohortMember] = {}
+        self._peers: dict[str, tuple[TenantQuota, ...]] = {}
+        self._capacity: dict[str, tuple[int, ...]] = {}  # cohort -> the pool per dimension
         for q in quotas:
             self.put(q)
 
@@ -84,16 +92,26 @@ class TenantBook:
 
     def _index(self) -> None:
         covering: dict[str, list[TenantQuota]] = {}
+        peers: dict[str, list[TenantQuota]] = {}
         for name in sorted(self.by_name):
-            for ns in self.by_name[name].namespaces:
-                covering.setdefault(ns, []).append(self.by_name[name])
+            q = self.by_name[name]
+            for ns in q.namespaces:
+                covering.setdefault(ns, []).append(q)
+            if q.cohort is not None:
+                peers.setdefault(q.cohort, []).append(q)
         self._covering = {ns: tuple(qs) for ns, qs in covering.items()}
+        self._sorted = tuple(self.by_name[n] for n in sorted(self.by_name))
+        self._members = {q.name: member_of(q) for q in self._sorted}
+        self._peers = {c: tuple(qs) for c, qs in peers.items()}
+        self._capacity = {c: tuple(sum(self._members[q.name].lendable(d) for q in qs)
+                                   for d in ("gpus", "memory_mib", "core_pct"))
+                          for c, qs in peers.items()}
 
     def __len__(self) -> int:
         return len(self.by_name)
 
     def __iter__(self) -> Iterator[TenantQuota]:
-        return iter([self.by_name[n] for n in sorted(self.by_name)])
+        return iter(self._sorted)
 
     def covering(self, namespace: str | None) -> tuple[TenantQuota, ...]:
         """The quotas whose tenant includes ``namespace`` (by name)."""
@@ -112,19 +130,38 @@ class TenantBook:
     @staticmethod
     def used(book: QuotaBook, quota: TenantQuota, gpu_class: str | None = None) -> Amount:
         """What the tenant's namespaces hold (of ``gpu_class`` only, when given)."""
-        total = Amount()
+        g = m = c = 0
         for ns in quota.namespaces:
-            total = total + (book.used_by_tenant(ns) if gpu_class is None
-                             else book.used_by_class(ns, gpu_class))
-        return total
+            a = book.used_by_tenant(ns) if gpu_class is None else \
+                book.used_by_class(ns, gpu_class)
+            g, m, c = g + a.gpus, m + a.memory_mib, c + a.core_pct
+        return Amount(g, m, c)
+
+    def _surely_fits(self, book: QuotaBook, quota: TenantQuota, amount: Amount) -> bool:
+        """A cheap sufficient condition for the cohort arithmetic's *fits*: within the
+        nominal, and even if every peer drew all it uses from the pool, the pool would
+        hold it (a draw is never more than the usage). Saves building the cohort's state
+        for the common case of a cohort far from full."""
+        used = self.used(book, quota)
+        if any(m > 0 and cap is not None and u + m > cap for cap, u, m in _dims(
+                quota.limit, used, amount)):
+            return False
+        totals = [0, 0, 0]
+        for q in self._peers.get(quota.cohort or "", ()):
+            a = used if q is quota else self.used(book, q)
+            totals = [totals[0] + a.gpus, totals[1] + a.memory_mib, totals[2] + a.core_pct]
+        capacity = self._capacity.get(quota.cohort or "", (0, 0, 0))
+        asked = (amount.gpus, amount.memory_mib, amount.core_pct)
+        return all(m <= 0 or quota.limit_of(i) is None or t + m <= cap
+                   for i, (t, m, cap) in enumerate(zip(totals, asked, capacity, strict=True)))
 
     def cohort(self, book: QuotaBook, quota: TenantQuota) -> CohortState:
         """The cohort arithmetic's view of ``quota``'s cohort: members named
         ``tenant <name>``, each using what its namespaces hold."""
-        peers = [q for q in self if q is quota or
-                 (quota.cohort is not None and q.cohort == quota.cohort)]
-        return CohortState.of([member_of(q) for q in peers],
-                              {f"tenant {q.name}": self.used(book, q) for q in peers})
+        peers = self._peers.get(quota.cohort, (quota,)) if quota.cohort else (quota,)
+        members = {f"tenant {q.name}": self._members.get(q.name) or member_of(q)
+                   for q in peers}
+        return CohortState(members, {f"tenant {q.name}": self.used(book, q) for q in peers})
 
     def admission(self, book: QuotaBook, quota: TenantQuota, amount: Amount) -> Admission:
         """How ``amount`` more stands against the tenant's nominal quota and its cohort."""
@@ -138,6 +175,8 @@ class TenantBook:
             if quota.cohort is None:
                 reason = _excess(f"tenant {quota.name}", quota.limit,
                                  self.used(book, quota), charge.amount)
+            elif self._surely_fits(book, quota, charge.amount):
+                reason = None
             else:
                 found = self.admission(book, quota, charge.amount)
                 reason = None if found.admitted else Reason(
@@ -152,6 +191,12 @@ class TenantBook:
             if reason is not None:
                 return reason
         return None
+
+
+def _dims(limit: Limit, used: Amount, asked: Amount) -> Iterator[tuple[int | None, int, int]]:
+    yield limit.gpus, used.gpus, asked.gpus
+    yield limit.memory_mib, used.memory_mib, asked.memory_mib
+    yield limit.core_pct, used.core_pct, asked.core_pct
 
 
 def member_of(quota: TenantQuota) -> CohortMember:
@@ -240,7 +285,10 @@ class PermissionBook:
         if tenant in table:
             return table[tenant]
         perms = self.of(tenant)
-        mask = None if not perms else _mask(state, perms)
+        key = ("permissions", tuple(p.name for p in perms))  # tenants with equal sets share
+        mask = None if not perms else table.get(key)
+        if perms and mask is None:
+            mask = table[key] = _mask(state, perms)
         table[tenant] = mask
         return mask
 
@@ -274,9 +322,18 @@ class PermissionBook:
 
 
 def _mask(state: ClusterState, perms: Sequence[Permission]) -> BoolArray:
+    """[node, gpu] -> some permission of ``perms`` permits the GPU: node selectors once per
+    node, GPU selectors once per set of equal GPU facts (``classes.selector_mask``)."""
     mask = np.zeros(state.present.shape, np.bool_)
-    for i, node in enumerate(state.nodes):
-        for j, gpu in enumerate(node.gpus):
-            mask[i, j] = any(p.permits(node, gpu) for p in perms)
+    for p in perms:
+        if p.broken:
+            continue
+        allowed = state.present.copy()
+        if p.nodes is not None:
+            rows = np.array([p.nodes.matches(dict(n.labels)) for n in state.nodes], np.bool_)
+            allowed &= rows.reshape(-1, 1)
+        if p.gpus is not None:
+            allowed &= selector_mask(state, p.gpus)
+        mask |= allowed
     mask.flags.writeable = False
     return mask

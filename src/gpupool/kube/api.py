@@ -55,6 +55,7 @@ from lightkube.resources.core_v1 import ConfigMap, Event, Node, Pod, Secret
 from lightkube.types import PatchType
 
 from gpupool.contract import names
+from gpupool.kube import kubeconfig as kubeconfig_rules
 from gpupool.kube.connection import WATCH_MARGIN_S, ApiTransport, tls_context
 from gpupool.kube.errors import KubeError, from_status
 from gpupool.kube.summaries import PodSummary
@@ -194,10 +195,8 @@ class KubeApi:
             # from_one with an empty user: lightkube's from_server leaves the user unset
             config = KubeConfig.from_one(cluster=Cluster(server=server), user=User())
             return cls(config, timeout_s, trust_env=False)
-        with _translated("load the Kubernetes configuration"):
-            config = (KubeConfig.from_file(kubeconfig) if kubeconfig
-                      else KubeConfig.from_service_account())
-        return cls(config, timeout_s)
+        # kubectl's rules: --kubeconfig, KUBECONFIG, ~/.kube/config, the service account
+        return cls(kubeconfig_rules.load(kubeconfig).config, timeout_s)
 
     def fork(self) -> KubeApi:
         """A new connection pool with the same configuration and TLS context, of the same
