@@ -51,14 +51,16 @@ def test_status_adds_up_the_tenants_namespaces_and_counts_what_it_borrows(
     fake.seed("tenantquotas", quota("team-b", namespaces=["b"], limits={"gpus": 3},
                                     cohort="lab"))
     fake.seed("pods", sign(placed_pod("p", "a", "n1", slices("n1", (0, 8 * GIB, 50)))))
-    fake.seed("pods", sign(placed_pod("q", "a-dev", "n1", slices("n1", (1, 8 * GIB, 50)),
-                                      class_name="big")))
+    later = placed_pod("q", "a-dev", "n1", slices("n1", (1, 8 * GIB, 50)), class_name="big")
+    later["metadata"]["annotations"]["gpupool.io/bind-time"] = "2026-01-02T00:00:00Z"
+    fake.seed("pods", sign(later))
     out = Controller(api, verify=verify).reconcile_once()
     assert out.failures == [] and "TenantQuota/team-a" in out.statuses
     a = status_of(fake, "team-a")
     assert a["used"] == {"gpus": 2, "memoryMiB": 16 * GIB, "corePct": 100}
     assert a["limit"] == {"gpus": 1} and a["remaining"] == {"gpus": 0}
     assert a["borrowed"] == {"gpus": 1, "memoryMiB": 0, "corePct": 0}
+    assert a["borrowedPods"] == ["a-dev/q"]  # the younger pod beyond the nominal
     assert a["usedByClass"] == {"big": {"gpus": 1, "memoryMiB": 8 * GIB, "corePct": 50}}
     assert a["namespaces"] == ["a", "a-dev"]
     within = condition(a, "WithinQuota")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Any
 
 from gpupool.contract import annotations as records
@@ -68,6 +69,8 @@ class PodHolding:
     gpu_class: str | None
     group: str | None
     allocation: Allocation
+    bound_s: float = 0.0  # its signed bind time (epoch seconds; 0 when unreadable)
+    priority: int = 0  # spec.priority
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,8 +120,19 @@ def holding_of(pod: Mapping[str, Any], verify: Verify | None = None) -> PodHoldi
     held = records.holding(key, text, _map(pod.get("spec")).get("nodeName"))
     if held is None:
         return None
+    priority = _map(pod.get("spec")).get("priority")
     return PodHolding(key, f"{ns}/{name}", ns, gpu_class_of(pod),
-                      records.group_of(notes, meta.get("labels")), held)
+                      records.group_of(notes, meta.get("labels")), held,
+                      _seconds(text.get(names.ANNOTATION_BIND_TIME, "")),
+                      priority if isinstance(priority, int) and
+                      not isinstance(priority, bool) else 0)
+
+
+def _seconds(stamp: str) -> float:
+    try:
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
 
 
 def _check_counts(pod: Mapping[str, Any], ns: str, name: str, uid: str,

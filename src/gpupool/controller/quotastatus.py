@@ -2,7 +2,9 @@
 
 A TenantQuota's ``status``: ``used`` (what its namespaces' pods hold: GPUs, MiB of GPU
 memory, percent of compute), ``limit`` and ``remaining`` (limited dimensions only),
-``borrowed`` (in a cohort: how far beyond its limits it runs on capacity its peers lend),
+``borrowed`` (in a cohort: how far beyond its limits it runs on capacity its peers lend)
+and ``borrowedPods`` (which of its pods run on that borrowed capacity: its youngest beyond
+the nominal, the ones a lender's reclaim takes),
 ``usedByClass`` (per class it limits), and the conditions ``Valid`` (the spec can be read;
 a namespace also claimed by another quota is named) and ``WithinQuota``. The numbers are
 those the extender enforces, by the same core arithmetic (``core.tenants``,
@@ -14,15 +16,24 @@ Pure: ``plan`` takes the observed world and returns merge patches.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpupool.contract.quotas import Broken, permission_of, quota_of
-from gpupool.controller.observed import Obj, Observed, name_of
-from gpupool.controller.status import Verdict, amount_json, conditions, limit_json, merge_diff
+from gpupool.controller.observed import Obj, Observed, PodHolding, name_of
+from gpupool.controller.status import (
+    MAX_LISTED,
+    Verdict,
+    amount_json,
+    conditions,
+    limit_json,
+    merge_diff,
+)
+from gpupool.core.cohort import CohortState, borrowed_keys
 from gpupool.core.model import Node
 from gpupool.core.quota import Amount, Charge, QuotaBook, amount_of_allocation
 from gpupool.core.tenants import TenantBook, TenantQuota
+from gpupool.core.victims import Candidate
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +60,8 @@ def plan(observed: Observed, quotas: Iterable[Obj], permissions: Iterable[Obj],
     book = charged(observed)
     out = []
     for obj in objs:
-        desired = quota_status(obj, parsed[name_of(obj)], tenants, book, now)
+        desired = quota_status(obj, parsed[name_of(obj)], tenants, book, now,
+                               observed.holdings)
         out += _patch("TenantQuota", obj, desired)
     for obj in sorted(permissions, key=name_of):
         out += _patch("GPUPermission", obj, permission_status(obj, nodes, now))
@@ -62,7 +74,7 @@ def _patch(kind: str, obj: Obj, desired: Obj) -> list[StatusPatch]:
 
 
 def quota_status(obj: Obj, parsed: TenantQuota | Broken, tenants: TenantBook,
-                 book: QuotaBook, now: str) -> Obj:
+                 book: QuotaBook, now: str, holdings: Sequence[PodHolding] = ()) -> Obj:
     status: Obj = {}
     if isinstance(parsed, Broken):
         verdicts = [Verdict("Valid", False, parsed.reason, parsed.message)]
@@ -74,6 +86,7 @@ def quota_status(obj: Obj, parsed: TenantQuota | Broken, tenants: TenantBook,
         if parsed.cohort is not None:
             cohort = tenants.cohort(book, parsed)
             status["borrowed"] = amount_json(cohort.borrowed(f"tenant {parsed.name}"))
+            status["borrowedPods"] = borrowed_pods(parsed, cohort, holdings)
         if parsed.classes:
             status["usedByClass"] = {c: amount_json(tenants.used(book, parsed, c))
                                      for c, _ in parsed.classes}
@@ -81,6 +94,22 @@ def quota_status(obj: Obj, parsed: TenantQuota | Broken, tenants: TenantBook,
     status["conditions"] = conditions(verdicts, _map(obj.get("status")), now,
                                       _generation(obj))
     return status
+
+
+def borrowed_pods(q: TenantQuota, cohort: CohortState, holdings: Sequence[PodHolding]
+                  ) -> list[str]:
+    """The tenant's pods that run on borrowed capacity, as ``core.cohort.borrowed_keys``
+    tells them (its youngest pods beyond its nominal; reclaim takes these), by name: at
+    most ``MAX_LISTED``, then a count of the rest."""
+    mine = [h for h in holdings if h.tenant in q.namespaces]
+    pods = [Candidate(h.allocation, h.priority, Charge(amount_of_allocation(h.allocation),
+                                                       h.tenant), started_s=h.bound_s)
+            for h in mine]
+    keys = borrowed_keys(cohort, pods, lambda c: f"tenant {q.name}")
+    names = sorted(h.pod for h in mine if h.key in keys)
+    listed = names[:MAX_LISTED]
+    return listed + ([f"and {len(names) - len(listed)} more"] if len(names) > len(listed)
+                     else [])
 
 
 def _valid(q: TenantQuota, overlaps: Mapping[str, tuple[str, ...]]) -> Verdict:
