@@ -2,13 +2,13 @@
 
 The FGD protocol (``gpupool.sim.protocol``: 130 % inflation, shuffled arrivals, seeded node
 order) on the Alibaba default trace (1,213 nodes), each seed run five ways
-(``gpupool.sim.dra``): kube-scheduler's DRA allocation alone (``dra-first-fit``),
-kube-scheduler with gpupool's prioritize at weight 100 and at weight 5, gpupool's best
-node with first-fit devices, and gpupool's device-plugin path (node and GPU by the
-policy). Prints, per variant, the unallocated GPU share when the arrived demand reaches
-the capacity (mean ± std over seeds), the free share stranded on partly used GPUs, the
-pods refused before that point, and the ratios against ``gpupool`` measured in the same
-run; then Markdown rows for docs/benchmarks.md.
+(``gpupool.sim.dra``, whose docstring defines the variants): kube-scheduler's DRA
+allocation alone, kube-scheduler with gpupool's ``prioritize-claims`` (weight 100, weight
+5, and only the policy's choice at 10), gpupool's device-plugin path, and the simulator's
+own protocol run. Prints, per variant, the unallocated GPU share when the arrived demand
+reaches the capacity (mean ± std over seeds), the free share stranded on partly used GPUs,
+the pods refused before that point, and the ratio against ``device-plugin`` measured in
+the same run, as Markdown rows for docs/benchmarks.md.
 
     .venv/bin/python bench/bench_dra_packing.py [--seeds 42-51] [--workers 2]
         [--trace-dir DIR] [--policy fgd-balance] [--variant NAME ...]
@@ -32,7 +32,7 @@ from gpupool.sim.sources import scenario_from_files
 REPO = Path(__file__).resolve().parents[1]
 TRACE_DIR = REPO.parent / "shared" / "traces" / "alibaba-gpu-2023"
 NODES, PODS = "openb_node_list_gpu_node.csv", "openb_pod_list_default.csv"
-REFERENCE = "gpupool"
+REFERENCE = "device-plugin"
 
 _SCENARIO: Scenario | None = None
 
@@ -84,7 +84,7 @@ def report(runs: list[DraRun], variants: list[str], args: argparse.Namespace,
           f"({len(seeds)}), {len(runs)} runs in {wall:.0f} s with {args.workers} workers")
     ref = by.get(REFERENCE)
     header = "| variant | unallocated GPU % | stranded on partly used GPUs % | refused " \
-             "before full | unallocated vs gpupool (same seed, mean) | s/run |"
+             "before full | unallocated vs device-plugin (same seed, mean) | s/run |"
     print(header)
     print("|---|---|---|---|---|---|")
     for v in variants:

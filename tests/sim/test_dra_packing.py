@@ -55,7 +55,7 @@ def test_dra_first_fit_spreads_slices_where_gpupool_packs_them() -> None:
 
 def test_first_fit_takes_the_lowest_index_device_with_room() -> None:
     state = ClusterState([uniform_node("a", 32_000, 128_000, 4, "A100", 40960)])
-    d = decider(state, "gpupool-node")
+    d = decider(state, "dra-first-fit")
     first = d.decide(PodRequest("x", 0, 0, (GpuDemand(1, mode=Mode.EXCLUSIVE),)))
     assert first is not None and first.slices[0].gpu_position == 0
     state.reserve(first)
@@ -66,6 +66,17 @@ def test_first_fit_takes_the_lowest_index_device_with_room() -> None:
 def test_prioritize_scores_scale_to_kube_schedulers_extender_range() -> None:
     assert extender_scores(np.array([1.0, 3.0, 2.0])).tolist() == [0, 10, 5]
     assert extender_scores(np.array([7.0, 7.0])).tolist() == [10, 10]
+    assert extender_scores(np.array([2.0, 2.0, 1.0]), top_only=True).tolist() == [10, 9, 0]
+
+
+def test_pods_without_gpus_go_the_default_schedulers_way_unless_the_policy_places_all(
+        ) -> None:
+    state = two_nodes()
+    state.reserve(decider(state, "gpupool").decide(shared("seed", 50, cpu=16_000)) or
+                  pytest.fail("no room"))
+    cpu_pod = PodRequest("cpu", 8000, 1024)
+    emptier = decider(state, "device-plugin").decide(cpu_pod)
+    assert emptier is not None and state.cpu_free[state.index[emptier.node]] == 32_000
 
 
 def test_at_weight_100_gpupools_score_outweighs_the_default_plugins() -> None:

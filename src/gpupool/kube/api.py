@@ -195,8 +195,12 @@ class KubeApi:
             # from_one with an empty user: lightkube's from_server leaves the user unset
             config = KubeConfig.from_one(cluster=Cluster(server=server), user=User())
             return cls(config, timeout_s, trust_env=False)
-        # kubectl's rules: --kubeconfig, KUBECONFIG, ~/.kube/config, the service account
-        return cls(kubeconfig_rules.load(kubeconfig).config, timeout_s)
+        # kubectl's rules: --kubeconfig, KUBECONFIG, ~/.kube/config, the service account;
+        # a configuration that cannot be used or a server that cannot be reached is a
+        # KubeconfigError (one line) here, at the start
+        loaded = kubeconfig_rules.load(kubeconfig)
+        kubeconfig_rules.reach(loaded)
+        return cls(loaded.config, timeout_s)
 
     def fork(self) -> KubeApi:
         """A new connection pool with the same configuration and TLS context, of the same

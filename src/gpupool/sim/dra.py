@@ -17,21 +17,26 @@ do, and what of it matters for packing:
 * **allocate**: the devices of the chosen node in slice order (gpupool publishes them by
   GPU index), the first that fit (first fit).
 
-The variants (``VARIANTS``):
+Pods without GPUs (13 % of the default trace) are never sent to gpupool in a cluster
+(no extender entry is interested in them): every variant but ``gpupool`` places them the
+default scheduler's way. The variants (``VARIANTS``):
 
 ``dra-first-fit``
     kube-scheduler alone, as above.
 ``gpupool-prioritize``
-    kube-scheduler with gpupool's prioritize for DRA pods: the policy's scores of the
-    candidate nodes scaled to 0..10 (kube-scheduler's extender range), added times
-    ``weight`` x 10 to the plugins' total (weight 100, the value docs/dra.md
-    recommends; ``-w5``: weight 5, the device-plugin entry's); devices first fit.
-``gpupool-node``
-    the policy's best node exactly (no 0..10 rounding, no plugin scores), devices first
-    fit: what only the device choice costs.
+    kube-scheduler with gpupool's ``prioritize-claims``: the policy's scores of the
+    candidate nodes scaled linearly to 0..10 (kube-scheduler's extender range, as the
+    extender answers them), added times ``weight`` x 10 to the plugins' total (weight
+    100, the value docs/dra.md recommends; ``-w5``: weight 5, the device-plugin entry's);
+    devices first fit.
+``gpupool-prioritize-top``
+    the same, but only the node the policy would choose scores 10 (every other node at
+    most 9): at weight 100 kube-scheduler then takes exactly the policy's node.
+``device-plugin``
+    the device-plugin path: the policy chooses node and GPU for GPU pods.
 ``gpupool``
-    the device-plugin path: the policy chooses node and GPU (``Placer.decide``, the same
-    figures as ``gpupool simulate``).
+    the policy chooses for every pod, those without GPUs too: ``Placer.decide`` on every
+    arrival, the same figures as ``gpupool simulate``.
 
 Every variant runs the same arrival order, node order and seeds as ``sim.protocol``; the
 headline is the unallocated GPU share when the arrived demand reaches the capacity. A
@@ -80,14 +85,18 @@ class Variant:
     node: str
     device: str
     weight: int = 0
+    top_only: bool = False  # prioritize: only the policy's choice scores 10 (else linear)
+    cpu_pods_by_policy: bool = False  # pods without GPUs placed by the policy too
 
 
 VARIANTS: dict[str, Variant] = {v.name: v for v in (
     Variant("dra-first-fit", "kube", "first-fit"),
     Variant("gpupool-prioritize", "prioritize", "first-fit", RECOMMENDED_WEIGHT),
     Variant("gpupool-prioritize-w5", "prioritize", "first-fit", 5),
-    Variant("gpupool-node", "policy", "first-fit"),
-    Variant("gpupool", "policy", "policy"),
+    Variant("gpupool-prioritize-top", "prioritize", "first-fit", RECOMMENDED_WEIGHT,
+            top_only=True),
+    Variant("device-plugin", "policy", "policy"),
+    Variant("gpupool", "policy", "policy", cpu_pods_by_policy=True),
 )}
 
 
@@ -107,12 +116,19 @@ def kube_scores(state: ClusterState, request: PodRequest, rows: IntArray) -> np.
     return np.asarray(least + balanced, np.int64)
 
 
-def extender_scores(values: np.ndarray) -> np.ndarray:
-    """Policy values mapped linearly onto 0..10, as gpupool's prioritize answers them."""
+def extender_scores(values: np.ndarray, top_only: bool = False) -> np.ndarray:
+    """Policy values mapped linearly onto 0..10; with ``top_only`` (what
+    ``prioritize-claims`` answers) the node the policy would choose (``choose``: the best,
+    ties to the first) alone gets 10 and every other node at most 9."""
     lo, hi = float(values.min()), float(values.max())
     if hi - lo <= 1e-12:
-        return np.full(values.shape, MAX_EXTENDER_PRIORITY, np.int64)
-    return np.rint((values - lo) * MAX_EXTENDER_PRIORITY / (hi - lo)).astype(np.int64)
+        scores = np.full(values.shape, MAX_EXTENDER_PRIORITY, np.int64)
+    else:
+        scores = np.rint((values - lo) * MAX_EXTENDER_PRIORITY / (hi - lo)).astype(np.int64)
+    if top_only:
+        scores = np.minimum(scores, MAX_EXTENDER_PRIORITY - 1)
+        scores[int(np.argmax(values))] = MAX_EXTENDER_PRIORITY
+    return scores
 
 
 class DraDecider:
@@ -132,6 +148,8 @@ class DraDecider:
         cands = self.placer.candidates(self.state, request, c)
         if cands.indices.size == 0:
             return None
+        if demand_of(request) is None and not self.variant.cpu_pods_by_policy:
+            return self._first_fit(request, cands, self._kube_choice(request, cands, 0))
         if self.variant.node == "policy" and self.variant.device == "policy":
             scores = self.placer.score(self.state, request, cands, self.rng)
             return self.placer.allocate_on(self.state, request, cands, scores,
@@ -143,11 +161,19 @@ class DraDecider:
         if self.variant.node == "policy":
             return choose(self.placer.score(self.state, request, cands, self.rng).value,
                           self.rng)
+        weight = 0
+        if self.variant.node == "prioritize":
+            weight = self.variant.weight
+        return self._kube_choice(request, cands, weight)
+
+    def _kube_choice(self, request: PodRequest, cands: Candidates, weight: int) -> int:
+        """kube-scheduler's pick: its plugins' total plus the extender's score times
+        ``weight`` (0: no extender), ties uniformly at random."""
         total = kube_scores(self.state, request, cands.indices)
-        if self.variant.node == "prioritize" and demand_of(request) is not None:
+        if weight:
             values = self.placer.score(self.state, request, cands, self.rng).value
-            total = total + extender_scores(values) * self.variant.weight * (
-                MAX_NODE_SCORE // MAX_EXTENDER_PRIORITY)
+            ext = extender_scores(values, self.variant.top_only)
+            total = total + ext * weight * (MAX_NODE_SCORE // MAX_EXTENDER_PRIORITY)
         best = np.flatnonzero(total == total.max())
         return int(best[self.ties.randrange(best.size)])
 
