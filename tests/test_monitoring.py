@@ -25,7 +25,9 @@ import pytest
 import yaml
 
 from gpupool.controller.metrics import ControllerMetrics
+from gpupool.extender.cache import ClusterCache
 from gpupool.extender.metrics import Metrics as ExtenderMetrics
+from gpupool.extender.service import Extender, Settings
 from gpupool.nodeagent.metrics import NodeMetrics
 from gpupool.webhook.metrics import Metrics as WebhookMetrics
 
@@ -36,15 +38,22 @@ BUILTIN = {"up": TARGET_LABELS}  # series Prometheus makes itself
 
 
 def registered() -> dict[str, frozenset[str]]:
-    """Every series name the components' registries produce -> its label names."""
+    """Every series name the components' registries produce -> its label names: the
+    metrics objects (prometheus_client's map of series names to collectors) and the
+    collectors that make their families at scrape time (the extender's tenant quotas)."""
     out: dict[str, frozenset[str]] = dict(BUILTIN)
-    for metrics in (ExtenderMetrics(), NodeMetrics(), WebhookMetrics(), ControllerMetrics()):
-        names = metrics.registry._names_to_collectors
-        for series, collector in names.items():
-            labels = set(collector._labelnames) | TARGET_LABELS
-            if series.endswith("_bucket") and collector._type == "histogram":
+    extender = Extender(ClusterCache(), Settings("best-fit"), ExtenderMetrics())
+    for registry in (extender.metrics.registry, NodeMetrics().registry,
+                     WebhookMetrics().registry, ControllerMetrics().registry):
+        for series, collector in registry._names_to_collectors.items():
+            labels = set(getattr(collector, "_labelnames", ())) | TARGET_LABELS
+            if series.endswith("_bucket") and getattr(collector, "_type", "") == "histogram":
                 labels.add("le")
             out[series] = frozenset(labels)
+        for family in registry.collect():
+            if family.type == "gauge" and family.name not in out:
+                out[family.name] = frozenset(set(getattr(family, "_labelnames", ())) |
+                                             TARGET_LABELS)
     return out
 
 
@@ -168,6 +177,7 @@ def test_the_registries_are_read_from_the_real_metrics_objects() -> None:
     assert "le" in KNOWN["gpupool_controller_reconcile_seconds_bucket"]
     assert KNOWN["gpupool_controller_quota_used_gpus"] >= {"scope", "name"}
     assert "gpupool_webhook_certificate_expiry_timestamp_seconds" in KNOWN
+    assert KNOWN["gpupool_tenant_quota"] >= {"tenant", "resource", "kind"}  # made at scrape
 
 
 # -- the shipped files ----------------------------------------------------------------------------
