@@ -20,7 +20,8 @@ run for ``deletion_s − creation_s`` seconds (no deletion time: until the end).
 * Evicted pods keep their GPUs for ``grace_s`` (Kubernetes' termination grace period),
   then go back to the queue and, when started again, run their whole duration again (no
   checkpoint). While a group waits for its victims to leave, its pods that need an
-  eviction are not planned again.
+  eviction are not planned again, and no pod of its cohort starts on borrowed capacity
+  (it would take the room being made).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from fractions import Fraction
 
 from gpupool.core.allocation import Allocation
 from gpupool.core.cohort import (
+    DIMS,
     CohortState,
     Verdict,
     admit,
@@ -127,6 +129,8 @@ class _Replay:
         self.pods = [self._pod(k, p.request, p.creation_s, p.deletion_s, whole)
                      for k, p in enumerate(scenario.pods)]
         self.by_key = {p.key: p for p in self.pods}
+        self.live: dict[int, _Pod] = {}
+        self.shares: dict[str, Fraction] = {}
         self.keys = tuple(dict.fromkeys([m.name for m in tenancy.members] +
                                         sorted({self._key(p) for p in self.pods})))
         self.tallies = {key: Tally() for key in self.keys}
@@ -184,11 +188,21 @@ class _Replay:
                     self._enqueue(p)
 
     def _enqueue(self, p: _Pod) -> None:
-        shape = (p.group, p.tenant, p.lower_bound, p.request.models, p.request.gpu_class)
+        """Into the queue of its group, counted size and GPU models (see ``_schedule``)."""
+        shape = (p.group, p.tenant, self._counted(p), p.request.models, p.request.gpu_class)
         heapq.heappush(self.queues.setdefault(shape, []), (-p.priority, p.arrival, p.k))
+
+    def _counted(self, p: _Pod) -> Amount:
+        """The pod's size in the dimensions its group's quota counts."""
+        if p.group is None:
+            return Amount()
+        member = self.cohort.member(p.group)
+        return Amount(**{d: getattr(p.lower_bound, d) if member.nominal_of(d) is not None
+                         else 0 for d in DIMS})
 
     # -- scheduling ------------------------------------------------------------------------------
     def _schedule(self, now: float) -> None:
+        self.shares = {}  # dominant shares, worked out once per pass
         heads = [(self._order(q[0]), shape) for shape, q in self.queues.items() if q]
         heapq.heapify(heads)
         while heads:
@@ -204,9 +218,14 @@ class _Replay:
         p = self.pods[entry[2]]
         borrows, share = False, Fraction(0)
         if p.group is not None:
-            borrows = admit(self.cohort, p.group, p.lower_bound).verdict is Verdict.BORROWS
-            if self.cohort.member(p.group).cohort in self.tenancy.fair:
-                share = dominant_share(self.cohort, p.group)
+            member = self.cohort.member(p.group)
+            used = self.cohort.used_by(p.group) + p.lower_bound
+            borrows = any(getattr(used, d) > n for d in DIMS
+                          if (n := member.nominal_of(d)) is not None)
+            if member.cohort in self.tenancy.fair:
+                share = self.shares.get(p.group, Fraction(-1))
+                if share < 0:
+                    share = self.shares[p.group] = dominant_share(self.cohort, p.group)
         return (borrows, -p.priority, share, p.arrival, p.k)
 
     def _try(self, p: _Pod, now: float) -> bool:
@@ -214,6 +233,8 @@ class _Replay:
         if p.group is None:
             return self._start(p, now, self.decider.decide(p.request, now))
         first = admit(self.cohort, p.group, p.lower_bound)
+        if first.verdict is Verdict.BORROWS and self._evicting(p.group):
+            return False  # what the evictions free is for the pods they are made for
         if first.verdict is Verdict.REFUSED:
             if self._may_evict(p.group):
                 self._preempt_own(p, now)
@@ -242,8 +263,15 @@ class _Replay:
         twice)."""
         return self.awaiting.get(group, 0) == 0
 
+    def _evicting(self, group: str) -> bool:
+        """Whether pods of ``group``'s cohort are leaving to make room for one of its
+        members (borrowers wait, or they would take the room being made)."""
+        return any(self.awaiting.get(m.name, 0) for m in self.cohort.peers(group))
+
     def _preempt_own(self, p: _Pod, now: float) -> None:
         assert p.group is not None
+        if not any(c.priority < p.priority for c in self._running(p.group)):
+            return
         need = shortfall(self.cohort, p.group, p.lower_bound)
         if need == Amount():
             return
@@ -276,6 +304,7 @@ class _Replay:
         p.running = Candidate(allocation, p.priority, Charge(amount, p.tenant, None, p.group),
                               started_s=now)
         p.epoch += 1
+        self.live[p.k] = p
         if p.started is None:
             p.started = now
             self.tallies[self._key(p)].waits.append(now - p.arrival)
@@ -293,6 +322,7 @@ class _Replay:
             self.cohort = self.cohort.refunded(p.group, charge.amount)
         self.held[self._key(p)] -= charge.amount.gpus
         p.running = None
+        del self.live[p.k]
 
     def _evict(self, victims: tuple[Candidate, ...], group: str, now: float,
                reclaim: bool) -> None:
@@ -310,8 +340,10 @@ class _Replay:
         if reclaim:
             self.reclaimed_at.setdefault(group, now)
 
-    def _running(self) -> list[Candidate]:
-        return [p.running for p in self.pods if p.running is not None and not p.leaving]
+    def _running(self, group: str | None = None) -> list[Candidate]:
+        """The running pods that are not leaving (of ``group`` only, when given)."""
+        return [p.running for p in self.live.values() if p.running is not None and
+                not p.leaving and (group is None or p.group == group)]
 
     # -- results -----------------------------------------------------------------------------------
     def _record(self, now: float) -> None:
