@@ -146,7 +146,7 @@ CUSTOM: Doc = {
                                "limits": {"memory": "4Gi"}},
                  "extraArgs": ["--max-nodes=20000"]},
     "scheduler": {"percentageOfNodesToScore": 100, "image": {"tag": "v1.35.0"}},
-    "controller": {"replicas": 2, "deviceClasses": False},
+    "controller": {"replicas": 1, "deviceClasses": False, "metricsPort": 0},
     "webhook": {"enabled": False},
     "metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}},
 }
@@ -183,12 +183,32 @@ def test_custom_values_reach_the_node_agent(custom: list[Doc]) -> None:
     assert agent["resources"] == CUSTOM["nodeAgent"]["resources"]
 
 
-def test_custom_values_reach_the_controller(custom: list[Doc]) -> None:
-    controller = one(custom, "Deployment", "gpupool-controller")
+def test_two_controllers_elect_a_leader_by_default_and_probe_its_renewals() -> None:
+    docs = render()
+    controller = one(docs, "Deployment", "gpupool-controller")
     assert controller["spec"]["replicas"] == 2
     assert controller["spec"]["strategy"]["type"] == "RollingUpdate"  # the lease decides
-    assert "--no-device-classes" in container(custom, "Deployment", "gpupool-controller")["args"]
+    c = container(docs, "Deployment", "gpupool-controller")
+    assert {"--leader-elect", "--lease-name=gpupool-controller", "--metrics-port=8080"} <= \
+        set(c["args"])
+    assert {e["name"] for e in c["env"]} >= {"POD_NAME", "POD_NAMESPACE"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert [p["containerPort"] for p in c["ports"]] == [8080]
+    role = one(docs, "Role", "gpupool-controller")
+    assert {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+            "resourceNames": ["gpupool-controller"], "verbs": ["get", "update"]} in role["rules"]
+
+
+def test_custom_values_reach_the_controller(custom: list[Doc]) -> None:
+    controller = one(custom, "Deployment", "gpupool-controller")
+    assert controller["spec"]["replicas"] == 1
+    assert controller["spec"]["strategy"]["type"] == "Recreate"
+    c = container(custom, "Deployment", "gpupool-controller")
+    assert "--no-device-classes" in c["args"] and "--metrics-port=0" in c["args"]
+    assert "ports" not in c and "livenessProbe" not in c  # nothing serves them
     assert not [d for d in custom if d["metadata"]["name"] == "gpupool-controller-dra"]
+    assert not [d for d in custom if d["kind"] == "PodMonitor"
+                and d["metadata"]["name"] == "gpupool-controller"]
 
 
 def test_without_the_webhook_nothing_of_it_is_rendered_and_the_policy_stays(
