@@ -135,6 +135,7 @@ class QuotaBook:
         self.group_limits: dict[str, Limit] = {}
         self._charges: dict[str, Charge] = {}
         self._used: dict[tuple[str, ...], Amount] = {}
+        self.version = 0  # grows with every charge and refund (a cache key for sums of usage)
 
     # -- limits ------------------------------------------------------------------
     def set_tenant_limit(self, tenant: str, limit: Limit | None) -> None:
@@ -159,6 +160,7 @@ class QuotaBook:
                 return
             raise InvalidInput(f"{key} is already charged {held.amount.describe()}")
         self._charges[key] = charge
+        self.version += 1
         for scope in _scopes(charge):
             self._used[scope] = self._used.get(scope, Amount()) + charge.amount
 
@@ -167,6 +169,7 @@ class QuotaBook:
         charge = self._charges.pop(key, None)
         if charge is None:
             return None
+        self.version += 1
         for scope in _scopes(charge):
             left = self._used.get(scope, Amount()).minus(charge.amount)  # absent = zero
             if left == Amount():

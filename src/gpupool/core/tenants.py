@@ -78,6 +78,8 @@ class TenantBook:
         self._members: dict[str, CohortMember] = {}
         self._peers: dict[str, tuple[TenantQuota, ...]] = {}
         self._capacity: dict[str, tuple[int, ...]] = {}  # cohort -> the pool per dimension
+        self._totals: dict[tuple[int, str], tuple[int, int, int]] = {}
+        self._totals_of: QuotaBook | None = None
         for q in quotas:
             self.put(q)
 
@@ -103,6 +105,7 @@ class TenantBook:
         self._sorted = tuple(self.by_name[n] for n in sorted(self.by_name))
         self._members = {q.name: member_of(q) for q in self._sorted}
         self._peers = {c: tuple(qs) for c, qs in peers.items()}
+        self._totals = {}
         self._capacity = {c: tuple(sum(self._members[q.name].lendable(d) for q in qs)
                                    for d in ("gpus", "memory_mib", "core_pct"))
                           for c, qs in peers.items()}
@@ -137,6 +140,23 @@ class TenantBook:
             g, m, c = g + a.gpus, m + a.memory_mib, c + a.core_pct
         return Amount(g, m, c)
 
+    def _cohort_total(self, book: QuotaBook, cohort: str) -> tuple[int, int, int]:
+        """What the cohort's members use in all, per dimension (remembered while neither
+        the book's charges nor the quotas change)."""
+        if book is not self._totals_of:  # another book: nothing remembered holds for it
+            self._totals, self._totals_of = {}, book
+        key = (book.version, cohort)
+        found = self._totals.get(key)
+        if found is None:
+            g = m = c = 0
+            for q in self._peers.get(cohort, ()):
+                a = self.used(book, q)
+                g, m, c = g + a.gpus, m + a.memory_mib, c + a.core_pct
+            if len(self._totals) > 64:
+                self._totals.clear()
+            found = self._totals[key] = (g, m, c)
+        return found
+
     def _surely_fits(self, book: QuotaBook, quota: TenantQuota, amount: Amount) -> bool:
         """A cheap sufficient condition for the cohort arithmetic's *fits*: within the
         nominal, and even if every peer drew all it uses from the pool, the pool would
@@ -146,10 +166,7 @@ class TenantBook:
         if any(m > 0 and cap is not None and u + m > cap for cap, u, m in _dims(
                 quota.limit, used, amount)):
             return False
-        totals = [0, 0, 0]
-        for q in self._peers.get(quota.cohort or "", ()):
-            a = used if q is quota else self.used(book, q)
-            totals = [totals[0] + a.gpus, totals[1] + a.memory_mib, totals[2] + a.core_pct]
+        totals = self._cohort_total(book, quota.cohort or "")
         capacity = self._capacity.get(quota.cohort or "", (0, 0, 0))
         asked = (amount.gpus, amount.memory_mib, amount.core_pct)
         return all(m <= 0 or quota.limit_of(i) is None or t + m <= cap
