@@ -9,7 +9,8 @@ admission, no validation beyond what gpupool relies on.
 Resources (``KINDS``): ``pods`` (namespaced, subresources ``binding`` and
 ``status``), ``nodes``, and the gpupool CRDs ``gpudevices``,
 ``resourceclasses``, ``resourcegroups``, ``gpuledgers`` (cluster-scoped, with a
-``status`` subresource).
+``status`` subresource), and the rest of ``KINDS`` (``leases`` of coordination.k8s.io
+among them: leader election).
 
 REST behaviour:
 

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from gpupool_testing.fake_apiserver import FakeApiServer
@@ -63,20 +64,22 @@ def fake() -> Iterator[FakeApiServer]:
         yield server
 
 
-def controller(fake: FakeApiServer, name: str, port: int) -> subprocess.Popen[bytes]:
+def controller(fake: FakeApiServer, name: str, port: int, log: Path
+               ) -> subprocess.Popen[bytes]:
     env = {**os.environ, "POD_NAME": name, "POD_NAMESPACE": NS}
-    return subprocess.Popen(
-        [sys.executable, "-m", "gpupool.cli.main", "controller", "--server", fake.url,
-         "--metrics-port", str(port), "--metrics-address", "127.0.0.1",
-         "--lease-duration-seconds", "2", "--renew-deadline-seconds", "1.2",
-         "--retry-period-seconds", "0.25", "--no-device-classes", "--log-level", "WARNING"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    with log.open("wb") as out:  # the child keeps its own descriptor
+        return subprocess.Popen(
+            [sys.executable, "-m", "gpupool.cli.main", "controller", "--server", fake.url,
+             "--metrics-port", str(port), "--metrics-address", "127.0.0.1",
+             "--lease-duration-seconds", "2", "--renew-deadline-seconds", "1.2",
+             "--retry-period-seconds", "0.25", "--no-device-classes", "--log-level", "INFO"],
+            env=env, stdout=subprocess.DEVNULL, stderr=out)
 
 
 def test_two_controllers_one_leads_and_exports_the_other_takes_over_when_it_stops(
-        fake: FakeApiServer) -> None:
+        fake: FakeApiServer, tmp_path: Path) -> None:
     ports = {"ctl-a": free_port(), "ctl-b": free_port()}
-    procs = {n: controller(fake, n, p) for n, p in ports.items()}
+    procs = {n: controller(fake, n, p, tmp_path / f"{n}.log") for n, p in ports.items()}
     try:
         def leading() -> list[str]:
             return [n for n, p in ports.items() if scrape(p).get("gpupool_controller_is_leader")]
@@ -110,6 +113,8 @@ def test_two_controllers_one_leads_and_exports_the_other_takes_over_when_it_stop
         spec = (fake.get("leases", "gpupool-controller", NS) or {})["spec"]
         assert spec["holderIdentity"].startswith(follower + "_")
         assert spec["leaseTransitions"] == 1
+        logs = {n: (tmp_path / f"{n}.log").read_text() for n in ports}
+        assert "gave the lease up" in logs[leader] and "leads (term 1" in logs[follower]
     finally:
         for p in procs.values():
             if p.poll() is None:
@@ -119,5 +124,3 @@ def test_two_controllers_one_leads_and_exports_the_other_takes_over_when_it_stop
                 p.wait(15)
             except subprocess.TimeoutExpired:
                 p.kill()
-            if p.stderr is not None:
-                p.stderr.close()

@@ -226,9 +226,10 @@ class LeaderElector:
             return self.election.transitions
 
     def healthy(self, tolerance_s: float = 20.0) -> bool:
-        """False only when this candidate believes it leads but has not renewed for the lease
-        duration plus ``tolerance_s`` (its renew loop is stuck): a liveness probe should then
-        restart it (client-go's healthz adaptor)."""
+        """False only when this candidate held the Lease at its last successful write and has
+        not renewed it for the lease duration plus ``tolerance_s`` (cut off from the API
+        server, or its renew loop is stuck): a liveness probe then restarts it, as client-go's
+        healthz adaptor does. A follower is always healthy."""
         with self._guard:
             renewed = self.election.renewed_at_s
             return renewed is None or self.clock.monotonic() - renewed <= \
