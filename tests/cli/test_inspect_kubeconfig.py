@@ -117,7 +117,8 @@ NOT_YAML = "apiVersion: v1\nclusters:\n  - name: a\n   cluster: {}\n"
 
 
 @pytest.mark.parametrize(("doc", "context", "words"), [
-    (None, None, "{path}: no such file"),
+    (None, None, "{path}: no such file (check the path; without --kubeconfig, KUBECONFIG and "
+                 "then ~/.kube/config are read, as kubectl does)"),
     (NOT_YAML, None, "{path}: not valid YAML (line 4, column 4: expected <block end>, but "
                      "found '<block mapping start>')"),
     ("- a\n- b\n", None, "{path}: not a kubeconfig (expected a map with clusters, contexts "

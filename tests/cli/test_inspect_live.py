@@ -345,8 +345,9 @@ def test_a_view_with_no_cluster_behind_the_kubeconfig_names_the_server(
     assert kubectl.main(["nodes", "--kubeconfig", str(config)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1
-    assert err[0].startswith("kubectl gpupool: cannot reach the Kubernetes API at "
-                             "http://127.0.0.1:9 (context fake of kubeconfig ")
+    assert err[0] == (f"kubectl gpupool: kubeconfig {config}: server http://127.0.0.1:9 "
+                      "(context fake) cannot be reached: connection refused (is the cluster "
+                      "running and is this its address? `kubectl cluster-info` tries the same)")
 
 
 # -- the installed commands, as real processes ------------------------------------------------

@@ -8,6 +8,7 @@ from __future__ import annotations
 import inspect
 import json
 import re
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -104,12 +105,12 @@ def test_no_view_prints_the_help_and_exits_2(capsys: pytest.CaptureFixture[str])
 
 
 @pytest.mark.parametrize(("extra", "words"), [
-    ({"cluster": {"server": "https://127.0.0.1:9", "certificate-authority": "{ca}"}},
-     "kubeconfig {path}: context one: cannot set up a connection to https://127.0.0.1:9 "
+    ({"cluster": {"server": "https://127.0.0.1:{port}", "certificate-authority": "{ca}"}},
+     "kubeconfig {path}: context one: cannot set up a connection to https://127.0.0.1:{port} "
      "(SSLError: "),
     ({"user": {"exec": {"apiVersion": "client.authentication.k8s.io/v1beta1",
                         "command": "no-such-credential-plugin"}}},
-     "calling the Kubernetes API at https://127.0.0.1:9 (context one of kubeconfig {path}) "
+     "calling the Kubernetes API at https://127.0.0.1:{port} (context one of kubeconfig {path}) "
      "failed: FileNotFoundError: "),
 ])
 def test_credentials_that_cannot_be_used_are_one_line_and_exit_2(
@@ -117,10 +118,12 @@ def test_credentials_that_cannot_be_used_are_one_line_and_exit_2(
         words: str) -> None:
     ca = tmp_path / "ca.crt"
     ca.write_text("not a certificate\n")
-    cluster = {"server": "https://127.0.0.1:9"}
+    listening = socket.create_server(("127.0.0.1", 0))  # accepts; never answers
+    port = listening.getsockname()[1]
+    cluster = {"server": f"https://127.0.0.1:{port}"}
     user: dict[str, Any] = {"token": "t"}
     if "cluster" in extra:
-        cluster = {k: v.format(ca=ca) for k, v in extra["cluster"].items()}
+        cluster = {k: v.format(ca=ca, port=port) for k, v in extra["cluster"].items()}
     if "user" in extra:
         user = extra["user"]
     path = tmp_path / "config"
@@ -129,6 +132,7 @@ def test_credentials_that_cannot_be_used_are_one_line_and_exit_2(
         "clusters": [{"name": "one", "cluster": cluster}],
         "contexts": [{"name": "one", "context": {"cluster": "one", "user": "one"}}],
         "users": [{"name": "one", "user": user}]}))
-    assert kubectl.main(["groups", "--kubeconfig", str(path)]) == 2
+    with listening:
+        assert kubectl.main(["groups", "--kubeconfig", str(path)]) == 2
     [line] = capsys.readouterr().err.strip().splitlines()
-    assert line.startswith("kubectl gpupool: " + words.format(path=path)), line
+    assert line.startswith("kubectl gpupool: " + words.format(path=path, port=port)), line

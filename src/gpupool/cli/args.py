@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import math
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -91,3 +92,37 @@ def check_weights(weights: Sequence[tuple[str, float]], policies: Sequence[str])
 
 _PROBE_WORKLOAD = TargetWorkload.from_requests(
     [PodRequest("probe", 1000, 1024, (GpuDemand(1, 1024, 50, Mode.SHARED),))])
+
+
+class _Deprecated(argparse.Action):
+    """A hidden old spelling of a flag: stores into the new flag's place and says, in one
+    line on stderr, which name to use instead."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, instead: str = "",
+                 **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, **kwargs)
+        self.instead = instead
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        print(f"{parser.prog}: {option_string} is deprecated; use {self.instead}",
+              file=sys.stderr)
+        setattr(namespace, self.dest, self.const if self.nargs == 0 else values)
+
+
+def deprecated_alias(parser: argparse.ArgumentParser, old: str, new: str) -> None:
+    """Accept ``old`` (hidden from --help) as the earlier name of the flag ``new``."""
+    current = next(a for a in parser._actions if new in a.option_strings)
+    like: dict[str, Any] = {"nargs": current.nargs, "const": current.const,
+                            "metavar": current.metavar}
+    if current.type is not None:
+        like["type"] = current.type
+    parser.add_argument(old, action=_Deprecated, dest=current.dest, instead=new,
+                        help=argparse.SUPPRESS, default=argparse.SUPPRESS, **like)
+
+
+KUBECONFIG_HELP = ("kubeconfig file (default: as kubectl finds it: $KUBECONFIG, else "
+                   "~/.kube/config, else the pod's service account)")
+SERVER_HELP = argparse.SUPPRESS
+"""``--server URL``: a bare API server URL, no credentials — for tests and local fakes;
+hidden from --help in every command."""

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpupool.cli.args import bounded
+from gpupool.cli.args import KUBECONFIG_HELP, SERVER_HELP, bounded, deprecated_alias
 from gpupool.contract import dra
 from gpupool.core.errors import GpupoolError, InvalidInput
 from gpupool.kube.api import DraApi, KubeApi
@@ -54,10 +54,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE") or "gpupool-system",
                    help="gpupool's namespace, where the ConfigMap of decision keys is "
                         "(default: $POD_NAMESPACE, else gpupool-system)")
-    p.add_argument("--kubeconfig", default=None,
-                   help="kubeconfig file (default: the in-cluster service account)")
-    p.add_argument("--api-server", default=None, metavar="URL",
-                   help="talk to this API server URL without credentials (tests, demos)")
+    p.add_argument("--kubeconfig", default=None, metavar="FILE", help=KUBECONFIG_HELP)
+    p.add_argument("--server", default=None, metavar="URL", help=SERVER_HELP)
+    deprecated_alias(p, "--api-server", "--server")
     p.add_argument("--kubelet-dir", type=Path, default=Path("/var/lib/kubelet"),
                    help="kubelet's directory (device-plugins/ and pod-resources/ inside)")
     p.add_argument("--fake-gpus", type=Path, default=None, metavar="FILE",
@@ -67,8 +66,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--mib-per-device", type=bounded(int, 1), default=DEFAULT_MIB_PER_DEVICE,
                    metavar="MIB",
                    help=f"GPU memory per logical device (default {DEFAULT_MIB_PER_DEVICE})")
-    p.add_argument("--memory-unit-mib", type=bounded(int, 1), default=256,
-                   help="GPU memory accounting unit, as the extender's (default 256)")
+    p.add_argument("--memory-unit", type=bounded(int, 1), default=256, metavar="MIB",
+                   help="GPU memory accounting unit in MiB, as the extender's (default 256)")
+    deprecated_alias(p, "--memory-unit-mib", "--memory-unit")
     p.add_argument("--heartbeat-seconds", type=bounded(float, 0, above=True), default=30.0,
                    help="how often GPUDevice status is refreshed (default 30)")
     p.add_argument("--decide-unscheduled", action="store_true",
@@ -153,13 +153,13 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: "
                                                      "%(message)s")
     config = AgentConfig(args.node_name, args.kubelet_dir,
-                         Split(args.split, args.mib_per_device), args.memory_unit_mib,
+                         Split(args.split, args.mib_per_device), args.memory_unit,
                          args.heartbeat_seconds, decide_unscheduled=args.decide_unscheduled,
                          monitor_s=args.monitor_seconds, proc_root=args.proc_root)
     exposure = Exposure(Strategy(args.device_list_strategy), args.cdi_kind)
     backend: GpuBackend = (FakeGpuBackend(args.fake_gpus) if args.fake_gpus
                            else NvmlGpuBackend())
-    api = DraApi.connect(kubeconfig=args.kubeconfig, server=args.api_server)
+    api = DraApi.connect(kubeconfig=args.kubeconfig, server=args.server)
     assert isinstance(api, DraApi)  # connect builds ``cls``
     if _mode(args, api) == dra.MODE_DRA:
         return _run_dra(args, api, backend, exposure)
@@ -212,7 +212,7 @@ def _run_dra(args: argparse.Namespace, api: DraApi, backend: GpuBackend,
     """The DRA kubelet plugin for this node (one mode per node: no device plugin)."""
     versions = nvml_versions() if isinstance(backend, NvmlGpuBackend) else {}
     config = DraConfig(args.node_name, args.kubelet_dir, args.cdi_dir, args.state_dir,
-                       args.memory_unit_mib, args.heartbeat_seconds,
+                       args.memory_unit, args.heartbeat_seconds,
                        args.slice_resync_seconds, versions=versions)
     agent = DraAgent(config, backend, KubeDraCluster(api), KubeInventory(api.fork()),
                      exposure=exposure, provider=_provider(args, api, backend))

@@ -118,11 +118,17 @@ def connect(args: argparse.Namespace) -> tuple[KubeApi, kubeconfig.Loaded]:
                            "reads the cluster (leave out the view's name, or the files)")
     loaded = kubeconfig.load(args.kubeconfig, args.context)
     try:
-        return KubeApi(loaded.config, timeout_s=args.request_timeout), loaded
+        api = KubeApi(loaded.config, timeout_s=args.request_timeout)
     except (OSError, ValueError) as exc:  # TLS files lightkube could not load
         raise kubeconfig.KubeconfigError(
             f"{loaded.source}: context {loaded.context}: cannot set up a connection to "
             f"{loaded.server} ({type(exc).__name__}: {exc})") from None
+    try:
+        kubeconfig.reach(loaded)
+    except kubeconfig.KubeconfigError:
+        api.close()
+        raise
+    return api, loaded
 
 
 @contextmanager

@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
+from gpupool.cli.args import KUBECONFIG_HELP, SERVER_HELP
 from gpupool.contract import annotations as records
 from gpupool.contract import names
 from gpupool.kube import keystore
@@ -46,12 +47,9 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser("keys", help="show, rotate or retire decision signing keys",
                               description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster service account)")
-    p.add_argument("--server", help=argparse.SUPPRESS)  # a bare API URL (tests, fakes)
-    p.add_argument("--namespace", default="gpupool-system",
-                   help="gpupool's namespace (default gpupool-system)")
+    _connection_flags(p, None, "gpupool-system")
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
-    sub.add_parser("show", help="list the keys and the live decisions each signed")
+    show_p = sub.add_parser("show", help="list the keys and the live decisions each signed")
     rotate = sub.add_parser("rotate", help="add a key that signs after a delay")
     rotate.add_argument("--activate-after", type=duration, default=600.0, metavar="DURATION",
                         help="when the new key starts signing (default 10m); give node "
@@ -60,7 +58,16 @@ def register(subparsers: Any) -> None:
     retire.add_argument("kid", help="the key id (16 hex digits, as `show` lists)")
     retire.add_argument("--force", action="store_true",
                         help="retire it even though live decisions use it (a leaked key)")
+    for action in (show_p, rotate, retire):  # the options may also follow the action
+        _connection_flags(action, argparse.SUPPRESS, argparse.SUPPRESS)
     p.set_defaults(func=run)
+
+
+def _connection_flags(p: argparse.ArgumentParser, default: str | None, namespace: str) -> None:
+    p.add_argument("--kubeconfig", metavar="FILE", default=default, help=KUBECONFIG_HELP)
+    p.add_argument("--server", metavar="URL", default=default, help=SERVER_HELP)
+    p.add_argument("--namespace", default=namespace,
+                   help="gpupool's namespace (default gpupool-system)")
 
 
 def run(args: argparse.Namespace) -> int:

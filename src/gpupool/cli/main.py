@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from gpupool import __version__
 from gpupool.core.errors import GpupoolError
+from gpupool.kube import kubeconfig
 
 SUBCOMMANDS: tuple[str, ...] = ("simulate", "device_plugin", "extender", "controller", "inspect",
                                "webhook", "keys")
@@ -38,6 +39,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args))
+    except kubeconfig.KubeconfigError as exc:
+        print(f"gpupool {args.command}: {exc}", file=sys.stderr)
+        return 2
     except GpupoolError as exc:
         for line in str(exc).splitlines() or [""]:  # a file's problems: one line each
             print(f"gpupool: {line}", file=sys.stderr)

@@ -28,10 +28,12 @@ from __future__ import annotations
 import base64
 import binascii
 import os
+import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import msgspec
 import yaml
@@ -40,6 +42,7 @@ from lightkube.config.models import Cluster, Context, User
 from lightkube.core.exceptions import ConfigError
 
 from gpupool.core.errors import InvalidInput
+from gpupool.kube.connection import proxy_for
 
 DEFAULT_FILE = "~/.kube/config"
 DEFAULT_NAMESPACE = "default"
@@ -78,7 +81,9 @@ def load(explicit: str | None = None, context: str | None = None,
     env = os.environ if env is None else env
     files = candidates(explicit, env, home)
     if explicit and not Path(explicit).expanduser().exists():
-        raise KubeconfigError(f"kubeconfig {explicit}: no such file")
+        raise KubeconfigError(f"kubeconfig {explicit}: no such file (check the path; without "
+                              "--kubeconfig, KUBECONFIG and then ~/.kube/config are read, as "
+                              "kubectl does)")
     docs = [(path, read_file(path)) for path in files if Path(path).expanduser().exists()]
     if not docs:
         return _in_cluster(files, env, Path(service_account))
@@ -299,3 +304,36 @@ def _in_cluster(files: Sequence[str], env: Mapping[str, str], account: Path) -> 
     assert single is not None
     return Loaded(config, f"service account in {account}", single.context_name,
                   single.namespace)
+
+
+REACH_TIMEOUT_S = 3.0
+"""How long ``reach`` waits for the server to accept a connection."""
+
+
+def reach(loaded: Loaded, timeout_s: float = REACH_TIMEOUT_S) -> None:
+    """Raise ``KubeconfigError`` when nothing accepts a connection at the configuration's
+    server (refused, no such host, timed out): said once at start-up, in one line, instead
+    of every later call failing. Only the connection is tried, not TLS or credentials;
+    a server reached through a proxy (``HTTPS_PROXY``) is not tried."""
+    server = loaded.server
+    host, port = _host_port(server)
+    if host is None or proxy_for(server) is not None:
+        return
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as exc:
+        why = "timed out" if isinstance(exc, TimeoutError) else (
+            exc.strerror or str(exc) or type(exc).__name__).lower()
+        raise KubeconfigError(
+            f"{loaded.source}: server {server} (context {loaded.context}) cannot be reached: "
+            f"{why} (is the cluster running and is this its address? `kubectl cluster-info` "
+            "tries the same)") from None
+
+
+def _host_port(server: str) -> tuple[str | None, int]:
+    try:
+        url = urlsplit(server)
+        port = url.port or (443 if url.scheme == "https" else 80)
+    except ValueError:
+        return None, 0
+    return url.hostname, port
