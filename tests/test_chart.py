@@ -361,3 +361,29 @@ def test_every_rendered_object_is_valid_for_kubernetes_1_36_with_no_unknown_fiel
         validator.validate(doc, "1.36.0", strict=True)  # raises, naming the field
         checked += 1
     assert checked > 30
+
+
+FREE_FORM = {"resources", "labels", "nodeSelector", "gpuNodeSelector", "tolerations"}
+
+
+def value_paths(values: Doc, prefix: str = "") -> Iterator[str]:
+    for key, value in values.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value and key not in FREE_FORM:
+            yield from value_paths(value, path + ".")
+        else:
+            yield path
+
+
+def test_the_install_guide_describes_every_value() -> None:
+    values = yaml.safe_load((renderer.CHART / "values.yaml").read_text())
+    guide = (ROOT / "docs" / "install.md").read_text()
+    rows = [line for line in guide.splitlines() if line.startswith("| `")]
+
+    def described(path: str) -> bool:
+        parent, _, leaf = path.rpartition(".")
+        return any(f"`{path}`" in row or f"`*.{leaf}`" in row or
+                   (parent and f"`{parent}." in row and f"`.{leaf}`" in row) for row in rows)
+
+    missing = [p for p in value_paths(values) if not described(p)]
+    assert missing == [], f"values not in docs/install.md's table: {missing}"
