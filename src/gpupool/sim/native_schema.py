@@ -67,11 +67,27 @@ POD = Map({
     "class": TEXT,
     "creation": NUMBER,
     "deletion": NUMBER,
+    "tenant": TEXT,
+    "priority": Value(frozenset({"int"}), "a whole number"),
 }, required=frozenset({"name"}))
+QUOTA_LIMIT = Map({"gpus": QUANTITY, "gpuMemory": QUANTITY, "gpuCore": QUANTITY})
+GROUP = Map({
+    "name": TEXT,
+    "tenants": Seq(TEXT),
+    "cohort": TEXT,
+    "nominal": QUOTA_LIMIT,
+    "borrowingLimit": QUOTA_LIMIT,
+    "lendingLimit": QUOTA_LIMIT,
+    "weight": NUMBER,
+}, required=frozenset({"name", "nominal"}))
+COHORT = Map({"name": TEXT, "fairSharing": FLAG}, required=frozenset({"name"}))
+"""Quota groups and cohorts of simulated tenants (``gpupool.sim.tenants``)."""
 NATIVE = Map({
     "nodes": Seq(NODE),
     "classes": Seq(RESOURCE_CLASS),
     "pods": Seq(POD),
+    "groups": Seq(GROUP),
+    "cohorts": Seq(COHORT),
 })
 """A cluster and/or workload file (``gpupool.sim.native``)."""
 
