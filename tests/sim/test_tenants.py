@@ -170,8 +170,13 @@ def write(tmp_path: Path, text: str) -> Path:
     ("groups: [{name: a, nominal: {gpus: -1}}]",
      "groups\\[0\\].nominal.gpus: gpus -1 must be a non-negative whole number"),
     ("groups: [{name: a, nominal: {gpus: 1}, weight: -2}]", "weight must be a number >= 0"),
+    ("groups: [{name: a, nominal: {gpus: 1}, borowingLimit: {gpus: 1}}]",
+     "unknown key 'borowingLimit' in groups\\[0\\] \\(did you mean 'borrowingLimit'\\?\\)"),
+    ("pods: [{name: p, tenant: a, priority: high}]\ngroups: [{name: a, nominal: {gpus: 1}}]",
+     "priority.*a whole number"),
 ], ids=["a tenant in two groups", "a group without a nominal quota", "a group twice",
-        "a cohort no group joins", "a negative quota", "a negative weight"])
+        "a cohort no group joins", "a negative quota", "a negative weight", "a misspelt key",
+        "a priority that is not a number"])
 def test_bad_tenancy_is_refused_naming_the_place(tmp_path: Path, text: str,
                                                  message: str) -> None:
     with pytest.raises(InvalidInput, match=message):
