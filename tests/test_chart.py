@@ -187,7 +187,8 @@ def test_two_controllers_elect_a_leader_by_default_and_probe_its_renewals() -> N
     docs = render()
     controller = one(docs, "Deployment", "gpupool-controller")
     assert controller["spec"]["replicas"] == 2
-    assert controller["spec"]["strategy"]["type"] == "RollingUpdate"  # the lease decides
+    assert controller["spec"]["strategy"] == {  # the lease decides who works
+        "type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
     c = container(docs, "Deployment", "gpupool-controller")
     assert {"--leader-elect", "--lease-name=gpupool-controller", "--metrics-port=8080"} <= \
         set(c["args"])
@@ -202,7 +203,8 @@ def test_two_controllers_elect_a_leader_by_default_and_probe_its_renewals() -> N
 def test_custom_values_reach_the_controller(custom: list[Doc]) -> None:
     controller = one(custom, "Deployment", "gpupool-controller")
     assert controller["spec"]["replicas"] == 1
-    assert controller["spec"]["strategy"]["type"] == "Recreate"
+    assert controller["spec"]["strategy"] == {  # the old pod stops first
+        "type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
     c = container(custom, "Deployment", "gpupool-controller")
     assert "--no-device-classes" in c["args"] and "--metrics-port=0" in c["args"]
     assert "ports" not in c and "livenessProbe" not in c  # nothing serves them
