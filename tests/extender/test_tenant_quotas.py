@@ -135,3 +135,26 @@ def test_a_broken_permission_permits_its_tenants_nothing(
     (reason,) = reasons(replica.extender.filter({"Pod": pod, "NodeNames": nodes}))
     assert reason.startswith("tenant lab may use no GPU under its permissions: "
                              "GPUPermission bad (broken, permits nothing: ")
+
+
+def test_pods_of_the_same_shape_in_differently_permitted_namespaces_get_their_own_reasons(
+        fake: FakeApiServer, replica: Replica, nodes: list[str]) -> None:
+    fake.seed("nodes", node_obj("z", labels={"zone": "z1"}))
+    fake.seed("gpudevices", gpu_obj("z", 0))
+    fake.seed("gpupermissions", {"metadata": {"name": "only-z"}, "spec": {
+        "tenants": ["lab"], "nodeSelector": {"matchLabels": {"zone": "z1"}}}})
+    fake.seed("gpupermissions", {"metadata": {"name": "not-z"}, "spec": {
+        "tenants": ["ops"], "nodeSelector": {"matchExpressions": [
+            {"key": "zone", "operator": "DoesNotExist"}]}}})
+    assert wait_for(lambda: len(replica.cache.catalogue.permissions) == 2)
+    every = [*nodes, "z"]
+    for ns, passing, refused in (("lab", ["z"], nodes[0]), ("ops", nodes, "z"),
+                                 ("free", every, None)):
+        pod = fake.seed("pods", pod_obj(f"p-{ns}", {"gpupool.io/gpu": "1"}, ns=ns))
+        answer = replica.extender.filter({"Pod": pod, "NodeNames": every})
+        assert answer["NodeNames"] == passing
+        if refused is not None:
+            perm = "only-z" if ns == "lab" else "not-z"
+            assert answer["FailedAndUnresolvableNodes"][refused] == (
+                f"gpupool: 1 GPUs of the selector permitted by GPUPermission {perm} needed, "
+                "0 here")

@@ -30,7 +30,7 @@ from typing import Any
 
 import uvicorn
 
-from gpupool.cli.args import bounded, check_weights, weight
+from gpupool.cli.args import KUBECONFIG_HELP, add_log_level, bounded, check_weights, weight
 from gpupool.core.policies import DEFAULT_POLICY, POLICIES, make_policy
 from gpupool.core.policies.config import PolicyConfig
 from gpupool.extender.app import build_app, build_probes, build_verbs
@@ -69,21 +69,23 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser("extender", help="serve the kube-scheduler extender",
                               description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster service account)")
+    p.add_argument("--kubeconfig", metavar="FILE", help=KUBECONFIG_HELP)
     p.add_argument("--server", help=argparse.SUPPRESS)  # a bare API URL (tests, fakes)
     p.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE") or "gpupool-system",
+                   metavar="NAMESPACE",
                    help="gpupool's namespace: its keys and certificates are Secrets there "
                         "(default: $POD_NAMESPACE, else gpupool-system)")
-    p.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
-    p.add_argument("--port", type=PORT, default=8443,
+    p.add_argument("--host", default="0.0.0.0", metavar="ADDRESS",
+                   help="address to listen on (default 0.0.0.0)")
+    p.add_argument("--port", type=PORT, default=8443, metavar="PORT",
                    help="port of the verbs, mutual TLS (default 8443)")
-    p.add_argument("--probe-port", type=PORT, default=8080,
+    p.add_argument("--probe-port", type=PORT, default=8080, metavar="PORT",
                    help="port of /healthz, /readyz and /metrics, plain HTTP (default 8080)")
     _tls_arguments(p)
-    p.add_argument("--scheduler-name", default=DEFAULT_SCHEDULER,
+    p.add_argument("--scheduler-name", default=DEFAULT_SCHEDULER, metavar="NAME",
                    help="bind acts only on pods naming this scheduler (default "
                         f"{DEFAULT_SCHEDULER})")
-    p.add_argument("--max-nodes", type=bounded(int, 1), default=MAX_NODES,
+    p.add_argument("--max-nodes", type=bounded(int, 1), default=MAX_NODES, metavar="N",
                    help="the largest cluster served: sizes the request bodies accepted "
                         f"(default {MAX_NODES})")
     p.add_argument("--node-cache-capable", action=argparse.BooleanOptionalAction, default=True,
@@ -121,8 +123,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--preemption-retry", type=SECONDS, default=10.0, metavar="SECONDS",
                    help="how long a pod waits before preempting again after finding no "
                         "victims or failing (default 10)")
-    p.add_argument("--seed", type=int, default=0, help="seed for tie breaking (default 0)")
-    p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    p.add_argument("--seed", type=int, default=0, metavar="N",
+                   help="seed for tie breaking (default 0)")
+    add_log_level(p)
     p.set_defaults(func=run)
 
 
@@ -131,12 +134,12 @@ def _tls_arguments(p: argparse.ArgumentParser) -> None:
                    help="gpupool: make and renew the CA, the serving certificate and "
                         "kube-scheduler's client certificate in Secrets (default); secret: "
                         "read --tls-secret as it is (cert-manager), write nothing")
-    p.add_argument("--tls-secret", default=SERVING_SECRET,
+    p.add_argument("--tls-secret", default=SERVING_SECRET, metavar="NAME",
                    help=f"the serving certificate's Secret (default {SERVING_SECRET})")
-    p.add_argument("--client-secret", default=CLIENT_SECRET,
+    p.add_argument("--client-secret", default=CLIENT_SECRET, metavar="NAME",
                    help="the Secret kube-scheduler mounts its client certificate from "
                         f"(default {CLIENT_SECRET})")
-    p.add_argument("--service", default=SERVICE,
+    p.add_argument("--service", default=SERVICE, metavar="NAME",
                    help=f"the Service the scheduler calls, named in the certificate "
                         f"(default {SERVICE})")
     p.add_argument("--client-name", action="append", default=None, metavar="NAME",

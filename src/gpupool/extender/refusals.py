@@ -102,7 +102,7 @@ class Refusals:
             self.tables.clear()              # repeat after a rebuild; this reference cannot)
             self.layout = state.index
         blocked = c.blocked.message if c.blocked is not None else None
-        key = (request.shape, request.gpu_class, c.group, blocked, catalogue_version,
+        key = (_explained(request), request.gpu_class, c.group, blocked, catalogue_version,
                c.permission)
         table = self.tables.get(key)
         if table is None:
@@ -141,3 +141,12 @@ def noted(failed: bytes, unresolvable: bytes, notes: dict[str, str], sent: Set[s
             fails[node] = PREFIX + why
     return (members_json([member(k, v) for k, v in fails.items()]),
             members_json([member(k, v) for k, v in never.items()]))
+
+
+def _explained(request: PodRequest) -> tuple[object, ...]:
+    """What a node's reason depends on, of the request: its shape without the tenant
+    (what a tenant changes of a reason is in the constraints: its group, its permissions,
+    its quota's refusal), so that the pods of many namespaces share their tables."""
+    return (request.cpu_milli, request.memory_mib,
+            tuple((d.count, d.memory_mib, d.core_pct, d.mode) for d in request.gpus),
+            request.models, request.selector, request.group, request.affinity)
