@@ -38,7 +38,7 @@ HAND_WRITTEN = frozenset({"Dockerfile", "dra/deviceclasses.yaml", "dra/examples.
 MARK = "# Generated from charts/gpupool by hack/render_deploy.py"
 HEADER = (f"{MARK}: do not edit.\n"
           "# Change the chart, then run `python hack/render_deploy.py` (helm template with the\n"
-          f"# default values, namespace {NAMESPACE}, namespace.create=true).\n")
+          f"# default values, namespace {NAMESPACE}, namespace.create=true).\n\n")
 SOURCE = re.compile(r"^# Source: [^/]+/(templates|crds)/(\S+)$", re.MULTILINE)
 
 

@@ -135,6 +135,9 @@ def test_the_renderer_says_what_to_do_without_a_helm_binary(
 
 CUSTOM: Doc = {
     "image": {"repository": "registry.example/gpupool", "tag": "9.9.9"},
+    "imagePullSecrets": [{"name": "registry"}],
+    "controlPlane": {"nodeSelector": {"role": "infra"},
+                     "tolerations": [{"key": "infra", "operator": "Exists"}]},
     # null drops the default label (Helm merges maps given in values files)
     "gpuNodeSelector": {"gpupool.io/gpu-node": None, "nvidia.com/gpu.present": "true"},
     "nodeAgent": {"isolationProvider": "mps", "mode": "device-plugin",
@@ -172,6 +175,19 @@ def test_custom_values_reach_the_extender_and_its_scheduler(custom: list[Doc]) -
     assert config["leaderElection"]["resourceNamespace"] == "gpu-ops"
     assert container(custom, "Deployment", "gpupool-scheduler")["image"] == \
         "registry.k8s.io/kube-scheduler:v1.35.0"
+
+
+def test_pull_secrets_reach_every_pod_and_placement_every_control_pod(
+        custom: list[Doc]) -> None:
+    pods = {d["metadata"]["name"]: d["spec"]["template"]["spec"] for d in custom
+            if d["kind"] in ("Deployment", "DaemonSet")}
+    assert set(pods) == {"gpupool-extender", "gpupool-scheduler", "gpupool-controller",
+                         "gpupool-node-agent"}
+    assert all(p["imagePullSecrets"] == [{"name": "registry"}] for p in pods.values())
+    control = [p for name, p in pods.items() if name != "gpupool-node-agent"]
+    assert all(p["nodeSelector"] == {"role": "infra"} and p["tolerations"] ==
+               [{"key": "infra", "operator": "Exists"}] for p in control)
+    assert pods["gpupool-node-agent"]["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
 
 
 def test_custom_values_reach_the_node_agent(custom: list[Doc]) -> None:
