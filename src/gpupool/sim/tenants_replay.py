@@ -85,7 +85,7 @@ class Tally:
     preempted: int = 0  # its pods evicted for its own pods of higher priority
     reclaimed: int = 0  # its borrowed pods taken back by lenders
     reclaims: int = 0  # evictions it caused to get its nominal back
-    back_s: list[float] = field(default_factory=list)  # reclaim decided -> its pod runs
+    back_s: list[float] = field(default_factory=list)  # a reclaim -> the pod it was for runs
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +138,7 @@ class _Replay:
         self.events: list[tuple[float, int, int, int]] = []
         self.queues: dict[tuple[object, ...], list[tuple[int, float, int]]] = {}
         self.awaiting: dict[str, int] = {}  # group -> victims still leaving for it
-        self.reclaimed_at: dict[str, float] = {}
+        self.reclaimed_at: dict[int, float] = {}  # pod -> when a reclaim was made for it
         self.times: list[float] = []
         self.curve_held: dict[str, list[int]] = {key: [] for key in self.keys}
         self.curve_borrowed: dict[str, list[int]] = {key: [] for key in self.keys}
@@ -255,7 +255,7 @@ class _Replay:
             plan = reclaim(self.cohort, p.group, exact.reclaim, self._running(),
                            self.state)
             if plan.restored:
-                self._evict(plan.victims, p.group, now, reclaim=True)
+                self._evict(plan.victims, p, now, reclaim=True)
         return False
 
     def _may_evict(self, group: str) -> bool:
@@ -278,7 +278,7 @@ class _Replay:
         found = select(Quota(self.state, need), self._running(),
                        all_of(below(p.priority), in_group(p.group)))
         if isinstance(found, Selection) and found.victims:
-            self._evict(found.victims, p.group, now, reclaim=False)
+            self._evict(found.victims, p, now, reclaim=False)
 
     def _reclaim_room(self, p: _Pod, now: float) -> None:
         assert p.group is not None
@@ -289,7 +289,7 @@ class _Replay:
                        lambda c: c.key in lent and c.charge is not None
                        and c.charge.group in peers)
         if isinstance(found, Selection) and found.victims:
-            self._evict(found.victims, p.group, now, reclaim=True)
+            self._evict(found.victims, p, now, reclaim=True)
 
     # -- starting and stopping -----------------------------------------------------------------
     def _start(self, p: _Pod, now: float, allocation: Allocation | None) -> bool:
@@ -299,8 +299,8 @@ class _Replay:
         amount = amount_of_allocation(allocation)
         if p.group is not None:
             self.cohort = self.cohort.charged(p.group, amount)
-            if p.group in self.reclaimed_at:
-                self.tallies[p.group].back_s.append(now - self.reclaimed_at.pop(p.group))
+            if p.k in self.reclaimed_at:
+                self.tallies[p.group].back_s.append(now - self.reclaimed_at.pop(p.k))
         p.running = Candidate(allocation, p.priority, Charge(amount, p.tenant, None, p.group),
                               started_s=now)
         p.epoch += 1
@@ -324,8 +324,12 @@ class _Replay:
         p.running = None
         del self.live[p.k]
 
-    def _evict(self, victims: tuple[Candidate, ...], group: str, now: float,
+    def _evict(self, victims: tuple[Candidate, ...], lender: _Pod, now: float,
                reclaim: bool) -> None:
+        """Evict ``victims`` for ``lender``'s pod (a reclaim, or a preemption inside its
+        group's quota)."""
+        group = lender.group
+        assert group is not None
         for c in victims:
             v = self.by_key[c.key]
             v.leaving, v.for_group = True, group
@@ -338,7 +342,7 @@ class _Replay:
             heapq.heappush(self.events, (now + self.grace_s, RELEASE, v.k, v.epoch))
         self.awaiting[group] = self.awaiting.get(group, 0) + len(victims)
         if reclaim:
-            self.reclaimed_at.setdefault(group, now)
+            self.reclaimed_at.setdefault(lender.k, now)
 
     def _running(self, group: str | None = None) -> list[Candidate]:
         """The running pods that are not leaving (of ``group`` only, when given)."""
