@@ -75,7 +75,7 @@ def test_pods_without_gpus_go_the_default_schedulers_way_unless_the_policy_place
     state.reserve(decider(state, "gpupool").decide(shared("seed", 50, cpu=16_000)) or
                   pytest.fail("no room"))
     cpu_pod = PodRequest("cpu", 8000, 1024)
-    emptier = decider(state, "device-plugin").decide(cpu_pod)
+    emptier = decider(state, "gpupool-exact").decide(cpu_pod)
     assert emptier is not None and state.cpu_free[state.index[emptier.node]] == 32_000
 
 
@@ -85,7 +85,7 @@ def test_at_weight_100_gpupools_score_outweighs_the_default_plugins() -> None:
     state.reserve(decider(state, "gpupool").decide(shared("seed", 50, cpu=30_000)) or
                   pytest.fail("no room"))
     held = state.nodes[a].name if state.cpu_free[a] < 32_000 else state.nodes[1 - a].name
-    alloc = decider(state, "gpupool-prioritize").decide(shared("p", 30))
+    alloc = decider(state, "gpupool-prioritize-w100").decide(shared("p", 30))
     assert alloc is not None and alloc.node == held  # best fit wins over an empty CPU
 
 

@@ -26,14 +26,16 @@ default scheduler's way. The variants (``VARIANTS``):
 ``gpupool-prioritize``
     kube-scheduler with gpupool's ``prioritize-claims``: the policy's scores of the
     candidate nodes scaled linearly to 0..10 (kube-scheduler's extender range, as the
-    extender answers them), added times ``weight`` x 10 to the plugins' total (weight
-    100, the value docs/dra.md recommends; ``-w5``: weight 5, the device-plugin entry's);
-    devices first fit.
+    extender answers them), added times ``weight`` x 10 to the plugins' total (weight 5,
+    the value docs/dra.md recommends; ``-w100``: weight 100); devices first fit.
 ``gpupool-prioritize-top``
-    the same, but only the node the policy would choose scores 10 (every other node at
-    most 9): at weight 100 kube-scheduler then takes exactly the policy's node.
+    weight 100, and only the node the policy would choose scores 10 (every other node at
+    most 9): kube-scheduler then takes exactly the policy's node.
 ``device-plugin``
-    the device-plugin path: the policy chooses node and GPU for GPU pods.
+    the device-plugin path as a cluster runs it: kube-scheduler chooses the node with
+    gpupool's prioritize (weight 5), gpupool's bind the GPUs on it.
+``gpupool-exact``
+    the policy chooses node and GPU of every GPU pod.
 ``gpupool``
     the policy chooses for every pod, those without GPUs too: ``Placer.decide`` on every
     arrival, the same figures as ``gpupool simulate``.
@@ -63,6 +65,7 @@ from gpupool.core.placement import Candidates, Placer, choose
 from gpupool.core.policies import make_policy
 from gpupool.core.policies.config import PolicyConfig
 from gpupool.core.request import PodRequest
+from gpupool.core.scoring import Scores
 from gpupool.core.state import ClusterState, IntArray
 from gpupool.core.workload import TargetWorkload
 from gpupool.sim.decision import policy_seed
@@ -73,7 +76,7 @@ MAX_NODE_SCORE = 100  # kube-scheduler's framework.MaxNodeScore
 MAX_EXTENDER_PRIORITY = 10  # extenderv1.MaxExtenderPriority
 NON_ZERO_CPU_MILLI = 100  # kube-scheduler's default request of a container without one
 NON_ZERO_MEMORY_MIB = 200
-RECOMMENDED_WEIGHT = 100
+RECOMMENDED_WEIGHT = 5  # the main extender entry's weight; 100 measured the same
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,10 +95,10 @@ class Variant:
 VARIANTS: dict[str, Variant] = {v.name: v for v in (
     Variant("dra-first-fit", "kube", "first-fit"),
     Variant("gpupool-prioritize", "prioritize", "first-fit", RECOMMENDED_WEIGHT),
-    Variant("gpupool-prioritize-w5", "prioritize", "first-fit", 5),
-    Variant("gpupool-prioritize-top", "prioritize", "first-fit", RECOMMENDED_WEIGHT,
-            top_only=True),
-    Variant("device-plugin", "policy", "policy"),
+    Variant("gpupool-prioritize-w100", "prioritize", "first-fit", 100),
+    Variant("gpupool-prioritize-top", "prioritize", "first-fit", 100, top_only=True),
+    Variant("device-plugin", "prioritize", "policy", RECOMMENDED_WEIGHT),
+    Variant("gpupool-exact", "policy", "policy"),
     Variant("gpupool", "policy", "policy", cpu_pods_by_policy=True),
 )}
 
@@ -149,31 +152,26 @@ class DraDecider:
         if cands.indices.size == 0:
             return None
         if demand_of(request) is None and not self.variant.cpu_pods_by_policy:
-            return self._first_fit(request, cands, self._kube_choice(request, cands, 0))
-        if self.variant.node == "policy" and self.variant.device == "policy":
+            return self._first_fit(request, cands, self._kube_choice(request, cands, None))
+        scores = None
+        if self.variant.node != "kube":
             scores = self.placer.score(self.state, request, cands, self.rng)
-            return self.placer.allocate_on(self.state, request, cands, scores,
-                                           choose(scores.value, self.rng))
-        k = self._node(request, cands)
+        if self.variant.node == "policy":
+            k = choose(scores.value, self.rng) if scores is not None else 0
+        else:
+            k = self._kube_choice(request, cands, scores)
+        if self.variant.device == "policy" and scores is not None:
+            return self.placer.allocate_on(self.state, request, cands, scores, k)
         return self._first_fit(request, cands, k)
 
-    def _node(self, request: PodRequest, cands: Candidates) -> int:
-        if self.variant.node == "policy":
-            return choose(self.placer.score(self.state, request, cands, self.rng).value,
-                          self.rng)
-        weight = 0
-        if self.variant.node == "prioritize":
-            weight = self.variant.weight
-        return self._kube_choice(request, cands, weight)
-
-    def _kube_choice(self, request: PodRequest, cands: Candidates, weight: int) -> int:
-        """kube-scheduler's pick: its plugins' total plus the extender's score times
-        ``weight`` (0: no extender), ties uniformly at random."""
+    def _kube_choice(self, request: PodRequest, cands: Candidates, scores: Scores | None
+                     ) -> int:
+        """kube-scheduler's pick: its plugins' total plus, with the policy's ``scores``,
+        the extender's 0..10 score times the weight x 10; ties uniformly at random."""
         total = kube_scores(self.state, request, cands.indices)
-        if weight:
-            values = self.placer.score(self.state, request, cands, self.rng).value
-            ext = extender_scores(values, self.variant.top_only)
-            total = total + ext * weight * (MAX_NODE_SCORE // MAX_EXTENDER_PRIORITY)
+        if scores is not None:
+            ext = extender_scores(scores.value, self.variant.top_only)
+            total = total + ext * self.variant.weight * (MAX_NODE_SCORE // MAX_EXTENDER_PRIORITY)
         best = np.flatnonzero(total == total.max())
         return int(best[self.ties.randrange(best.size)])
 
