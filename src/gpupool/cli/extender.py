@@ -63,11 +63,25 @@ log = logging.getLogger("gpupool.extender")
 
 SECONDS = bounded(float, 0, above=True)
 PORT = bounded(int, 1, 65535)
+DESCRIPTION = """gpupool extender: serve the kube-scheduler extender (filter / prioritize / bind).
+
+Reads the cluster (kubeconfig found as kubectl finds it, or the pod's service account),
+makes the decision signing keys on first start and publishes them for the node agents,
+and makes or renews its TLS material in Secrets of --namespace (gpupool's own CA, the
+serving certificate and kube-scheduler's client certificate; or a Secret you supply:
+--tls secret). It counts only the decisions it can vouch for, decides with the chosen
+--policy, and serves the verbs over mutual TLS on --port to clients whose certificate
+names --client-name; /healthz, /readyz and /metrics on the plain --probe-port. Every
+--sweep-every seconds it re-checks GPU heartbeats and reconciles the GPU ledgers; every
+--tls-every seconds it renews certificates and re-reads the signing keys; every
+--workload-every seconds it re-derives FGD's target workload. With --preemption (the
+default) a GPU pod that fits nowhere gets room by evicting GPU pods of lower priority
+(docs/design/preemption.md)."""
 
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("extender", help="serve the kube-scheduler extender",
-                              description=__doc__,
+                              description=DESCRIPTION,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--kubeconfig", metavar="FILE", help=KUBECONFIG_HELP)
     p.add_argument("--server", help=argparse.SUPPRESS)  # a bare API URL (tests, fakes)

@@ -14,6 +14,10 @@
   freshest state, a compare-and-swap on the node's GPULedger, then one Binding that also
   carries the signed decision annotations (docs/design/extender.md).
 * preempt: keeps the nodes where the proposed victims free enough GPU.
+* DRA: a device-plugin pod is refused on a node that serves its GPUs through Dynamic
+  Resource Allocation (``dramodes``, also at bind and preemption); a pod whose GPUs come
+  from ResourceClaims is scored by ``drascores`` (prioritize, and the
+  ``prioritize-claims`` verb); allocated claims are held in the cache (``draclaims``).
 * preemption of GPU slices (``preemptor``): when filter finds no node for a GPU pod, the
   extender makes room itself (kube-scheduler's preemption cannot see GPU slices): the core
   picks the victims, the node's GPULedger holds the freed room for the pod, the victims
