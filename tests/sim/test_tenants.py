@@ -208,3 +208,40 @@ def test_trace_pods_get_tenants_by_hash_or_by_qos(tmp_path: Path) -> None:
                                                           hashed_tenant("p2", 2)]
     with pytest.raises(InvalidInput, match="--tenants must be a number of tenants or qos"):
         with_tenants(scenario, "many", pods)
+
+
+FAIR = textwrap.dedent("""
+    nodes:
+      - name: n-{i}
+        replicas: 3
+        cpu: 64
+        memory: 256Gi
+        gpus: {count: 4, model: A100, memory: 40Gi}
+    cohorts:
+      - {name: c, fairSharing: FAIR}
+    groups:
+      - {name: idle, cohort: c, nominal: {gpus: 8}}
+      - {name: light, cohort: c, nominal: {gpus: 2}, weight: 1}
+      - {name: heavy, cohort: c, nominal: {gpus: 2}, weight: 3}
+    pods:
+      - {name: "l-{i}", replicas: 10, tenant: light, creation: 0, deletion: 100, cpu: 1,
+         memory: 1Gi, containers: [{gpu: 1}]}
+      - {name: "h-{i}", replicas: 10, tenant: heavy, creation: 0, deletion: 100, cpu: 1,
+         memory: 1Gi, containers: [{gpu: 1}]}
+""")
+
+
+@pytest.mark.parametrize(("fair", "light", "heavy"), [("true", 4, 8), ("false", 10, 2)],
+                         ids=["fair sharing divides the idle 8 GPUs 1:3 by weight",
+                              "without it, arrival order: the first comer takes what it can"])
+def test_fair_sharing_divides_idle_capacity_by_weight(tmp_path: Path, fair: str, light: int,
+                                                       heavy: int) -> None:
+    path = tmp_path / "fair.yaml"
+    path.write_text(FAIR.replace("FAIR", fair))
+    scenario = scenario_from_files(path, path)
+    found = tenancy_for(scenario, path, None, None)
+    assert found is not None
+    scenario, tenancy = found
+    run = run_tenants(scenario, tenancy, "best-fit", 1,
+                      Campaign(scenario, ("best-fit",), (1,)).config())
+    assert (at(run, "light", 0), at(run, "heavy", 0)) == (light, heavy)

@@ -202,13 +202,21 @@ class _Replay:
 
     # -- scheduling ------------------------------------------------------------------------------
     def _schedule(self, now: float) -> None:
-        self.shares = {}  # dominant shares, worked out once per pass
+        """Try the queues' heads, best first. A group's order only worsens as its pods
+        start (it borrows more), so a popped head whose order changed goes back in."""
+        self.shares = {}  # dominant shares, dropped for a group when its pods start
         heads = [(self._order(q[0]), shape) for shape, q in self.queues.items() if q]
         heapq.heapify(heads)
         while heads:
-            _, shape = heapq.heappop(heads)
+            order, shape = heapq.heappop(heads)
             queue = self.queues[shape]
-            if not queue or not self._try(self.pods[queue[0][2]], now):
+            if not queue:
+                continue
+            fresh = self._order(queue[0])
+            if fresh != order and heads and fresh > heads[0][0]:
+                heapq.heappush(heads, (fresh, shape))
+                continue
+            if not self._try(self.pods[queue[0][2]], now):
                 continue  # this size of this group waits until something changes
             heapq.heappop(queue)
             if queue:
@@ -299,6 +307,7 @@ class _Replay:
         amount = amount_of_allocation(allocation)
         if p.group is not None:
             self.cohort = self.cohort.charged(p.group, amount)
+            self.shares.pop(p.group, None)
             if p.k in self.reclaimed_at:
                 self.tallies[p.group].back_s.append(now - self.reclaimed_at.pop(p.k))
         p.running = Candidate(allocation, p.priority, Charge(amount, p.tenant, None, p.group),
