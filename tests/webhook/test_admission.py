@@ -256,6 +256,13 @@ def test_a_generated_name_is_shown_with_its_prefix() -> None:
     ("resourcegroups", {"tenants": ["Team A"]}, "spec.tenants[0] 'Team A' is not a namespace"),
     ("resourcegroups", {"nodes": ["node one"]}, "is not a node name"),
     ("resourcegroups", {"quota": {"gpus": -1}}, "must be >= 0"),
+    ("resourcegroups", {"mode": "automatic", "demand": {"gpus": "8"}},
+     "spec.demand.gpus must be a whole number"),
+    ("resourcegroups", {"mode": "automatic"}, "spec.demand must be an object"),
+    ("tenantquotas", {"namespaces": ["a"], "limits": {"gpu": 1}},
+     "TenantQuota x: spec.limits has unknown keys gpu"),
+    ("gpupermissions", {"tenants": ["a"], "nodeSelector": {"matchLabels": "zone=a"}},
+     "GPUPermission x: spec.nodeSelector"),
 ])
 def test_a_broken_class_or_group_is_refused_with_what_to_fix(resource: str, spec: Obj,
                                                              words: str) -> None:
@@ -272,6 +279,15 @@ def test_a_sound_class_and_group_are_allowed() -> None:
                                                   "tenants": ["team-a"], "quota": {"gpus": 4}}}
     assert check(review(cls, resource="resourceclasses", group="gpupool.io")).allowed
     assert check(review(grp, resource="resourcegroups", group="gpupool.io")).allowed
+    auto = {"metadata": {"name": "auto"}, "spec": {"mode": "automatic", "demand": {
+        "sharePct": 25}, "models": ["A100-SXM4-80GB"]}}
+    quota = {"metadata": {"name": "team-a"}, "spec": {"namespaces": ["a"], "limits": {
+        "gpus": 8}, "cohort": "lab", "borrowingLimit": {"gpus": 2}}}
+    perm = {"metadata": {"name": "zone-a"}, "spec": {"tenants": ["a"], "nodeSelector": {
+        "matchLabels": {"zone": "a"}}}}
+    assert check(review(auto, resource="resourcegroups", group="gpupool.io")).allowed
+    assert check(review(quota, resource="tenantquotas", group="gpupool.io")).allowed
+    assert check(review(perm, resource="gpupermissions", group="gpupool.io")).allowed
 
 
 # -- the wire format ---------------------------------------------------------------------------

@@ -10,7 +10,9 @@ Mutating (``/mutate``), pods CREATE: gpupool's scheduler and the implied
 * pods/ephemeralcontainers UPDATE: the new ephemeral containers' environment;
 * pods/binding CREATE: a Binding carries a decision only from gpupool's extender;
 * pods/eviction CREATE by a node agent: only of a pod on its own node (``evictions``);
-* resourceclasses / resourcegroups CREATE and UPDATE: they parse (``contract.tenancy``).
+* resourceclasses / resourcegroups CREATE and UPDATE: they parse (``contract.tenancy``;
+  an automatic group's planning spec too); tenantquotas / gpupermissions: they parse
+  (``contract.quotas``).
 
 Anything else is allowed: the webhook configurations send only what is listed here.
 """
@@ -21,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpupool.contract import tenancy
+from gpupool.contract import quotas, tenancy
 from gpupool.contract.podspec_request import pod_request
 from gpupool.core.errors import InvalidInput
 from gpupool.core.request import PodRequest
@@ -96,7 +98,7 @@ def validate(request: Request, settings: Settings) -> Verdict:
         return Verdict.allow()
     if request.resource == "pods":
         return _validate_pod(request, settings)
-    if request.resource in ("resourceclasses", "resourcegroups") and not request.sub_resource:
+    if request.resource in TENANCY and not request.sub_resource:
         return _validate_tenancy(request)
     return Verdict.allow()
 
@@ -162,10 +164,27 @@ def _validate_tenancy(request: Request) -> Verdict:
     obj = _map(request.obj)
     meta = _map(obj.get("metadata"))
     name = request.name or str(meta.get("name") or "") or f"{meta.get('generateName') or ''}x"
+    if request.resource in ("tenantquotas", "gpupermissions"):
+        return _validate_quota_or_permission(request.resource, {**obj, "metadata": {
+            **meta, "name": name}})
     if request.resource == "resourceclasses":
         kind, parsed = "ResourceClass", tenancy.class_of(obj, name)
     else:
         kind, parsed = "ResourceGroup", tenancy.group_of(obj, name)  # type: ignore[assignment]
+        if not isinstance(parsed, tenancy.Broken) and tenancy.is_automatic(obj):
+            parsed = tenancy.automatic_of(obj, name)  # type: ignore[assignment]
     if isinstance(parsed, tenancy.Broken):
         return Verdict.deny(f"{kind} {name}: {parsed.message}", 422, "Invalid")
+    return Verdict.allow()
+
+
+TENANCY = ("resourceclasses", "resourcegroups", "tenantquotas", "gpupermissions")
+
+
+def _validate_quota_or_permission(resource: str, obj: Mapping[str, object]) -> Verdict:
+    """TenantQuota and GPUPermission: they parse (``contract.quotas``; its messages name
+    the kind and the object)."""
+    parsed = quotas.quota_of(obj) if resource == "tenantquotas" else quotas.permission_of(obj)
+    if isinstance(parsed, quotas.Broken):
+        return Verdict.deny(parsed.message, 422, "Invalid")
     return Verdict.allow()
