@@ -126,3 +126,18 @@ KUBECONFIG_HELP = ("kubeconfig file (default: as kubectl finds it: $KUBECONFIG, 
 SERVER_HELP = argparse.SUPPRESS
 """``--server URL``: a bare API server URL, no credentials — for tests and local fakes;
 hidden from --help in every command."""
+
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def add_log_level(parser: argparse.ArgumentParser | Any) -> None:
+    """``--log-level``, the same in every long-running command."""
+    parser.add_argument("--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS,
+                        metavar="LEVEL",
+                        help=f"how much to log: {', '.join(LOG_LEVELS)} (default INFO)")
+
+
+def user_text(doc: str | None) -> str:
+    """A module docstring as --help shows it: without reST's double backticks."""
+    return (doc or "").replace("``", "")

@@ -11,7 +11,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpupool.cli.args import KUBECONFIG_HELP, SERVER_HELP, bounded, deprecated_alias
+from gpupool.cli.args import (
+    KUBECONFIG_HELP,
+    SERVER_HELP,
+    add_log_level,
+    bounded,
+    deprecated_alias,
+)
 from gpupool.contract import dra
 from gpupool.core.errors import GpupoolError, InvalidInput
 from gpupool.kube.api import DraApi, KubeApi
@@ -49,16 +55,18 @@ def register(subparsers: Any) -> None:
                     "publish GPUDevice objects and serve Allocate from the extender's signed "
                     "decisions; enforce slices through an isolation provider and watch what "
                     "containers really use.")
-    p.add_argument("--node-name", default=os.environ.get("NODE_NAME", ""),
+    p.add_argument("--node-name", default=os.environ.get("NODE_NAME", ""), metavar="NODE",
                    help="this node's name (default: $NODE_NAME)")
     p.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE") or "gpupool-system",
+                   metavar="NAMESPACE",
                    help="gpupool's namespace, where the ConfigMap of decision keys is "
                         "(default: $POD_NAMESPACE, else gpupool-system)")
     p.add_argument("--kubeconfig", default=None, metavar="FILE", help=KUBECONFIG_HELP)
     p.add_argument("--server", default=None, metavar="URL", help=SERVER_HELP)
     deprecated_alias(p, "--api-server", "--server")
-    p.add_argument("--kubelet-dir", type=Path, default=Path("/var/lib/kubelet"),
-                   help="kubelet's directory (device-plugins/ and pod-resources/ inside)")
+    p.add_argument("--kubelet-dir", type=Path, default=Path("/var/lib/kubelet"), metavar="DIR",
+                   help="kubelet's directory, with device-plugins/ and pod-resources/ inside "
+                        "(default /var/lib/kubelet)")
     p.add_argument("--fake-gpus", type=Path, default=None, metavar="FILE",
                    help="read FAKE GPUs from a YAML file instead of NVML")
     p.add_argument("--split", type=bounded(int, 0), default=0, metavar="N",
@@ -70,7 +78,7 @@ def register(subparsers: Any) -> None:
                    help="GPU memory accounting unit in MiB, as the extender's (default 256)")
     deprecated_alias(p, "--memory-unit-mib", "--memory-unit")
     p.add_argument("--heartbeat-seconds", type=bounded(float, 0, above=True), default=30.0,
-                   help="how often GPUDevice status is refreshed (default 30)")
+                   metavar="SECONDS", help="how often GPUDevice status is refreshed (default 30)")
     p.add_argument("--decide-unscheduled", action="store_true",
                    help="decide for pods that carry no decision (clusters WITHOUT the gpupool "
                         "extender). Unsafe against hostile tenants: decisions are then not "
@@ -79,7 +87,7 @@ def register(subparsers: Any) -> None:
     _isolation_flags(p)
     _monitor_flags(p)
     _mode_flags(p)
-    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    add_log_level(p)
     p.set_defaults(func=run)
 
 
@@ -89,7 +97,7 @@ def _exposure_flags(p: Any) -> None:
                    help="how containers are told their GPUs: volume-mounts (default) or cdi, "
                         "which a pod's environment cannot widen; envvar (NVIDIA_VISIBLE_DEVICES"
                         ", which a pod can override) only where neither works")
-    p.add_argument("--cdi-kind", default=DEFAULT_CDI_KIND,
+    p.add_argument("--cdi-kind", default=DEFAULT_CDI_KIND, metavar="KIND",
                    help=f"CDI device kind for --device-list-strategy cdi (default "
                         f"{DEFAULT_CDI_KIND})")
 
@@ -100,10 +108,11 @@ def _mode_flags(p: Any) -> None:
                         f"(gpupool.io/gpu) or dra (DRA driver {dra.DRIVER}: ResourceSlices and "
                         f"ResourceClaims); auto (default): the node's label "
                         f"{dra.NODE_MODE_LABEL}, else device-plugin")
-    p.add_argument("--cdi-dir", type=Path, default=DEFAULT_CDI_DIR,
+    p.add_argument("--cdi-dir", type=Path, default=DEFAULT_CDI_DIR, metavar="DIR",
                    help=f"where the DRA mode writes the CDI specs of prepared claims (a "
                         f"directory the container runtime reads; default {DEFAULT_CDI_DIR})")
     p.add_argument("--slice-resync-seconds", type=bounded(float, 1), default=60.0,
+                   metavar="SECONDS",
                    help="DRA mode: compare the node's ResourceSlice with the API server's at "
                         "least this often (default 60; GPU changes are written at once)")
 
@@ -113,37 +122,42 @@ def _isolation_flags(p: Any) -> None:
                    choices=[AUTO, *(n.value for n in ProviderName)],
                    help=f"what enforces slices: mps, hami-core, or none (advisory); auto "
                         f"(default): the node's label {NODE_LABEL}, else none")
-    p.add_argument("--mps-root", type=Path, default=Path("/run/gpupool/mps"),
-                   help="host directory for the MPS daemons' pipe, log and shm directories")
-    p.add_argument("--mps-control", default=CONTROL,
+    p.add_argument("--mps-root", type=Path, default=Path("/run/gpupool/mps"), metavar="DIR",
+                   help="host directory for the MPS daemons' pipe, log and shm directories "
+                        "(default /run/gpupool/mps)")
+    p.add_argument("--mps-control", default=CONTROL, metavar="FILE",
                    help=f"the MPS control executable (default {CONTROL})")
-    p.add_argument("--hami-core-library", type=Path, default=Path(DEFAULT_LIBRARY),
+    p.add_argument("--hami-core-library", type=Path, default=Path(DEFAULT_LIBRARY), metavar="FILE",
                    help=f"HAMi-core's libvgpu.so on the host (default {DEFAULT_LIBRARY})")
-    p.add_argument("--state-dir", type=Path, default=Path("/var/lib/gpupool"),
-                   help="host directory for the agent's files mounted into containers")
+    p.add_argument("--state-dir", type=Path, default=Path("/var/lib/gpupool"), metavar="DIR",
+                   help="host directory for the agent's files mounted into containers "
+                        "(default /var/lib/gpupool)")
 
 
 def _monitor_flags(p: Any) -> None:
-    p.add_argument("--proc-root", type=Path, default=Path("/proc"),
+    p.add_argument("--proc-root", type=Path, default=Path("/proc"), metavar="DIR",
                    help="the host's /proc (process -> cgroup -> pod; default /proc)")
     p.add_argument("--monitor-seconds", type=bounded(float, 0, above=True), default=10.0,
-                   help="usage sample period (default 10)")
-    p.add_argument("--grace-seconds", type=bounded(float, 0), default=30.0,
+                   metavar="SECONDS", help="usage sample period (default 10)")
+    p.add_argument("--grace-seconds", type=bounded(float, 0), default=30.0, metavar="SECONDS",
                    help="how long a container may exceed its slice before it is an "
                         "over-user (default 30)")
     p.add_argument("--compute-window-seconds", type=bounded(float, 0, above=True),
-                   default=60.0, help="window of the compute share comparison (default 60)")
-    p.add_argument("--memory-tolerance-mib", type=bounded(int, 0), default=0,
+                   default=60.0, metavar="SECONDS",
+                   help="window of the compute share comparison (default 60)")
+    p.add_argument("--memory-tolerance-mib", type=bounded(int, 0), default=0, metavar="MIB",
                    help="GPU memory above the slice still tolerated (default 0)")
     p.add_argument("--compute-tolerance-pct", type=bounded(int, 0, 100), default=10,
-                   help="compute points above the share still tolerated (default 10)")
+                   metavar="PCT",
+                   help="compute points (percent of a GPU) above the share still tolerated "
+                        "(default 10)")
     p.add_argument("--over-use-action", choices=[a.value for a in OveruseAction],
                    default=OveruseAction.WARN.value,
                    help="what to do about an over-user besides Event, annotation and metric: "
                         "warn (default), isolate (its GPU takes no new slices), evict")
-    p.add_argument("--metrics-port", type=bounded(int, 0, 65535), default=9400,
+    p.add_argument("--metrics-port", type=bounded(int, 0, 65535), default=9400, metavar="PORT",
                    help="Prometheus /metrics port (0: off; default 9400)")
-    p.add_argument("--metrics-address", default="0.0.0.0",
+    p.add_argument("--metrics-address", default="0.0.0.0", metavar="ADDRESS",
                    help="address /metrics listens on (default 0.0.0.0)")
 
 

@@ -87,8 +87,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--policy", default=DEFAULT_POLICY, metavar="NAME",
                    help=f"placement policy that scores the nodes a pod fits (default "
                         f"{DEFAULT_POLICY}; known: {', '.join(sorted(POLICIES))})")
-    p.add_argument("--seed", type=int, default=0, help="seed for ties and policies that draw "
-                   "(default 0)")
+    p.add_argument("--seed", type=int, default=0, metavar="N",
+                   help="seed for ties and policies that draw (default 0)")
     add_options(p.add_argument_group("live, against a cluster"))
     views = p.add_subparsers(dest="view", metavar="VIEW", title="live views")
     for view in add_views(views, copies=True):

@@ -100,7 +100,7 @@ def add_views(subparsers: Any, *, copies: bool) -> list[argparse.ArgumentParser]
                      help=f"placement policy that scores the nodes a pending pod fits "
                           f"(default {DEFAULT_POLICY}, as the extender's; known: "
                      f"{', '.join(sorted(POLICIES))})")
-    pod.add_argument("--seed", type=int, default=argparse.SUPPRESS,
+    pod.add_argument("--seed", type=int, default=argparse.SUPPRESS, metavar="N",
                      help="seed for ties (default 0)")
     groups = view("groups", run_groups, "resource groups and quotas (used / limit), usage per "
                   "namespace")

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
-from gpupool.cli.args import KUBECONFIG_HELP, SERVER_HELP
+from gpupool.cli.args import KUBECONFIG_HELP, SERVER_HELP, user_text
 from gpupool.contract import annotations as records
 from gpupool.contract import names
 from gpupool.kube import keystore
@@ -45,7 +45,7 @@ def duration(text: str) -> float:
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("keys", help="show, rotate or retire decision signing keys",
-                              description=__doc__,
+                              description=user_text(__doc__),
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     _connection_flags(p, None, "gpupool-system")
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
@@ -55,7 +55,7 @@ def register(subparsers: Any) -> None:
                         help="when the new key starts signing (default 10m); give node "
                              "agents time to read it (they re-read within 10 s of meeting it)")
     retire = sub.add_parser("retire", help="remove a key no live decision uses")
-    retire.add_argument("kid", help="the key id (16 hex digits, as `show` lists)")
+    retire.add_argument("kid", metavar="KID", help="the key id (16 hex digits, as show lists)")
     retire.add_argument("--force", action="store_true",
                         help="retire it even though live decisions use it (a leaked key)")
     for action in (show_p, rotate, retire):  # the options may also follow the action

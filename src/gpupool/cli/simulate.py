@@ -86,8 +86,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="protocol: resample the trace until its GPU demand reaches X times "
                         "the GPU capacity (default 1.3)")
     p.add_argument("--mode", choices=[m.value for m in SimMode], default="protocol",
-                   help="protocol: the FGD paper's (shuffle, inflate, no departures); "
-                        "timed: honour creation and deletion times")
+                   help="protocol: the FGD paper's (shuffle, inflate, no departures; the "
+                        "default); timed: honour creation and deletion times")
     p.add_argument("--out", type=Path, default=Path("sim-out"), metavar="DIR",
                    help="output folder for summary.json, curves.csv, allocation.png "
                         "(default sim-out)")
@@ -120,7 +120,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--tenants", metavar="N|qos",
                    help="timed mode: give the trace's pods tenants: tenant-<k> by a stable hash "
                         "of the pod name into N tenants, or the trace's qos column")
-    p.add_argument("--eviction-grace", type=bounded(float, 0.0), default=GRACE_S, metavar="S",
+    p.add_argument("--eviction-grace", type=bounded(float, 0.0), default=GRACE_S, metavar="SECONDS",
                    help=f"with tenants: seconds a reclaimed or preempted pod keeps its GPUs "
                         f"(default {GRACE_S:g}, Kubernetes' termination grace period)")
     p.set_defaults(func=simulate)

@@ -23,7 +23,7 @@ from typing import Any
 
 from prometheus_client import start_http_server
 
-from gpupool.cli.args import bounded
+from gpupool.cli.args import KUBECONFIG_HELP, add_log_level, bounded, user_text
 from gpupool.kube.api import KubeApi
 from gpupool.kube.errors import KubeError, NotFound
 from gpupool.kube.webhook_ops import WebhookApi
@@ -51,49 +51,55 @@ def default_namespace() -> str:
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("webhook", help="serve gpupool's admission webhook",
-                              description=__doc__,
+                              description=user_text(__doc__),
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster service account)")
+    p.add_argument("--kubeconfig", metavar="FILE", help=KUBECONFIG_HELP)
     p.add_argument("--server", help=argparse.SUPPRESS)  # a bare API URL (tests, fakes)
-    p.add_argument("--namespace", default=default_namespace(),
+    p.add_argument("--namespace", default=default_namespace(), metavar="NAMESPACE",
                    help="gpupool's namespace: its Secrets, Service and accounts (default: "
                         "$POD_NAMESPACE, else gpupool-system)")
-    p.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
-    p.add_argument("--port", type=bounded(int, 0, 65535), default=8443,
+    p.add_argument("--host", default="0.0.0.0", metavar="ADDRESS",
+                   help="address to listen on (default 0.0.0.0)")
+    p.add_argument("--port", type=bounded(int, 0, 65535), default=8443, metavar="PORT",
                    help="HTTPS port (default 8443)")
-    p.add_argument("--metrics-port", type=bounded(int, 0, 65535), default=9443,
+    p.add_argument("--metrics-port", type=bounded(int, 0, 65535), default=9443, metavar="PORT",
                    help="plain-HTTP Prometheus /metrics port; 0: none (default 9443)")
-    p.add_argument("--service", default="gpupool-webhook",
+    p.add_argument("--service", default="gpupool-webhook", metavar="NAME",
                    help="the Service the API server calls (default gpupool-webhook)")
-    p.add_argument("--tls-secret", default="gpupool-webhook-tls",
+    p.add_argument("--tls-secret", default="gpupool-webhook-tls", metavar="NAME",
                    help="TLS Secret of the serving certificate (default gpupool-webhook-tls)")
     p.add_argument("--certificates", choices=("managed", "external"), default="managed",
                    help="managed: gpupool's CA issues and renews it and fills the caBundle; "
-                        "external: serve what another issuer (cert-manager) put in the Secret")
-    p.add_argument("--mutating-configuration", default=CONFIGURATION,
+                        "external: serve what another issuer (cert-manager) put in the Secret "
+                        "(default managed)")
+    p.add_argument("--mutating-configuration", default=CONFIGURATION, metavar="NAME",
                    help=f"MutatingWebhookConfiguration to keep trusting us (default "
                         f"{CONFIGURATION})")
-    p.add_argument("--validating-configuration", default=CONFIGURATION,
+    p.add_argument("--validating-configuration", default=CONFIGURATION, metavar="NAME",
                    help=f"ValidatingWebhookConfiguration likewise (default {CONFIGURATION})")
-    p.add_argument("--dns-name", action="append", default=[],
+    p.add_argument("--dns-name", action="append", default=[], metavar="NAME",
                    help="another DNS name for the certificate (repeatable)")
     p.add_argument("--check-seconds", type=bounded(float, 1, 86_400), default=3600.0,
+                   metavar="SECONDS",
                    help="how often to check the certificate and caBundle (default 3600)")
-    p.add_argument("--cert-dir", help="where the served key is written (default: a new "
-                                      "private temporary directory)")
-    p.add_argument("--scheduler-name", default="gpupool-scheduler",
+    p.add_argument("--cert-dir", metavar="DIR",
+                   help="where the served key is written (default: a new private temporary "
+                        "directory)")
+    p.add_argument("--scheduler-name", default="gpupool-scheduler", metavar="NAME",
                    help="scheduler given to GPU pods that name none (default gpupool-scheduler)")
-    p.add_argument("--extender-account", default="gpupool-extender",
-                   help="service account (in --namespace) whose Bindings carry decisions")
-    p.add_argument("--node-agent-account", default="gpupool-node-agent",
-                   help="service account (in --namespace) that writes phase, reason, devices")
+    p.add_argument("--extender-account", default="gpupool-extender", metavar="NAME",
+                   help="service account (in --namespace) whose Bindings carry decisions "
+                        "(default gpupool-extender)")
+    p.add_argument("--node-agent-account", default="gpupool-node-agent", metavar="NAME",
+                   help="service account (in --namespace) that writes phase, reason, devices "
+                        "(default gpupool-node-agent)")
     p.add_argument("--node-agent-decides", action="store_true",
                    help="node agents also write decisions (only with their "
                         "--decide-unscheduled, which is unsafe against hostile tenants)")
     p.add_argument("--guard", choices=("all-pods", "gpu-pods"), default="all-pods",
                    help="all-pods: also refuse NVIDIA_VISIBLE_DEVICES naming GPUs on pods that "
                         "ask no gpupool resource (default); gpu-pods: only guard GPU pods")
-    p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    add_log_level(p)
     p.set_defaults(func=run)
 
 
