@@ -50,7 +50,7 @@ AUTO = "auto"
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
-        "device-plugin", help="run the node agent (kubelet device plugin)",
+        "device-plugin", help="run the node agent (kubelet device plugin or DRA driver)",
         description="Advertise this node's GPUs to kubelet as gpupool.io/gpu logical devices, "
                     "publish GPUDevice objects and serve Allocate from the extender's signed "
                     "decisions; enforce slices through an isolation provider and watch what "

@@ -15,6 +15,7 @@ from typing import NoReturn
 
 from gpupool import __version__
 from gpupool.cli.inspect_live import CONNECTION_HELP, VIEWS_HELP, add_options, add_views
+from gpupool.cli.main import quiet_stdout
 from gpupool.core.errors import GpupoolError
 
 PROG = "kubectl gpupool"
@@ -64,6 +65,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except GpupoolError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader left (``| head``): stop quietly, as a shell tool does
+        quiet_stdout()
+        return 141
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130

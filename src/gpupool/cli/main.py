@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -31,6 +32,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def quiet_stdout() -> None:
+    """Point stdout at /dev/null, so that flushing it at exit does not fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -46,6 +53,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         for line in str(exc).splitlines() or [""]:  # a file's problems: one line each
             print(f"gpupool: {line}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader left (``| head``): stop quietly, as a shell tool does
+        quiet_stdout()
+        return 141
     except KeyboardInterrupt:
         print(f"gpupool {args.command}: interrupted", file=sys.stderr)
         return 130
