@@ -204,3 +204,18 @@ def test_a_broken_claim_record_is_refused_by_the_decoder_not_the_cache() -> None
     assert "consumedCapacity" in cache.dra.unreadable[CLAIM_A]
     with pytest.raises(InvalidInput):
         dra.read_claim(broken, cache.dra.table(cache.state))
+
+
+@recorded
+def test_a_slice_arriving_later_is_what_a_waiting_claim_is_read_against() -> None:
+    cache = mixed_cache()
+    on_t4 = copy.deepcopy(recorded_claims()[0])
+    on_t4["status"]["allocation"]["devices"]["results"][0]["device"] = "gpu-1"  # the T4
+    with cache.lock:
+        cache.dra.sync_claims(cache, [on_t4])  # no slice yet: no GPU of index 1 there
+    assert CLAIM_A in cache.dra.unreadable
+    with cache.lock:
+        cache.dra.slice_event(cache, "ADDED", fixture("resourceslice-consumable-capacity.json"))
+    assert cache.dra.unreadable == {}
+    assert free_on(cache, T4) == (15360 - 10240, 70)
+    assert free_on(cache, A100) == (81920, 100)

@@ -72,6 +72,7 @@ class DraClaims:
         self.objects: dict[str, Mapping[str, Any]] = {}  # uid -> the allocated claim as read
         self.holdings: dict[str, ClaimHolding] = {}  # uid -> what it holds
         self.unreadable: dict[str, str] = {}  # uid -> why it is not held
+        self.by_pool: dict[str, set[str]] = {}  # pool -> uids of allocated claims naming it
         self.synced: set[str] = set()
         self._table: DeviceTable | None = None
         self._table_layout: object | None = None
@@ -91,8 +92,12 @@ class DraClaims:
             self.slices.pop(name, None)
         else:
             self._put_slice(obj)
-        if self.slices.get(name) != before:
-            self._reread(cache)
+        after = self.slices.get(name)
+        if after != before:  # read again only the claims on this slice's pools
+            self._table = None
+            pools = {d.pool for d in (before or []) + (after or [])}
+            for uid in sorted({u for p in pools for u in self.by_pool.get(p, ())}):
+                self._apply(cache, uid)
 
     def _put_slice(self, obj: Mapping[str, Any]) -> None:
         name = str((obj.get("metadata") or {}).get("name"))
@@ -128,16 +133,29 @@ class DraClaims:
             return
         self.claims[record.uid] = record
         self.by_name[(record.namespace, record.name)] = record.uid
+        self._unindex(record.uid)
         if record.allocated:
             self.objects[record.uid] = obj
+            for pool in pools_of(obj):
+                self.by_pool.setdefault(pool, set()).add(record.uid)
         else:
             self.objects.pop(record.uid, None)
         self._apply(cache, record.uid)
+
+    def _unindex(self, uid: str) -> None:
+        obj = self.objects.get(uid)
+        for pool in pools_of(obj) if obj is not None else ():
+            uids = self.by_pool.get(pool)
+            if uids is not None:
+                uids.discard(uid)
+                if not uids:
+                    del self.by_pool[pool]
 
     def _forget(self, cache: Holder, uid: str) -> None:
         record = self.claims.pop(uid, None)
         if record is not None and self.by_name.get((record.namespace, record.name)) == uid:
             del self.by_name[(record.namespace, record.name)]
+        self._unindex(uid)
         self.objects.pop(uid, None)
         self.unreadable.pop(uid, None)
         old = self.holdings.pop(uid, None)
@@ -236,3 +254,13 @@ def record_of(obj: Mapping[str, Any]) -> ClaimRecord | None:
     return ClaimRecord(uid, str(meta.get("namespace") or "default"), name,
                        tuple(r for r in requests or () if isinstance(r, Mapping))
                        if isinstance(requests, list) else (), allocated)
+
+
+def pools_of(obj: Mapping[str, Any]) -> set[str]:
+    """The pools an allocated claim's results name."""
+    status = obj.get("status") or {}
+    allocation = status.get("allocation") if isinstance(status, Mapping) else None
+    devices = allocation.get("devices") if isinstance(allocation, Mapping) else None
+    results = devices.get("results") if isinstance(devices, Mapping) else None
+    return {str(r.get("pool")) for r in results or () if isinstance(r, Mapping)} \
+        if isinstance(results, list) else set()
