@@ -130,3 +130,14 @@ def test_every_command_answers_help(capsys: pytest.CaptureFixture[str]) -> None:
             main([*name.split()[1:], "--help"])
         assert done.value.code == 0
     assert "usage: gpupool" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", ["simulate", "extender", "device-plugin", "controller",
+                                     "webhook", "keys", "inspect"])
+def test_a_bad_flag_value_is_one_line_naming_the_command(
+        command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        main([command, "--kubeconfig"])  # the flag without its value
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and err.startswith(f"gpupool {command}: "), err

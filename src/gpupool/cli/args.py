@@ -7,7 +7,7 @@ import difflib
 import math
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from gpupool.core.errors import InvalidInput
 from gpupool.core.policies import POLICIES, make_policy
@@ -141,3 +141,16 @@ def add_log_level(parser: argparse.ArgumentParser | Any) -> None:
 def user_text(doc: str | None) -> str:
     """A module docstring as --help shows it: without reST's double backticks."""
     return (doc or "").replace("``", "")
+
+
+def one_line_errors(parser: argparse.ArgumentParser) -> None:
+    """A bad flag prints one line naming the command, and exits 2 (not argparse's usage
+    block): set on ``parser`` and every parser below it."""
+    def error(message: str) -> NoReturn:
+        parser.exit(2, f"{parser.prog}: {message} (see --help)\n")
+
+    parser.error = error  # type: ignore[method-assign]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                one_line_errors(child)

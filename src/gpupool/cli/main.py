@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from gpupool import __version__
+from gpupool.cli.args import one_line_errors
 from gpupool.core.errors import GpupoolError
 from gpupool.kube import kubeconfig
 
@@ -29,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMANDS:
         importlib.import_module(f"gpupool.cli.{name}").register(sub)
+    one_line_errors(parser)
     return parser
 
 
