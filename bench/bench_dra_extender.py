@@ -7,6 +7,8 @@ bodies, as the HTTP app calls them). Measured in the same run, per N:
 
 * ``filter, no DRA node``: filter of a shared device-plugin pod, every node sent, on a
   cluster without DRA nodes — the baseline;
+* ``filter, half full``: the same pod when half the nodes are full (refused for want of
+  GPU room): what refusing half the nodes costs anyway — the fair baseline of the next;
 * ``filter, half DRA``: the same pod when half the nodes are DRA nodes (refused with the
   node-mode reason) and hold one allocated claim per GPU;
 * ``prioritize``: the device-plugin pod's prioritize, every node sent (baseline of the next);
@@ -32,6 +34,7 @@ import msgspec
 from lightkube.resources.core_v1 import Node
 
 from gpupool.contract import dra
+from gpupool.core.allocation import Allocation, Slice
 from gpupool.extender.app import verb_handlers
 from gpupool.extender.cache import ClusterCache
 from gpupool.extender.metrics import Metrics
@@ -104,13 +107,18 @@ def claim_pod() -> dict[str, Any]:
 
 def measure(n: int, repeat: int) -> None:
     plain, names, _ = cluster(n, with_dra=False)
+    full, _, _ = cluster(n, with_dra=False)
+    with full.lock:
+        for x in names[: n // 2]:
+            full.hold(Allocation(f"busy-{x}", x, 0, 0, tuple(
+                Slice(f"GPU-{x}-{j}", j, 81920, 100) for j in range(8)), True), "pod")
     mixed, _, claims = cluster(n, with_dra=True)
     t0 = time.perf_counter()
     with mixed.lock:
         mixed.dra.sync_claims(mixed, [*claims, claim("new", None)])
     listed_ms = (time.perf_counter() - t0) * 1e3
     verbs = {k: verb_handlers(Extender(c, Settings("fgd-balance"), Metrics()))
-             for k, c in (("plain", plain), ("mixed", mixed))}
+             for k, c in (("plain", plain), ("full", full), ("mixed", mixed))}
     dp, dra_pod = body(plugin_pod(), names), body(claim_pod(), names)
     scored = msgspec.json.decode(verbs["mixed"]["prioritize-claims"](dra_pod))
     assert scored and all(h["Host"] < names[n // 2] for h in scored), "DRA nodes only"
@@ -119,6 +127,7 @@ def measure(n: int, repeat: int) -> None:
     assert len(answer["FailedAndUnresolvableNodes"]) == n // 2
     rows = [
         ("filter, no DRA node", timed(lambda: verbs["plain"]["filter"](dp), repeat)),
+        ("filter, half full", timed(lambda: verbs["full"]["filter"](dp), repeat)),
         ("filter, half DRA", timed(lambda: verbs["mixed"]["filter"](dp), repeat)),
         ("prioritize (device plugin)", timed(lambda: verbs["mixed"]["prioritize"](dp), repeat)),
         ("prioritize-claims", timed(lambda: verbs["mixed"]["prioritize-claims"](dra_pod),
@@ -127,8 +136,9 @@ def measure(n: int, repeat: int) -> None:
     print(f"{n} nodes × 8 GPUs, {len(claims)} allocated claims taken in in {listed_ms:.0f} ms")
     for label, ms in rows:
         print(f"  {label:28s} {ms:7.2f} ms")
-    print(f"  ratios: filter half DRA / no DRA {rows[1][1] / rows[0][1]:.2f}×, "
-          f"prioritize-claims / prioritize {rows[3][1] / rows[2][1]:.2f}×")
+    print(f"  ratios: filter half DRA / half full {rows[2][1] / rows[1][1]:.2f}×, "
+          f"half DRA / no DRA {rows[2][1] / rows[0][1]:.2f}×, "
+          f"prioritize-claims / prioritize {rows[4][1] / rows[3][1]:.2f}×")
 
 
 def main() -> None:
