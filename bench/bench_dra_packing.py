@@ -5,10 +5,10 @@ order) on the Alibaba default trace (1,213 nodes), each seed run five ways
 (``gpupool.sim.dra``, whose docstring defines the variants): kube-scheduler's DRA
 allocation alone, kube-scheduler with gpupool's ``prioritize-claims`` (weight 5, weight
 100, and only the policy's choice at 10), gpupool's device-plugin path, the policy's exact
-choice, and the simulator's own protocol run. Prints, per variant, the unallocated GPU share when the arrived demand
-reaches the capacity (mean ± std over seeds), the free share stranded on partly used GPUs,
-the pods refused before that point, and the ratio against ``device-plugin`` measured in
-the same run, as Markdown rows for docs/benchmarks.md.
+choice, and the simulator's own protocol run. Prints, per variant, the unallocated GPU
+share when the arrived demand reaches the capacity (mean ± std over seeds), the free share
+stranded on partly used GPUs, the pods refused before that point, and the ratio against
+``device-plugin`` measured in the same run, as Markdown rows for docs/benchmarks.md.
 
     .venv/bin/python bench/bench_dra_packing.py [--seeds 42-51] [--workers 2]
         [--trace-dir DIR] [--policy fgd-balance] [--variant NAME ...]
