@@ -184,7 +184,7 @@ def inspect(args: argparse.Namespace) -> int:
     if output != "table":
         report = as_json(request, args.policy, found, blocked)
         report["running"] = {"placed": cluster.placed, "unplaced": list(cluster.unplaced)}
-        print(json.dumps(report, indent=2) if output == "json" else
+        print(json.dumps(report, indent=2, ensure_ascii=False) if output == "json" else
               yaml.safe_dump(report, sort_keys=False, allow_unicode=True), end="\n" if
               output == "json" else "")
     else:
