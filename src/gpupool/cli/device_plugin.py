@@ -68,7 +68,8 @@ def register(subparsers: Any) -> None:
                    help="kubelet's directory, with device-plugins/ and pod-resources/ inside "
                         "(default /var/lib/kubelet)")
     p.add_argument("--fake-gpus", type=Path, default=None, metavar="FILE",
-                   help="read FAKE GPUs from a YAML file instead of NVML")
+                   help="read FAKE GPUs from a YAML file instead of NVML, for machines "
+                        "without GPUs (format: docs/fake-gpus.md)")
     p.add_argument("--split", type=bounded(int, 0), default=0, metavar="N",
                    help="logical devices per GPU (default: one per --mib-per-device)")
     p.add_argument("--mib-per-device", type=bounded(int, 1), default=DEFAULT_MIB_PER_DEVICE,
