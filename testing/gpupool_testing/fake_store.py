@@ -56,6 +56,7 @@ KINDS: dict[str, Kind] = {
         Kind("poddisruptionbudgets", "policy", "v1", "PodDisruptionBudget", True),
         Kind("tenantquotas", "gpupool.io", "v1alpha1", "TenantQuota", False),
         Kind("gpupermissions", "gpupool.io", "v1alpha1", "GPUPermission", False),
+        Kind("namespaces", "", "v1", "Namespace", False),
         Kind("leases", "coordination.k8s.io", "v1", "Lease", True),
     )
 }

@@ -89,3 +89,22 @@ def test_a_namespace_two_quotas_claim_is_named_in_both(fake: FakeApiServer,
     Controller(api, verify=verify).reconcile_once()
     assert condition(status_of(fake, "x"), "Valid")["message"].endswith("shared also in y")
     assert condition(status_of(fake, "y"), "Valid")["reason"] == "NamespaceShared"
+
+
+def test_a_namespace_selector_is_resolved_into_status_and_follows_label_changes(
+        fake: FakeApiServer, api: ControllerApi) -> None:
+    for name, team in (("x1", "x"), ("x2", "x"), ("y1", "y")):
+        fake.seed("namespaces", {"metadata": {"name": name, "labels": {"team": team}}})
+    fake.seed("tenantquotas", quota("team-x", namespaces=["named"],
+                                    namespaceSelector={"matchLabels": {"team": "x"}},
+                                    limits={"gpus": 4}))
+    fake.seed("pods", sign(placed_pod("p", "x2", "n1", slices("n1", (0, 8 * GIB, 50)))))
+    fake.seed("pods", sign(placed_pod("q", "y1", "n1", slices("n1", (1, 8 * GIB, 50)))))
+    Controller(api, verify=verify).reconcile_once()
+    s = status_of(fake, "team-x")
+    assert s["selectedNamespaces"] == ["x1", "x2"]
+    assert s["namespaces"] == ["named", "x1", "x2"] and s["used"]["gpus"] == 1
+    fake.patch("namespaces", "y1", {"metadata": {"labels": {"team": "x"}}})
+    Controller(api, verify=verify).reconcile_once()
+    s = status_of(fake, "team-x")
+    assert s["selectedNamespaces"] == ["x1", "x2", "y1"] and s["used"]["gpus"] == 2

@@ -158,3 +158,18 @@ def test_pods_of_the_same_shape_in_differently_permitted_namespaces_get_their_ow
             assert answer["FailedAndUnresolvableNodes"][refused] == (
                 f"gpupool: 1 GPUs of the selector permitted by GPUPermission {perm} needed, "
                 "0 here")
+
+
+def test_namespaces_the_controller_selected_by_label_count_for_the_tenant(
+        fake: FakeApiServer, replica: Replica, nodes: list[str]) -> None:
+    obj = quota("team-s", [], namespaceSelector={"matchLabels": {"team": "s"}},
+                limits={"gpus": 1})
+    obj["spec"].pop("namespaces")
+    obj["status"] = {"selectedNamespaces": ["s1", "s2", "Not A Namespace"]}
+    fake.seed("tenantquotas", obj)
+    assert wait_for(lambda: len(replica.cache.catalogue.tenants) == 1)
+    first = fake.seed("pods", pod_obj("one", {"gpupool.io/gpu": "1"}, ns="s1"))
+    assert schedule(replica.extender, first, nodes)[1] == ""
+    second = fake.seed("pods", pod_obj("two", {"gpupool.io/gpu": "1"}, ns="s2"))
+    assert reasons(replica.extender.filter({"Pod": second, "NodeNames": nodes})) == {
+        "quota of tenant team-s exceeded: 1 GPUs asked, 1 of 1 in use, 0 left"}

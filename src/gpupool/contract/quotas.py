@@ -5,7 +5,9 @@ shared by the extender (which enforces them), the controller (which writes their
 and plans automatic groups within permissions) and the admission webhook. It never
 raises on a broken object: it returns ``Broken`` with a sentence naming the field.
 
-TenantQuota ``spec``: ``namespaces`` (the tenant's namespaces, by name), ``limits``
+TenantQuota ``spec``: ``namespaces`` (the tenant's namespaces, by name) and/or
+``namespaceSelector`` (namespaces by label: the controller resolves it into
+``status.selectedNamespaces``, which this reader adds), ``limits``
 (``gpus``, ``memoryMiB``, ``corePct``: the nominal quota, summed over the namespaces),
 ``classes`` (a map class name -> the same three limits), and for cohorts ``cohort``,
 ``borrowingLimit``, ``lendingLimit`` (same three limits) and ``weight`` (a whole number).
@@ -26,8 +28,8 @@ from gpupool.core.quota import Limit
 from gpupool.core.selector import Selector
 from gpupool.core.tenants import Permission, TenantQuota
 
-QUOTA_FIELDS = ("namespaces", "limits", "classes", "cohort", "borrowingLimit", "lendingLimit",
-                "weight")
+QUOTA_FIELDS = ("namespaces", "namespaceSelector", "limits", "classes", "cohort",
+                "borrowingLimit", "lendingLimit", "weight")
 PERMISSION_FIELDS = ("tenants", "nodeSelector", "gpuSelector")
 MAX_WEIGHT = 1_000_000
 
@@ -58,13 +60,27 @@ def quota_of(obj: Mapping[str, Any]) -> TenantQuota | Broken:
     try:
         spec = _spec(obj, QUOTA_FIELDS)
         return TenantQuota(
-            name, _namespaces(spec, "namespaces"), _limit(spec, "limits") or Limit(),
+            name, _namespaces(spec, "namespaces") | selected_namespaces(obj),
+            _limit(spec, "limits") or Limit(),
             _classes(spec.get("classes")), _cohort(spec.get("cohort")),
             _limit(spec, "borrowingLimit"), _limit(spec, "lendingLimit"),
-            _weight(spec.get("weight")))
+            _weight(spec.get("weight")),
+            _selector(spec.get("namespaceSelector"), "namespaceSelector"))
     except InvalidInput as exc:
         return Broken("InvalidSpec", f"TenantQuota {name}: {exc}; fix it (until then the "
                       "quota is not enforced and its namespaces are not limited by it)")
+
+
+def selected_namespaces(obj: Mapping[str, Any]) -> frozenset[str]:
+    """The namespaces the controller found ``spec.namespaceSelector`` to match
+    (``status.selectedNamespaces``; only the controller may write status). Names that are no
+    namespace names are left out."""
+    status = obj.get("status")
+    found = status.get("selectedNamespaces") if isinstance(status, Mapping) else None
+    if not isinstance(found, list):
+        return frozenset()
+    pattern, _ = MEMBER_RULES["tenants"]
+    return frozenset(n for n in found if isinstance(n, str) and pattern.match(n))
 
 
 def permission_of(obj: Mapping[str, Any]) -> Permission | Broken:

@@ -220,14 +220,15 @@ class Controller:
         """Resource groups' members (automatic groups planned, ``groupsync``), then
         TenantQuota and GPUPermission status (``quotastatus``); a failed write is logged
         and retried next round."""
-        labels, permissions, quotas = tenancy.snapshot()
+        labels, permissions, quotas, namespaces = tenancy.snapshot()
         book = PermissionBook(p for p in map(permission_or_denial, permissions)
                               if not isinstance(p, BrokenObject))
         writes: list[tuple[str, str, Obj]] = [
             ("ResourceGroup", p.name, p.patch) for p in groupsync.plan(observed, labels, book)]
         nodes = groupsync.core_nodes(observed, labels)
         writes += [(p.kind, p.name, p.patch) for p in
-                   quotastatus.plan(observed, quotas, permissions, nodes, self.clock())]
+                   quotastatus.plan(observed, quotas, permissions, nodes, self.clock(),
+                                    namespaces)]
         patchers = {"ResourceGroup": self.api.patch_resource_group_status,
                     "TenantQuota": self.api.patch_tenant_quota_status,
                     "GPUPermission": self.api.patch_gpu_permission_status}
@@ -310,7 +311,8 @@ def _wait_for_work(world: WorldCache, stop: threading.Event, resync_s: float) ->
 
 
 class TenancyWorld:
-    """Node labels, GPUPermissions and TenantQuotas as the informers last saw them (for
+    """Node and namespace labels, GPUPermissions and TenantQuotas as the informers last saw
+    them (for
     ``groupsync`` and ``quotastatus``). A node event marks the world dirty only when the
     node's labels changed (its status changes all the time and plans nothing)."""
 
@@ -318,6 +320,7 @@ class TenancyWorld:
         self._lock = threading.Lock()
         self.dirty = dirty or threading.Event()
         self.labels: dict[str, Labels] = {}
+        self.namespaces: dict[str, Labels] = {}  # namespace -> its labels
         self.objects: dict[str, dict[str, Obj]] = {"gpupermissions": {}, "tenantquotas": {}}
 
     @staticmethod
@@ -326,12 +329,30 @@ class TenancyWorld:
         world.sync_nodes(api.list_nodes().items)
         world.sync("gpupermissions", api.list_gpu_permissions().items)
         world.sync("tenantquotas", api.list_tenant_quotas().items)
+        world.sync_namespaces(api.list_namespaces().items)
         return world
 
-    def snapshot(self) -> tuple[dict[str, Labels], list[Obj], list[Obj]]:
+    def snapshot(self) -> tuple[dict[str, Labels], list[Obj], list[Obj], dict[str, Labels]]:
         with self._lock:
             return (dict(self.labels), list(self.objects["gpupermissions"].values()),
-                    list(self.objects["tenantquotas"].values()))
+                    list(self.objects["tenantquotas"].values()), dict(self.namespaces))
+
+    def sync_namespaces(self, namespaces: Iterable[Any]) -> None:
+        with self._lock:
+            self.namespaces = {str(n.metadata.name): freeze_labels(n.metadata.labels)
+                               for n in namespaces}
+        self.dirty.set()
+
+    def namespace_event(self, event: str, ns: Any) -> None:
+        name, labels = str(ns.metadata.name), freeze_labels(ns.metadata.labels)
+        with self._lock:
+            if event == "DELETED":
+                self.namespaces.pop(name, None)
+            elif self.namespaces.get(name) == labels:
+                return
+            else:
+                self.namespaces[name] = labels
+        self.dirty.set()
 
     def sync_nodes(self, nodes: Iterable[Any]) -> None:
         with self._lock:
@@ -367,7 +388,11 @@ class TenancyWorld:
     def informers(self, api: KubeApi, watch_timeout_s: int) -> list[Informer[Any]]:
         nodes: Feed[Any] = Feed("nodes", lambda a: a.list_nodes(),
                                 lambda a, rv, t: a.watch_nodes(rv, t))
-        out = [Informer(api, nodes, self.sync_nodes, self.node_event, watch_timeout_s).start()]
+        spaces: Feed[Any] = Feed("namespaces", lambda a: a.list_namespaces(),
+                                 lambda a, rv, t: a.watch_namespaces(rv, t))
+        out = [Informer(api, nodes, self.sync_nodes, self.node_event, watch_timeout_s).start(),
+               Informer(api, spaces, self.sync_namespaces, self.namespace_event,
+                        watch_timeout_s).start()]
         for kind, feed in (
                 ("gpupermissions", Feed("gpupermissions", lambda a: a.list_gpu_permissions(),
                                         lambda a, rv, t: a.watch_gpu_permissions(rv, t))),

@@ -17,7 +17,7 @@ Pure: ``plan`` takes the observed world and returns merge patches.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gpupool.contract.quotas import Broken, permission_of, quota_of
 from gpupool.controller.observed import Obj, Observed, PodHolding, name_of
@@ -30,7 +30,7 @@ from gpupool.controller.status import (
     merge_diff,
 )
 from gpupool.core.cohort import CohortState, borrowed_keys
-from gpupool.core.model import Node
+from gpupool.core.model import Labels, Node
 from gpupool.core.quota import Amount, Charge, QuotaBook, amount_of_allocation
 from gpupool.core.tenants import TenantBook, TenantQuota
 from gpupool.core.victims import Candidate
@@ -52,16 +52,18 @@ def charged(observed: Observed) -> QuotaBook:
 
 
 def plan(observed: Observed, quotas: Iterable[Obj], permissions: Iterable[Obj],
-         nodes: list[Node], now: str) -> list[StatusPatch]:
-    """Status patches for every TenantQuota and GPUPermission that needs one."""
+         nodes: list[Node], now: str, namespaces: Mapping[str, Labels] | None = None
+         ) -> list[StatusPatch]:
+    """Status patches for every TenantQuota and GPUPermission that needs one
+    (``namespaces``: every namespace's labels, for namespace selectors)."""
     objs = sorted(quotas, key=name_of)
-    parsed = {name_of(o): quota_of(o) for o in objs}
+    parsed = {name_of(o): resolved(o, namespaces or {}) for o in objs}
     tenants = TenantBook(q for q in parsed.values() if not isinstance(q, Broken))
     book = charged(observed)
     out = []
     for obj in objs:
         desired = quota_status(obj, parsed[name_of(obj)], tenants, book, now,
-                               observed.holdings)
+                               observed.holdings, namespaces)
         out += _patch("TenantQuota", obj, desired)
     for obj in sorted(permissions, key=name_of):
         out += _patch("GPUPermission", obj, permission_status(obj, nodes, now))
@@ -73,16 +75,38 @@ def _patch(kind: str, obj: Obj, desired: Obj) -> list[StatusPatch]:
     return [StatusPatch(kind, name_of(obj), patch)] if patch else []
 
 
+def resolved(obj: Obj, namespaces: Mapping[str, Labels]) -> TenantQuota | Broken:
+    """The quota with its namespaces as they are now: those ``spec.namespaces`` names, and
+    those whose labels ``spec.namespaceSelector`` matches (not the last status's)."""
+    parsed = quota_of({**obj, "status": {}})
+    if isinstance(parsed, Broken) or parsed.namespace_selector is None:
+        return parsed
+    sel = parsed.namespace_selector
+    found = {ns for ns, labels in namespaces.items() if sel.matches(dict(labels))}
+    return replace(parsed, namespaces=parsed.namespaces | frozenset(found))
+
+
+def _selected(q: TenantQuota, namespaces: Mapping[str, Labels] | None) -> list[str] | None:
+    if q.namespace_selector is None:
+        return None
+    sel = q.namespace_selector
+    return sorted(ns for ns, labels in (namespaces or {}).items() if sel.matches(dict(labels)))
+
+
 def quota_status(obj: Obj, parsed: TenantQuota | Broken, tenants: TenantBook,
-                 book: QuotaBook, now: str, holdings: Sequence[PodHolding] = ()) -> Obj:
+                 book: QuotaBook, now: str, holdings: Sequence[PodHolding] = (),
+                 namespaces: Mapping[str, Labels] | None = None) -> Obj:
     status: Obj = {}
     if isinstance(parsed, Broken):
         verdicts = [Verdict("Valid", False, parsed.reason, parsed.message)]
     else:
         used = tenants.used(book, parsed)
         status = {"namespaces": sorted(parsed.namespaces), "used": amount_json(used),
+                  "selectedNamespaces": _selected(parsed, namespaces),
                   "limit": limit_json(parsed.limit),
                   "remaining": limit_json(parsed.limit.remaining(used))}
+        if status["selectedNamespaces"] is None:
+            del status["selectedNamespaces"]
         if parsed.cohort is not None:
             cohort = tenants.cohort(book, parsed)
             status["borrowed"] = amount_json(cohort.borrowed(f"tenant {parsed.name}"))

@@ -52,6 +52,7 @@ class TenantQuota:
     borrowing_limit: Limit | None = None
     lending_limit: Limit | None = None
     weight: int = 1
+    namespace_selector: Selector | None = None  # namespaces by label (resolved elsewhere)
 
     def __post_init__(self) -> None:
         if not self.name:

@@ -51,7 +51,7 @@ from lightkube.core.exceptions import ConfigError, NotReadyError
 from lightkube.generic_resource import create_global_resource, create_namespaced_resource
 from lightkube.models.core_v1 import EventSource, ObjectReference
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import ConfigMap, Event, Node, Pod, Secret
+from lightkube.resources.core_v1 import ConfigMap, Event, Namespace, Node, Pod, Secret
 from lightkube.types import PatchType
 
 from gpupool.contract import names
@@ -506,6 +506,14 @@ class KubeApi:
         with _translated(f"patch status of TenantQuota {name}"):
             return dict(self.client.patch(TenantQuota.Status, name, {"status": dict(patch)},
                                           patch_type=PatchType.MERGE))
+
+    def list_namespaces(self) -> Listing[Namespace]:
+        """Namespaces (their labels: a TenantQuota's ``namespaceSelector``)."""
+        return self._list(Namespace, "namespaces")
+
+    def watch_namespaces(self, resource_version: str, timeout_s: int | None = None
+                         ) -> Iterator[tuple[str, Namespace]]:
+        return self._watch(Namespace, "namespaces", resource_version, timeout_s)
 
     def patch_gpu_permission_status(self, name: str, patch: Mapping[str, Any]) -> KubeObject:
         with _translated(f"patch status of GPUPermission {name}"):
