@@ -168,3 +168,27 @@ def test_a_broken_automatic_group_keeps_its_members_and_says_why(
     fake.patch("resourcegroups", "g", {"spec": {"demand": {"gpus": "two"}}})
     rounds(api)
     assert status(fake, "g")["members"] == members
+
+
+def test_the_controller_runs_on_without_the_tenancy_crds_and_plans_nothing_meanwhile(
+        fake: FakeApiServer, api: ControllerApi) -> None:
+    import threading
+
+    from tests.waiting import wait_for
+
+    seed_nodes(fake)
+    fake.seed("resourcegroups", auto("g", demand={"gpus": 2}))
+    for _ in range(50):  # a CRD that is not applied: 404 to every listing
+        fake.fail_next("GET", "/gpupermissions", 404, "the server could not find the resource")
+    rounds_seen: list[object] = []
+    stop = threading.Event()
+    thread = threading.Thread(target=Controller(api, verify=verify).run,
+                              args=(stop, 60.0, rounds_seen.append, 1))
+    thread.start()
+    try:
+        assert wait_for(lambda: rounds_seen)  # it reconciles the rest
+        assert wait_for(lambda: "Valid" in str(status(fake, "g").get("conditions")))
+        assert "members" not in status(fake, "g")  # not planned on half a world
+    finally:
+        stop.set()
+        thread.join(10)

@@ -173,3 +173,22 @@ def test_namespaces_the_controller_selected_by_label_count_for_the_tenant(
     second = fake.seed("pods", pod_obj("two", {"gpupool.io/gpu": "1"}, ns="s2"))
     assert reasons(replica.extender.filter({"Pod": second, "NodeNames": nodes})) == {
         "quota of tenant team-s exceeded: 1 GPUs asked, 1 of 1 in use, 0 left"}
+
+
+def test_an_extender_starts_on_a_cluster_without_the_tenancy_crds_and_says_so(
+        fake: FakeApiServer, nodes: list[str]) -> None:
+    from gpupool.extender.cache import ClusterCache
+    from gpupool.extender.feeds import start_feeds
+    from gpupool.kube.api import KubeApi
+
+    for _ in range(50):  # every listing answers 404, as for a CRD that is not applied
+        fake.fail_next("GET", "/tenantquotas", 404, "the server could not find the resource")
+    api = KubeApi.connect(server=fake.url)
+    cache = ClusterCache()
+    try:
+        feeds = start_feeds(api, cache, watch_timeout_s=2, sync_timeout_s=1.0)
+        assert "tenantquotas" not in cache.synced and "pods" in cache.synced
+        assert "gpupermissions" in cache.synced
+        feeds.stop(timeout_s=0.0)
+    finally:
+        api.close()

@@ -219,7 +219,9 @@ class Controller:
                       ) -> Outcome:
         """Resource groups' members (automatic groups planned, ``groupsync``), then
         TenantQuota and GPUPermission status (``quotastatus``); a failed write is logged
-        and retried next round."""
+        and retried next round. Nothing until ``tenancy`` has listed every kind it needs."""
+        if not tenancy.ready():
+            return out
         labels, permissions, quotas, namespaces = tenancy.snapshot()
         book = PermissionBook(p for p in map(permission_or_denial, permissions)
                               if not isinstance(p, BrokenObject))
@@ -256,7 +258,7 @@ class Controller:
         informers = [_informer(self.api, world, kind, feed, watch_timeout_s)
                      for kind, feed in _feeds().items()]
         tenancy = TenancyWorld(world.dirty)
-        informers += tenancy.informers(self.api, watch_timeout_s)
+        late = tenancy.informers(self.api, watch_timeout_s)  # not waited for (TenancyWorld)
         try:
             for inf in informers:
                 while not inf.synced.wait(0.1):
@@ -278,9 +280,9 @@ class Controller:
                     on_round(outcome)
                 _wait_for_work(world, stop, resync_s)
         finally:
-            for inf in informers:
+            for inf in [*informers, *late]:
                 inf.signal_stop()
-            for inf in informers:
+            for inf in [*informers, *late]:
                 inf.join(0.5)
 
 
@@ -314,7 +316,13 @@ class TenancyWorld:
     """Node and namespace labels, GPUPermissions and TenantQuotas as the informers last saw
     them (for
     ``groupsync`` and ``quotastatus``). A node event marks the world dirty only when the
-    node's labels changed (its status changes all the time and plans nothing)."""
+    node's labels changed (its status changes all the time and plans nothing).
+
+    Its informers are not waited for at start: a cluster upgraded without the TenantQuota
+    and GPUPermission CRDs (Helm installs new CRDs only on install) answers 404, and the
+    rest of the controller must go on; until every kind is listed, ``ready`` is False and
+    no group is planned and no tenancy status written (planning on half a world would move
+    members)."""
 
     def __init__(self, dirty: threading.Event | None = None) -> None:
         self._lock = threading.Lock()
@@ -322,6 +330,7 @@ class TenancyWorld:
         self.labels: dict[str, Labels] = {}
         self.namespaces: dict[str, Labels] = {}  # namespace -> its labels
         self.objects: dict[str, dict[str, Obj]] = {"gpupermissions": {}, "tenantquotas": {}}
+        self._informers: list[Informer[Any]] = []  # none: listed at once (``listed``)
 
     @staticmethod
     def listed(api: ControllerApi) -> TenancyWorld:
@@ -331,6 +340,9 @@ class TenancyWorld:
         world.sync("tenantquotas", api.list_tenant_quotas().items)
         world.sync_namespaces(api.list_namespaces().items)
         return world
+
+    def ready(self) -> bool:
+        return all(inf.synced.is_set() for inf in self._informers)
 
     def snapshot(self) -> tuple[dict[str, Labels], list[Obj], list[Obj], dict[str, Labels]]:
         with self._lock:
@@ -400,6 +412,7 @@ class TenancyWorld:
                                       lambda a, rv, t: a.watch_tenant_quotas(rv, t)))):
             out.append(Informer(api, feed, _synced(self, kind), _evented(self, kind),
                                 watch_timeout_s).start())
+        self._informers = out
         return out
 
 

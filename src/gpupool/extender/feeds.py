@@ -16,6 +16,7 @@ collector, left on, walks the growing heap again and again while they arrive (at
 from __future__ import annotations
 
 import gc
+import logging
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -25,6 +26,8 @@ from typing import Any, cast
 from gpupool.extender.cache import ClusterCache
 from gpupool.kube.api import DraApi, KubeApi
 from gpupool.kube.informer import Feed, Informer
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +40,13 @@ class Feeds:
         deadline = time.monotonic() + timeout_s
         for informer in self.informers:
             informer.join(max(0.0, deadline - time.monotonic()))
+
+
+LENIENT = ("tenantquotas", "gpupermissions")
+"""Kinds whose listing is waited for only ``LENIENT_SYNC_S``: a cluster upgraded without
+their CRDs (Helm installs new CRDs only on install) answers 404, and the extender must
+still start; their informers keep retrying and apply them once listed."""
+LENIENT_SYNC_S = 10.0
 
 
 def start_feeds(api: KubeApi, cache: ClusterCache, watch_timeout_s: int = 300,
@@ -71,6 +81,12 @@ def start_feeds(api: KubeApi, cache: ClusterCache, watch_timeout_s: int = 300,
     for feed, on_sync, on_event in plan:
         informer = Informer(api, feed, on_sync, on_event, watch_timeout_s).start()
         started.append(informer)
+        if feed.name in LENIENT:
+            if not informer.synced.wait(min(sync_timeout_s, LENIENT_SYNC_S)):
+                log.error("could not list %s within %.0fs (is its CRD applied? "
+                          "charts/gpupool/crds): not enforced until they are listed",
+                          feed.name, min(sync_timeout_s, LENIENT_SYNC_S))
+            continue
         if not informer.synced.wait(sync_timeout_s):
             Feeds(tuple(started)).stop()
             raise TimeoutError(f"could not list {feed.name} within {sync_timeout_s:.0f}s")
