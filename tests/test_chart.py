@@ -243,6 +243,8 @@ def test_the_monitors_are_rendered_only_when_asked_with_their_labels(
     assert {(d["kind"], d["metadata"]["name"]) for d in monitors} >= {
         ("ServiceMonitor", "gpupool-extender"), ("PodMonitor", "gpupool-node-agent")}
     assert all(d["metadata"]["labels"]["release"] == "prom" for d in monitors)
+    agent = one(custom, "PodMonitor", "gpupool-node-agent")["spec"]["podMetricsEndpoints"][0]
+    assert agent["honorLabels"] is True, "the agent's per-pod labels must not become exported_*"
     service = one(custom, "Service", "gpupool-extender")
     ports = {p["name"] for p in service["spec"]["ports"]}
     assert one(custom, "ServiceMonitor", "gpupool-extender")["spec"]["endpoints"][0][
