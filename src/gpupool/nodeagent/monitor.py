@@ -149,7 +149,8 @@ class UsageMonitor:
                  pods: Callable[[], list[Pod]], gate: DecisionGate, tracker: OveruseTracker,
                  on_changes: Callable[[Changes, dict[str, Pod]], None],
                  metrics: NodeMetrics | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic,
+                 attribution: Callable[[Sequence[Pod]], Attribution] | None = None):
         self.config = config
         self.usage = usage
         self.pods = pods
@@ -158,6 +159,7 @@ class UsageMonitor:
         self.on_changes = on_changes
         self.metrics = metrics
         self.clock = clock
+        self.attribution = attribution  # None: the slices of verified decisions (``gate``)
         self.last: list[Observation] = []
         self.last_usage: tuple[GpuUsage, ...] = ()
 
@@ -165,7 +167,8 @@ class UsageMonitor:
         start = time.process_time(), time.perf_counter()
         pods = self.pods()
         usage = tuple(self.usage())
-        seen = Attribution(self.config.proc_root, pods, held_slices(pods, self.gate))
+        seen = self.attribution(pods) if self.attribution is not None else \
+            Attribution(self.config.proc_root, pods, held_slices(pods, self.gate))
         observations, skipped = seen.observe(usage)
         changes = self.tracker.update(self.clock(), observations, skipped)
         self.last, self.last_usage = observations, usage

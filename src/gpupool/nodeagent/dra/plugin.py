@@ -36,6 +36,7 @@ from gpupool.nodeagent.dra.service import (
     reg_grpc,
 )
 from gpupool.nodeagent.dra.slices import SlicePublisher
+from gpupool.nodeagent.dra.watch import ClaimWatch, DraGuards
 from gpupool.nodeagent.exposure import Exposure
 from gpupool.nodeagent.gpu import GpuBackend, GpuInfo
 from gpupool.nodeagent.inventory import Inventory, device_object
@@ -77,7 +78,8 @@ class DraAgent:
     def __init__(self, config: DraConfig, backend: GpuBackend, cluster: DraCluster,
                  inventory: InventoryApi | None = None, *,
                  exposure: Exposure | None = None, provider: IsolationProvider | None = None,
-                 clock: Callable[[], datetime] = lambda: datetime.now(UTC)):
+                 clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+                 guards: DraGuards | None = None):
         self.config = config
         self.backend = backend
         self.clock = clock
@@ -86,9 +88,12 @@ class DraAgent:
         self._present = {g.uuid: g for g in backend.discover()}
         self._known = dict(self._present)
         self.labels = {NODE_LABEL: str(self.provider.name), dra.NODE_MODE_LABEL: dra.MODE_DRA}
+        self.watch = ClaimWatch(guards, backend.usage, lambda: self.preparer.prepared(),
+                                self._isolation_changed) if guards is not None else None
         self.preparer = Preparer(PrepareConfig(config.node, config.memory_unit_mib), cluster,
                                  self.known_gpus, Checkpoint(config.checkpoint),
-                                 CdiSpecs(config.cdi_dir), self.exposure, self.provider)
+                                 CdiSpecs(config.cdi_dir), self.exposure, self.provider,
+                                 self.watch.actions.isolated if self.watch else set)
         self.publisher = SlicePublisher(config.node, cluster, config.memory_unit_mib, clock)
         self.inventory = Inventory(config.node, inventory, self.labels, self._device_status) \
             if inventory is not None else None
@@ -102,6 +107,7 @@ class DraAgent:
         self.published = threading.Event()  # set after each successful publication round
         self._stop = threading.Event()
         self._changed = threading.Event()
+        self._isolation = threading.Event()  # the GPUDevice objects are written again
         self._threads: list[threading.Thread] = []
 
     def known_gpus(self) -> list[GpuInfo]:
@@ -138,11 +144,16 @@ class DraAgent:
         self._spawn(self._supervise, "dra-sockets")
         if self.inventory is not None:
             self._spawn(self._heartbeat, "inventory")
+        if self.watch is not None:
+            self.watch.start()
 
     def stop(self) -> None:
         self._stop.set()
         self._changed.set()
+        self._isolation.set()
         self.backend.close()
+        if self.watch is not None:
+            self.watch.stop()
         for t in self._threads:
             t.join(timeout=3)
         self.reg_server.stop()
@@ -167,8 +178,14 @@ class DraAgent:
     def _refresh(self) -> None:
         self._changed.set()
 
+    def _isolation_changed(self) -> None:
+        self._isolation.set()
+
     def _device_status(self, uuid: str) -> dict[str, Any]:
-        return {"isolationProvider": str(self.provider.name)}
+        status: dict[str, Any] = {"isolationProvider": str(self.provider.name)}
+        if self.watch is not None:
+            status["isolation"] = self.watch.actions.isolation(uuid)
+        return status
 
     # -- threads ----------------------------------------------------------------------------
     def _publish_loop(self) -> None:
@@ -198,5 +215,6 @@ class DraAgent:
     def _heartbeat(self) -> None:
         assert self.inventory is not None
         while not self._stop.is_set():
+            self._isolation.clear()
             self.inventory.sync(self.known_gpus(), self.clock())
-            self._stop.wait(self.config.heartbeat_s)
+            self._isolation.wait(self.config.heartbeat_s)

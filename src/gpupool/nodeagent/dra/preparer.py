@@ -262,6 +262,11 @@ class Preparer:
         except GpupoolError as exc:
             log.warning("isolation provider could not follow the prepared claims: %s", exc)
 
+    def prepared(self) -> list[PreparedClaim]:
+        """The prepared claims now (a copy: safe from any thread)."""
+        with self._lock:
+            return list(self.claims.values())
+
     def held(self) -> dict[str, tuple[int, int]]:
         """GPU uuid -> (MiB, percent) the prepared claims hold on it."""
         with self._lock:

@@ -64,3 +64,22 @@ def env_refusal(pods: Iterable[Mapping[str, Any]], claim: str) -> str | None:
             if reason:
                 return f"pod {meta.get('namespace')}/{meta.get('name')}: {reason}"
     return None
+
+
+def claim_uses(pod: Mapping[str, Any]) -> dict[str, frozenset[str]]:
+    """Container name -> the names of the ResourceClaims it uses (a templated claim only
+    once its generated name is in the pod's status)."""
+    spec, status = _map(pod.get("spec")), _map(pod.get("status"))
+    claim_of = {str(e.get("name")): str(e.get("resourceClaimName"))
+                for e in map(_map, spec.get("resourceClaims") or [])
+                if e.get("resourceClaimName")}
+    claim_of.update({str(s.get("name")): str(s.get("resourceClaimName"))
+                     for s in map(_map, status.get("resourceClaimStatuses") or [])
+                     if s.get("resourceClaimName")})
+    out = {}
+    for c in map(_map, [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]):
+        uses = {claim_of[n] for r in _map(c.get("resources")).get("claims") or []
+                if (n := str(_map(r).get("name"))) in claim_of}
+        if uses:
+            out[str(c.get("name") or "?")] = frozenset(uses)
+    return out
