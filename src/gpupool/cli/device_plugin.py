@@ -28,7 +28,9 @@ from gpupool.nodeagent.agent import AgentConfig, Guards, NodeAgent
 from gpupool.nodeagent.dra.cdi import DEFAULT_CDI_DIR
 from gpupool.nodeagent.dra.claimsource import KubeDraCluster
 from gpupool.nodeagent.dra.plugin import DraAgent, DraConfig
+from gpupool.nodeagent.dra.pods import ClaimPods
 from gpupool.nodeagent.dra.versions import nvml_versions
+from gpupool.nodeagent.dra.watch import DraGuards
 from gpupool.nodeagent.exposure import DEFAULT_CDI_KIND, Exposure, Strategy
 from gpupool.nodeagent.fakegpus import FakeGpuBackend
 from gpupool.nodeagent.gpu import GpuBackend
@@ -40,6 +42,7 @@ from gpupool.nodeagent.isolation.provider import NODE_LABEL, IsolationProvider, 
 from gpupool.nodeagent.kubeview import KubeEvents, KubeEvictions, KubeInventory, KubePods
 from gpupool.nodeagent.logical import DEFAULT_MIB_PER_DEVICE, Split
 from gpupool.nodeagent.metrics import NodeMetrics, serve
+from gpupool.nodeagent.monitor import MonitorConfig
 from gpupool.nodeagent.nvml import NvmlGpuBackend
 from gpupool.nodeagent.overuse import OveruseConfig
 from gpupool.nodeagent.verify import Verifier
@@ -229,19 +232,36 @@ def _run_dra(args: argparse.Namespace, api: DraApi, backend: GpuBackend,
     config = DraConfig(args.node_name, args.kubelet_dir, args.cdi_dir, args.state_dir,
                        args.memory_unit, args.heartbeat_seconds,
                        args.slice_resync_seconds, versions=versions)
+    guards = _dra_guards(args, api)
     agent = DraAgent(config, backend, KubeDraCluster(api), KubeInventory(api.fork()),
-                     exposure=exposure, provider=_provider(args, api, backend))
+                     exposure=exposure, provider=_provider(args, api, backend), guards=guards)
     log.info("node %s serves GPUs through DRA (driver %s); the device plugin is off",
              args.node_name, dra.DRIVER)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    server = serve(guards.metrics, args.metrics_address, args.metrics_port) \
+        if args.metrics_port and guards.metrics is not None else None
+    guards.pods.start(args.node_name)
     agent.start()
     try:
         stop.wait()
     finally:
         agent.stop()
+        guards.pods.stop(wait=False)
+        if server is not None:
+            server.shutdown()
         api.close()
     return 0
+
+
+def _dra_guards(args: argparse.Namespace, api: KubeApi) -> DraGuards:
+    """The usage monitor of a DRA node: the same flags as on the device-plugin path."""
+    return DraGuards(
+        ClaimPods(api), MonitorConfig(args.node_name, args.proc_root, args.monitor_seconds),
+        OveruseConfig(args.grace_seconds, args.compute_window_seconds,
+                      args.memory_tolerance_mib, args.compute_tolerance_pct),
+        OveruseAction(args.over_use_action), KubeEvents(api, args.node_name),
+        KubeEvictions(api), NodeMetrics())
 
 
 def _verifier(api: KubeApi, namespace: str) -> Verifier:
