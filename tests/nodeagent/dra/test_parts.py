@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from gpupool.core.errors import InvalidInput
 from gpupool.nodeagent.dra.cdi import CdiSpecs, spec_of
-from gpupool.nodeagent.dra.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
+from gpupool.nodeagent.dra.checkpoint import (
+    Checkpoint,
+    PreparedClaim,
+    PreparedDevice,
+    _claim_json,
+    _digest,
+)
 from gpupool.nodeagent.dra.users import claim_users, env_refusal
 from gpupool.nodeagent.envs import ContainerEdits, Mount
 
@@ -19,29 +28,61 @@ CLAIM = PreparedClaim("u1", "ns", "c", (PreparedDevice("gpu", "n", "gpu-0", "GPU
                       ContainerEdits({"A": "1"}, (Mount("/in", "/out", True),)))
 
 
-def test_the_checkpoint_reads_back_what_it_wrote(tmp_path: Path) -> None:
-    cp = Checkpoint(tmp_path / "dra" / "checkpoint.json")
+def test_the_checkpoint_reads_back_what_it_wrote_one_file_per_claim(tmp_path: Path) -> None:
+    cp = Checkpoint(tmp_path / "dra" / "claims")
     assert cp.load() == {}
-    cp.save({"u1": CLAIM})
+    cp.put(CLAIM)
+    cp.put(replace(CLAIM, uid="u2"))
+    assert sorted(p.name for p in cp.path.iterdir()) == ["u1.json", "u2.json"]
+    assert Checkpoint(cp.path).load() == {"u1": CLAIM, "u2": replace(CLAIM, uid="u2")}
+    cp.drop("u2")
+    cp.drop("never-prepared")
     assert Checkpoint(cp.path).load() == {"u1": CLAIM}
 
 
-@pytest.mark.parametrize("damage", ["{not json", '{"version": 1, "claims": {}, "checksum": "x"}',
-                                    '{"version": 9, "claims": {}}'])
-def test_an_unreadable_checkpoint_is_set_aside_not_trusted(tmp_path: Path, damage: str) -> None:
-    cp = Checkpoint(tmp_path / "checkpoint.json")
-    cp.save({"u1": CLAIM})
-    cp.path.write_text(damage)
-    assert cp.load() == {}
-    assert (tmp_path / "checkpoint.json.unreadable").read_text() == damage
-    assert not cp.path.exists()
+@pytest.mark.parametrize("damage", [
+    lambda b: b[: len(b) // 2],  # torn by a crash
+    lambda b: b.replace(b'"corePct":10', b'"corePct":100'),  # edited
+    lambda b: b.replace(b'"version": 2', b'"version": 9'),  # another version
+    lambda b: b"{not json",
+])
+def test_an_unreadable_claim_file_is_set_aside_and_the_others_kept(
+        tmp_path: Path, damage: Callable[[bytes], bytes]) -> None:
+    cp = Checkpoint(tmp_path)
+    cp.put(CLAIM)
+    cp.put(replace(CLAIM, uid="u2"))
+    broken = damage((tmp_path / "u1.json").read_bytes())
+    (tmp_path / "u1.json").write_bytes(broken)
+    assert cp.load() == {"u2": replace(CLAIM, uid="u2")}
+    assert (tmp_path / "u1.json.unreadable").read_bytes() == broken
+    assert not (tmp_path / "u1.json").exists()
 
 
-def test_an_edited_claim_in_the_checkpoint_fails_its_checksum(tmp_path: Path) -> None:
-    cp = Checkpoint(tmp_path / "checkpoint.json")
-    cp.save({"u1": CLAIM})
-    cp.path.write_text(cp.path.read_text().replace('"corePct":10', '"corePct":100'))
+def test_a_claim_file_renamed_to_another_claim_is_not_trusted(tmp_path: Path) -> None:
+    cp = Checkpoint(tmp_path)
+    cp.put(CLAIM)
+    (tmp_path / "u1.json").rename(tmp_path / "u9.json")
     assert cp.load() == {}
+
+
+def test_an_interrupted_write_leaves_the_previous_file_and_no_temporary(tmp_path: Path) -> None:
+    cp = Checkpoint(tmp_path)
+    cp.put(CLAIM)
+    (tmp_path / ".u1.json.tmp").write_bytes(b'{"version": 2, "ui')
+    assert cp.load() == {"u1": CLAIM}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["u1.json"]
+
+
+def test_the_single_file_of_earlier_versions_is_taken_over(tmp_path: Path) -> None:
+    legacy = tmp_path / "checkpoint.json"
+    body = {"u1": _claim_json(CLAIM)}
+    legacy.write_text(json.dumps({"version": 1, "claims": body, "checksum": _digest(body)}))
+    cp = Checkpoint(tmp_path / "claims", legacy)
+    assert cp.load() == {"u1": CLAIM}
+    assert not legacy.exists() and Checkpoint(cp.path).load() == {"u1": CLAIM}
+    legacy.write_text('{"version": 1, "claims": {}, "checksum": "x"}')
+    assert cp.load() == {"u1": CLAIM}  # the broken one set aside, the claim files kept
+    assert (tmp_path / "checkpoint.json.unreadable").exists()
 
 
 def test_cdi_specs_name_the_claim_and_refuse_uids_that_are_paths(tmp_path: Path) -> None:

@@ -69,6 +69,11 @@ class DraConfig:
 
     @property
     def checkpoint(self) -> Path:
+        """The directory of the claim files (``dra.checkpoint``)."""
+        return self.state_dir / "dra" / "claims"
+
+    @property
+    def legacy_checkpoint(self) -> Path:
         return self.state_dir / "dra" / "checkpoint.json"
 
 
@@ -91,7 +96,8 @@ class DraAgent:
         self.watch = ClaimWatch(guards, backend.usage, lambda: self.preparer.prepared(),
                                 self._isolation_changed) if guards is not None else None
         self.preparer = Preparer(PrepareConfig(config.node, config.memory_unit_mib), cluster,
-                                 self.known_gpus, Checkpoint(config.checkpoint),
+                                 self.known_gpus,
+                                 Checkpoint(config.checkpoint, config.legacy_checkpoint),
                                  CdiSpecs(config.cdi_dir), self.exposure, self.provider,
                                  self.watch.actions.isolated if self.watch else set)
         self.publisher = SlicePublisher(config.node, cluster, config.memory_unit_mib, clock)

@@ -104,14 +104,13 @@ class Preparer:
                     self.cdi.write(uid, done.edits)
                 return done.devices
             claim = self._prepare(namespace, name, uid)
-            self.claims[uid] = claim
             try:
-                self.checkpoint.save(self.claims)
+                self.checkpoint.put(claim)
             except OSError as exc:
-                del self.claims[uid]
                 self.cdi.remove(uid)
                 raise ClaimRefused(f"claim {ref}: cannot write the checkpoint "
                                    f"{self.checkpoint.path}: {exc}") from None
+            self.claims[uid] = claim
         log.info("prepared claim %s (%s): %s", ref, uid, ", ".join(
             f"{d.device}={d.uuid}[{d.memory_mib} MiB, {d.core_pct} %"
             f"{', whole' if d.whole else ''}]" for d in claim.devices))
@@ -242,7 +241,7 @@ class Preparer:
             if claim is None:
                 return
             try:
-                self.checkpoint.save(self.claims)
+                self.checkpoint.drop(uid)
             except OSError as exc:
                 self.claims[uid] = claim
                 raise ClaimRefused(f"claim {claim.ref}: cannot write the checkpoint "
