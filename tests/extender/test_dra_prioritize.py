@@ -5,16 +5,18 @@ every claim and decision."""
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
+import yaml
 from lightkube.resources.core_v1 import Node
 
 from gpupool.contract import dra
 from gpupool.core.errors import InvalidInput
 from gpupool.core.request import Mode, PodRequest
-from gpupool.extender.app import verb_handlers
+from gpupool.extender.app import build_verbs, verb_handlers
 from gpupool.extender.cache import ClusterCache
 from gpupool.extender.draclaims import DraClaims
 from gpupool.extender.drapods import claim_names, claims_request
@@ -273,3 +275,18 @@ def test_the_prioritize_claims_verb_scores_claim_pods_only_so_no_pod_is_scored_t
     plugin = msgspec.json.encode({"Pod": plugin_pod, "NodeNames": ["plain"]})
     assert msgspec.json.decode(verb(plugin)) == []  # the main entry's prioritize scores it
     assert msgspec.json.decode(verb(b"{not json")) == []
+
+
+def test_the_scheduler_entry_docs_dra_shows_calls_a_verb_the_extender_serves() -> None:
+    """docs/dra.md's extender entries: the DRA entry only prioritizes, with the verb the
+    app serves, for every pod (no managedResources), and never blocks scheduling."""
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "dra.md").read_text()
+    block = docs.split("```yaml\nextenders:", 1)[1].split("```", 1)[0]
+    main, claims = yaml.safe_load("extenders:" + block)["extenders"]
+    assert claims["prioritizeVerb"] == "prioritize-claims"
+    assert f"/{claims['prioritizeVerb']}" in build_verbs(
+        Extender(cluster(), Settings("best-fit"), Metrics())).paths()
+    assert not {"filterVerb", "bindVerb", "preemptVerb", "managedResources"} & set(claims)
+    assert claims["ignorable"] is True and claims["nodeCacheCapable"] is True
+    assert claims["weight"] == main["weight"] == 5
+    assert claims["urlPrefix"] == main["urlPrefix"]
