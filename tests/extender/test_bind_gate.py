@@ -30,6 +30,17 @@ def small(fake: FakeApiServer, name: str = "web", **spec: Any) -> dict[str, Any]
     return fake.seed("pods", pod)
 
 
+def informed(replica: Replica, uid: str, case: str) -> bool:
+    """Whether the replica's informer has seen the pod finish or start being deleted."""
+    known = replica.cache.unbound.get(uid)
+    if known is None:
+        return True
+    pod = msgspec.to_builtins(known)
+    if case == "finished":
+        return bool((pod.get("status") or {}).get("phase") == "Succeeded")
+    return bool((pod.get("metadata") or {}).get("deletionTimestamp"))
+
+
 @pytest.mark.parametrize(("case", "said"), [
     ("another scheduler", "names the scheduler default-scheduler, not gpupool-scheduler"),
     ("no scheduler named", "names the scheduler default-scheduler, not gpupool-scheduler"),
@@ -60,6 +71,8 @@ def test_bind_refuses_a_pod_it_may_not_bind_and_says_why(
         fake.patch("pods", "web", {"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}},
                    "default")
     body["PodUID"] = pod["metadata"]["uid"] if case != "uid mismatch" else body["PodUID"]
+    if case in ("finished", "being deleted"):  # bind reads the informer's copy: let it see
+        assert wait_for(lambda: informed(replica, pod["metadata"]["uid"], case))
     answer = replica.extender.bind(body)
     assert said in answer["Error"]
     stored = fake.get("pods", body["PodName"], "default")
