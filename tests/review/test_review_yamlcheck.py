@@ -1,0 +1,38 @@
+"""Review: strict YAML and merge keys (``<<``).
+
+``yamlcheck._pairs`` splices merged maps in recursively and without memory:
+
+* a map that merges itself (``&a {<<: *a}``, which PyYAML composes as a cycle) recurses
+  until Python's ``RecursionError`` — a traceback, not the ``file:line:col`` problem the
+  module promises;
+* keys that several merged maps share are reported as "appears twice", though YAML's
+  merge rule takes the first map's value (PyYAML's ``safe_load`` reads the file).
+"""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from gpupool.contract.yamlcheck import ANYTHING, Map, YamlProblems, check_text
+
+SHAPE = Map({}, others=Map({}, others=ANYTHING))
+
+
+def checked(text: str) -> None:
+    check_text(text, "f.yaml", SHAPE, yaml.compose, yaml.YAMLError)
+
+
+@pytest.mark.xfail(strict=True, raises=RecursionError,
+                   reason="REVIEW yaml-1: a self-merging map recurses without end")
+def test_a_map_that_merges_itself_is_a_problem_with_its_place_not_a_crash() -> None:
+    with pytest.raises(YamlProblems, match=r"f\.yaml:1:"):
+        checked("a: &a {<<: *a}\n")
+
+
+@pytest.mark.xfail(strict=True, raises=YamlProblems,
+                   reason="REVIEW yaml-2: keys shared by merged maps are taken for duplicates")
+def test_keys_that_merged_maps_share_are_not_duplicates_as_yaml_reads_them() -> None:
+    text = "b1: &b1 {x: 1}\nb2: &b2 {x: 2}\nm: {<<: [*b1, *b2], y: 1}\n"
+    assert yaml.safe_load(text)["m"] == {"x": 1, "y": 1}  # valid YAML: the first map wins
+    checked(text)
