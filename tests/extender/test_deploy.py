@@ -103,7 +103,7 @@ def test_the_scheduler_config_calls_the_extender_for_gpupool_resources() -> None
     config = scheduler_config()
     assert config["kind"] == "KubeSchedulerConfiguration"
     assert config["profiles"][0]["schedulerName"] == DEFAULT_SCHEDULER
-    (ext,) = config["extenders"]
+    ext, claims = config["extenders"]
     assert ext["nodeCacheCapable"] is True and ext["ignorable"] is False
     managed = {m["name"]: m["ignoredByScheduler"] for m in ext["managedResources"]}
     assert managed[names.RESOURCE_MEMORY] is True and managed[names.RESOURCE_CORE] is True
@@ -112,6 +112,11 @@ def test_the_scheduler_config_calls_the_extender_for_gpupool_resources() -> None
     routes = build_verbs(Extender(ClusterCache(), Settings("best-fit"), Metrics())).paths()
     verbs = ("filterVerb", "prioritizeVerb", "bindVerb", "preemptVerb")
     assert {"/" + ext[v] for v in verbs} <= routes
+    # the DRA entry: every pod (no managedResources), prioritize only, never blocking
+    assert "/" + claims["prioritizeVerb"] in routes and claims["ignorable"] is True
+    assert not {"filterVerb", "bindVerb", "preemptVerb", "managedResources"} & set(claims)
+    assert {k: claims[k] for k in ("urlPrefix", "tlsConfig", "weight")} == {
+        k: ext[k] for k in ("urlPrefix", "tlsConfig", "weight")}
 
 
 def test_the_extender_rbac_grants_what_it_calls_and_no_pod_writes() -> None:
@@ -131,7 +136,7 @@ def doc(path: str, kind: str) -> dict[str, Any]:
 
 
 def test_the_scheduler_calls_the_extender_over_mutual_tls_with_the_mounted_secret() -> None:
-    (ext,) = scheduler_config()["extenders"]
+    ext = scheduler_config()["extenders"][0]
     assert ext["enableHTTPS"] is True and ext["tlsConfig"]["insecure"] is False
     url = urlparse(ext["urlPrefix"])
     assert url.scheme == "https" and url.hostname in service_names(SERVICE, NAMESPACE)
