@@ -2,29 +2,43 @@
 
 Runs the real DRA plugin of the node agent (gRPC over unix sockets, the FAKE GPU
 backend, the FAKE API server over HTTP on loopback, the FAKE kubelet's DRA side from
-tests/nodeagent/dra) on a node of 8 GPUs, all in this one process (agent, API server and
-kubelet share one interpreter lock: a worst case), and measures:
+tests/nodeagent/dra) on a node of 8 GPUs, in two layouts, one after the other in the
+same run:
+
+* ``split`` (as deployed): the agent in its own process, the FAKE API server in another,
+  the FAKE kubelet (and this script's timing) in a third;
+* ``one``: all three in this one process, sharing one interpreter lock (a worst case).
+
+In each it measures:
 
 * NodePrepareResources latency (kubelet's view: the RPC) for one claim — a shared slice
   of 1 GiB and 5 % of one of the 8 GPUs, round robin — over ``--claims`` claims prepared
   one after another, each unprepared again ``--live`` claims later (so ~``--live``
-  claims are prepared at any time and every prepare re-checks against them). Baseline
-  measured in the same run: an empty round trip (NodeUnprepareResources of a claim that
-  is not prepared) and one GET of a ResourceClaim from the API server — the I/O one
-  prepare must do besides two more GETs (the pods) and an fsync'd checkpoint;
+  claims are prepared at any time and every prepare re-checks against them). Baselines
+  measured in the same run and layout: an empty round trip (NodeUnprepareResources of a
+  claim that is not prepared) and one GET of a ResourceClaim from the API server — the
+  I/O one prepare must do besides two more GETs (the pods) and its checkpoint file;
 * health change → ResourceSlice: a GPU made unhealthy (the FAKE GPU file edited, polled
   every 20 ms as the NVML backend's health events would arrive) until the API server
   holds a slice with that device tainted; and recovery until the taint is gone.
 
+And, in this process, the checkpoint write of one prepare with ``--live`` claims held:
+one claim file (what the plugin does) against the whole file of every claim (what
+earlier versions wrote, reproduced here as the baseline).
+
 Targets: prepare p99 ≤ 10 ms for one claim on 8 GPUs; slice publication ≤ 1 s.
 
     .venv/bin/python bench/bench_dra.py [--claims 400] [--live 40] [--faults 20]
+                                        [--layout both|split|one] [--repeat 2]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import multiprocessing as mp
+import os
 import statistics
 import sys
 import tempfile
@@ -44,13 +58,22 @@ from nodeagent.dra.kubelet_dra import FakeDraKubelet  # noqa: E402
 
 from gpupool.contract import dra  # noqa: E402
 from gpupool.kube.api import DraApi  # noqa: E402
+from gpupool.nodeagent.dra.checkpoint import (  # noqa: E402
+    Checkpoint,
+    PreparedClaim,
+    PreparedDevice,
+    _claim_json,
+    _digest,
+)
 from gpupool.nodeagent.dra.claimsource import KubeDraCluster  # noqa: E402
 from gpupool.nodeagent.dra.plugin import DraAgent, DraConfig  # noqa: E402
+from gpupool.nodeagent.envs import ContainerEdits  # noqa: E402
 from gpupool.nodeagent.fakegpus import FakeGpuBackend  # noqa: E402
 
 from machine import line  # noqa: E402
 
 GPUS = 8
+Api = Any  # a FakeApiServer, or ApiProxy to one in another process
 
 
 def pct(values: list[float], p: float) -> float:
@@ -69,7 +92,57 @@ def timed(fn: Callable[[], Any]) -> float:
     return (time.perf_counter() - start) * 1000
 
 
-def bench_prepare(api: FakeApiServer, kubelet: FakeDraKubelet, claims: int, live: int
+# -- the processes of the split layout ------------------------------------------------------
+def api_process(conn: Any) -> None:
+    """The FAKE API server in its own process, seeded and read through a pipe."""
+    with FakeApiServer() as api:
+        conn.send(api.url)
+        while True:
+            op, *args = conn.recv()
+            if op == "stop":
+                return
+            conn.send(getattr(api, op)(*args))
+
+
+class ApiProxy:
+    def __init__(self, conn: Any, url: str):
+        self.conn, self.url = conn, url
+
+    def seed(self, plural: str, obj: dict[str, Any]) -> Any:
+        self.conn.send(("seed", plural, obj))
+        return self.conn.recv()
+
+    def get(self, plural: str, name: str) -> Any:
+        self.conn.send(("get", plural, name))
+        return self.conn.recv()
+
+
+def agent_process(root: str, url: str, whole: bool, ready: Any, stop: Any) -> None:
+    """The DRA agent in its own process, as a node runs it."""
+    logging.basicConfig(level=logging.ERROR)
+    agent, client = make_agent(Path(root), url, whole)
+    agent.start()
+    agent.published.wait(5)
+    ready.set()
+    stop.wait()
+    agent.stop()
+    client.close()
+
+
+def make_agent(root: Path, url: str, whole: bool) -> tuple[DraAgent, DraApi]:
+    """The agent; ``whole``: with the whole-file checkpoint of earlier versions."""
+    client = DraApi.connect(server=url)
+    assert isinstance(client, DraApi)
+    config = DraConfig(NODE, root / "kubelet", root / "cdi", root / "state", watch_s=0.5)
+    agent = DraAgent(config, FakeGpuBackend(root / "gpus.yaml", poll_s=0.02),
+                     KubeDraCluster(client))
+    if whole:
+        agent.preparer.checkpoint = WholeFileCheckpoint(config.legacy_checkpoint)
+    return agent, client
+
+
+# -- the measurements -----------------------------------------------------------------------
+def bench_prepare(api: Api, kubelet: FakeDraKubelet, claims: int, live: int
                   ) -> tuple[list[float], list[float], list[float]]:
     client = DraApi.connect(server=api.url)
     assert isinstance(client, DraApi)
@@ -92,9 +165,8 @@ def bench_prepare(api: FakeApiServer, kubelet: FakeDraKubelet, claims: int, live
     return empty, get, prepare
 
 
-def bench_health(api: FakeApiServer, agent: DraAgent, faults: int
+def bench_health(api: Api, backend: FakeGpuBackend, faults: int
                  ) -> tuple[list[float], list[float]]:
-    backend: FakeGpuBackend = agent.backend  # type: ignore[assignment]
     down, up = [], []
 
     def tainted() -> bool:
@@ -114,44 +186,165 @@ def bench_health(api: FakeApiServer, agent: DraAgent, faults: int
     return down, up
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--claims", type=int, default=400)
-    parser.add_argument("--live", type=int, default=40)
-    parser.add_argument("--faults", type=int, default=20)
-    args = parser.parse_args()
-    logging.basicConfig(level=logging.ERROR)
-    print(line("before"))
-    with tempfile.TemporaryDirectory(prefix="gp-", dir="/tmp") as tmp, FakeApiServer() as api:
-        root = Path(tmp)
-        gpus = write_gpus(root / "gpus.yaml", GPUS, 81920)
-        client = DraApi.connect(server=api.url)
-        assert isinstance(client, DraApi)
-        config = DraConfig(NODE, root / "kubelet", root / "cdi", root / "state", watch_s=0.5)
-        agent = DraAgent(config, FakeGpuBackend(gpus, poll_s=0.02), KubeDraCluster(client))
+Figures = dict[str, list[float]]
+
+
+def run_one(root: Path, args: argparse.Namespace, whole: bool) -> Figures:
+    with FakeApiServer() as api:
+        agent, client = make_agent(root, api.url, whole)
         agent.start()
         kubelet = FakeDraKubelet(root / "kubelet")
         try:
             kubelet.discover()
             agent.published.wait(5)
-            empty, get, prepare = bench_prepare(api, kubelet, args.claims, args.live)
-            down, up = bench_health(api, agent, args.faults)
+            return measure(api, kubelet, agent.backend, args)  # type: ignore[arg-type]
         finally:
             kubelet.close()
             agent.stop()
             client.close()
-    print(f"DRA plugin, {GPUS} GPUs, one process (agent + FAKE API server + FAKE kubelet), "
-          f"~{args.live} claims prepared at any time:")
-    report("baseline: empty DRA round trip", empty)
-    report("baseline: GET ResourceClaim", get)
-    report("NodePrepareResources, one shared claim", prepare)
+
+
+def run_split(root: Path, args: argparse.Namespace, whole: bool) -> Figures:
+    ctx = mp.get_context("spawn")
+    here, there = ctx.Pipe()
+    server = ctx.Process(target=api_process, args=(there,), daemon=True)
+    server.start()
+    api = ApiProxy(here, here.recv())
+    ready, stop = ctx.Event(), ctx.Event()
+    agent = ctx.Process(target=agent_process, args=(str(root), api.url, whole, ready, stop),
+                        daemon=True)
+    agent.start()
+    kubelet = FakeDraKubelet(root / "kubelet")
+    try:
+        if not ready.wait(30):
+            raise SystemExit("the agent process did not start in 30 s")
+        kubelet.discover()
+        return measure(api, kubelet, FakeGpuBackend(root / "gpus.yaml"), args)
+    finally:
+        kubelet.close()
+        stop.set()
+        agent.join(10)
+        here.send(("stop",))
+        server.join(10)
+
+
+def measure(api: Api, kubelet: FakeDraKubelet, backend: FakeGpuBackend,
+            args: argparse.Namespace) -> Figures:
+    empty, get, prepare = bench_prepare(api, kubelet, args.claims, args.live)
+    down, up = bench_health(api, backend, args.faults)
+    return {"empty": empty, "get": get, "prepare": prepare, "down": down, "up": up}
+
+
+def print_layout(title: str, f: Figures) -> None:
+    print(title)
+    report("baseline: empty DRA round trip", f["empty"])
+    report("baseline: GET ResourceClaim", f["get"])
+    report("NodePrepareResources, one shared claim", f["prepare"])
+    p99 = pct(f["prepare"], 99)
     print(f"  prepare p99 / (round trip + GET) p99: "
-          f"{pct(prepare, 99) / (pct(empty, 99) + pct(get, 99)):.1f}x   target p99 <= 10 ms: "
-          f"{'met' if pct(prepare, 99) <= 10 else 'MISSED'}")
-    print("GPU health change -> ResourceSlice on the API server (file polled every 20 ms):")
-    report("unhealthy -> device tainted", down)
-    report("healthy again -> taint gone", up)
-    print(f"  target <= 1 s: {'met' if max(max(down), max(up)) <= 1000 else 'MISSED'}")
+          f"{p99 / (pct(f['empty'], 99) + pct(f['get'], 99)):.1f}x   target p99 <= 10 ms: "
+          f"{'met' if p99 <= 10 else 'MISSED'}")
+    print("  GPU health change -> ResourceSlice on the API server (file polled every 20 ms):")
+    report("unhealthy -> device tainted", f["down"])
+    report("healthy again -> taint gone", f["up"])
+    print(f"  target <= 1 s: {'met' if max(max(f['down']), max(f['up'])) <= 1000 else 'MISSED'}")
+
+
+# -- the checkpoint on its own -----------------------------------------------------------------
+def claim(i: int) -> PreparedClaim:
+    return PreparedClaim(f"uid-c{i}", "bench", f"c{i}", (PreparedDevice(
+        "gpu", NODE, dra.device_name(i % GPUS), uuid_of(i % GPUS), 1024, 5, False,
+        (f"gpu.gpupool.io/claim=uid-c{i}",)),), ContainerEdits({
+            "GPUPOOL_CLAIM": f"bench/c{i}", "GPUPOOL_GPU_UUIDS": uuid_of(i % GPUS),
+            "NVIDIA_VISIBLE_DEVICES": uuid_of(i % GPUS)}, ()))
+
+
+def whole_file(path: Path, claims: dict[str, PreparedClaim]) -> None:
+    """What earlier versions wrote at every prepare: every claim, one checksum, renamed."""
+    body = {uid: _claim_json(c) for uid, c in sorted(claims.items())}
+    text = json.dumps({"version": 1, "claims": body, "checksum": _digest(body)},
+                      sort_keys=True, separators=(",", ":"))
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+class WholeFileCheckpoint(Checkpoint):
+    """The baseline: every prepare and unprepare rewrites the file of every claim."""
+
+    def __init__(self, path: Path):
+        super().__init__(path.parent)
+        self.file = path
+        self.held: dict[str, PreparedClaim] = {}
+
+    def put(self, claim: PreparedClaim) -> None:
+        self.held[claim.uid] = claim
+        self.file.parent.mkdir(parents=True, exist_ok=True)
+        whole_file(self.file, self.held)
+
+    def drop(self, uid: str) -> None:
+        self.held.pop(uid, None)
+        whole_file(self.file, self.held)
+
+
+def bench_checkpoint(root: Path, live: int, rounds: int) -> tuple[list[float], list[float]]:
+    held = {c.uid: c for c in map(claim, range(live))}
+    cp = Checkpoint(root / "claims")
+    for c in held.values():
+        cp.put(c)
+    one, whole = [], []
+    for i in range(live, live + rounds):
+        c = claim(i)
+        one.append(timed(lambda c=c: cp.put(c)))
+        cp.drop(c.uid)
+        whole.append(timed(lambda c=c: whole_file(root / "checkpoint.json",
+                                                  {**held, c.uid: c})))
+    return one, whole
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--claims", type=int, default=400)
+    parser.add_argument("--live", type=int, default=40)
+    parser.add_argument("--faults", type=int, default=20)
+    parser.add_argument("--layout", choices=["both", "split", "one"], default="both")
+    parser.add_argument("--repeat", type=int, default=2, help="runs of each layout and "
+                        "checkpoint, in alternating order (default 2)")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.ERROR)
+    print(line("before"))
+    layouts = {"split": (run_split, "agent, FAKE API server and FAKE kubelet in three "
+                                    "processes (as deployed)"),
+               "one": (run_one, "agent + FAKE API server + FAKE kubelet in ONE process "
+                                "(one interpreter lock)")}
+    kept: dict[tuple[str, bool], Figures] = {}
+    for name, (run, what) in layouts.items():
+        if args.layout not in (name, "both"):
+            continue
+        for r in range(args.repeat):  # alternating which checkpoint goes first
+            for old in ((True, False) if r % 2 == 0 else (False, True)):
+                with tempfile.TemporaryDirectory(prefix="gp-", dir="/tmp") as tmp:
+                    write_gpus(Path(tmp) / "gpus.yaml", GPUS, 81920)
+                    figures = run(Path(tmp), args, old)
+                pooled = kept.setdefault((name, old), {k: [] for k in figures})
+                for k, v in figures.items():
+                    pooled[k].extend(v)
+        for old in (True, False):
+            how = "whole-file checkpoint (before)" if old else "claim-file checkpoint (now)"
+            print_layout(f"DRA plugin, {GPUS} GPUs, {what}, {how}, ~{args.live} claims "
+                         f"prepared, {args.repeat} runs pooled:", kept[(name, old)])
+    for name in layouts:
+        if (name, True) in kept:
+            before, now = kept[(name, True)]["prepare"], kept[(name, False)]["prepare"]
+            print(f"prepare, {name}: p50 {statistics.median(before):.2f} -> "
+                  f"{statistics.median(now):.2f} ms, p99 {pct(before, 99):.2f} -> "
+                  f"{pct(now, 99):.2f} ms (whole-file -> claim-file checkpoint)")
+    with tempfile.TemporaryDirectory(prefix="gp-", dir="/tmp") as tmp:
+        one, whole = bench_checkpoint(Path(tmp), args.live, args.claims)
+    print(f"Checkpoint write of one prepare, {args.live} claims held:")
+    report("baseline: whole file of every claim (before)", whole)
+    report("one claim file (now)", one)
+    print(f"  p50 ratio whole / one: {statistics.median(whole) / statistics.median(one):.1f}x")
     print(line("after"))
 
 

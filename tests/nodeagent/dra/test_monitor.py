@@ -169,6 +169,9 @@ def test_injected_over_use_of_a_claim_reaches_event_annotation_metric_and_isolat
     assert over_use(apiserver, "p1")["main"]["memoryLimitMiB"] == 4096  # type: ignore[index]
     labels = {"namespace": NAMESPACE, "pod": "p1", "container": "main", "gpu": uuid_of(0)}
     assert gauge(agent, "gpupool_node_container_over_use", **labels) == 1
+    wait_for(lambda: gauge(agent, "gpupool_node_gpu_isolated", gpu=uuid_of(0)) == 1)
+    assert gauge(agent, "gpupool_node_gpu_memory_allocated_mib", gpu=uuid_of(0)) == 4096
+    assert gauge(agent, "gpupool_node_gpu_slices", gpu=uuid_of(0)) == 1
     wait_for(lambda: isolation(apiserver) == "Isolated")
     late = allocated_claim("late", ["gpu-0"], memory="1Gi", cores="5")
     apiserver.seed("resourceclaims", late)

@@ -70,8 +70,8 @@ class CdiSpecs:
         self.directory.mkdir(parents=True, exist_ok=True)
         target = self.path(uid)
         tmp = target.with_name(f".{target.name}.tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(spec_of(uid, edits, self.kind), f, indent=1, sort_keys=True)
+        tmp.write_text(json.dumps(spec_of(uid, edits, self.kind), indent=1, sort_keys=True),
+                       encoding="utf-8")
         os.chmod(tmp, 0o644)
         os.replace(tmp, target)
         return self.device_id(uid)

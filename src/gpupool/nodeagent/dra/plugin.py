@@ -94,7 +94,8 @@ class DraAgent:
         self._known = dict(self._present)
         self.labels = {NODE_LABEL: str(self.provider.name), dra.NODE_MODE_LABEL: dra.MODE_DRA}
         self.watch = ClaimWatch(guards, backend.usage, lambda: self.preparer.prepared(),
-                                self._isolation_changed) if guards is not None else None
+                                self._isolation_changed, self.known_gpus) \
+            if guards is not None else None
         self.preparer = Preparer(PrepareConfig(config.node, config.memory_unit_mib), cluster,
                                  self.known_gpus,
                                  Checkpoint(config.checkpoint, config.legacy_checkpoint),

@@ -76,6 +76,9 @@ class Preparer:
         self.isolated = isolated
         self.claims: dict[str, PreparedClaim] = {}
         self._lock = threading.Lock()
+        # the node's state with the prepared claims reserved, kept while the GPUs and the
+        # claims it was built for are the same (followed claim by claim)
+        self._cached: tuple[tuple[GpuInfo, ...], frozenset[str], ClusterState] | None = None
 
     # -- start -------------------------------------------------------------------------------
     def restore(self) -> int:
@@ -111,6 +114,7 @@ class Preparer:
                 raise ClaimRefused(f"claim {ref}: cannot write the checkpoint "
                                    f"{self.checkpoint.path}: {exc}") from None
             self.claims[uid] = claim
+            self._follow(claim, added=True)
         log.info("prepared claim %s (%s): %s", ref, uid, ", ".join(
             f"{d.device}={d.uuid}[{d.memory_mib} MiB, {d.core_pct} %"
             f"{', whole' if d.whole else ''}]" for d in claim.devices))
@@ -194,27 +198,45 @@ class Preparer:
         except (OverCommit, UnknownName, InvalidInput) as exc:
             raise ClaimRefused(f"claim {holding.ref}: the node cannot serve this allocation "
                                f"next to the claims it serves: {exc}") from None
+        state.release(alloc.key)  # it fits; reserved for good once it is prepared
         return alloc.slices
 
     def _state(self) -> ClusterState:
         """This node's GPUs (all counted present) with the prepared claims reserved."""
-        gpus = tuple(replace(g.to_core(), healthy=True)
-                     for g in sorted(self.gpus(), key=lambda g: g.index))
-        node = self.config.node
-        state = ClusterState([Node(node, 0, 0, gpus)], self.config.memory_unit_mib)
+        known = tuple(sorted(self.gpus(), key=lambda g: g.index))
+        cached = self._cached
+        if cached is not None and cached[0] == known and cached[1] == frozenset(self.claims):
+            return cached[2]
+        gpus = tuple(replace(g.to_core(), healthy=True) for g in known)
+        state = ClusterState([Node(self.config.node, 0, 0, gpus)], self.config.memory_unit_mib)
         with state.deferred():
-            self._reserve_prepared(state, node)
+            for claim in self.claims.values():
+                self._reserve(state, claim)
+        self._cached = (known, frozenset(self.claims), state)
         return state
 
-    def _reserve_prepared(self, state: ClusterState, node: str) -> None:
-        for claim in self.claims.values():
-            try:
-                state.reserve(Allocation(dra.claim_key(claim.uid), node, 0, 0, tuple(
-                    Slice(d.uuid, state.gpu_position(node, d.uuid), d.memory_mib, d.core_pct,
-                          d.request) for d in claim.devices)))
-            except (OverCommit, UnknownName) as exc:
-                log.warning("prepared claim %s does not fit this node's GPUs: %s",
-                            claim.ref, exc)
+    def _reserve(self, state: ClusterState, claim: PreparedClaim) -> None:
+        node = self.config.node
+        try:
+            state.reserve(Allocation(dra.claim_key(claim.uid), node, 0, 0, tuple(
+                Slice(d.uuid, state.gpu_position(node, d.uuid), d.memory_mib, d.core_pct,
+                      d.request) for d in claim.devices)))
+        except (OverCommit, UnknownName) as exc:
+            log.warning("prepared claim %s does not fit this node's GPUs: %s", claim.ref, exc)
+
+    def _follow(self, claim: PreparedClaim, added: bool) -> None:
+        """Keep the cached state in step with ``self.claims`` after one claim came or went
+        (dropped when it was not the state of the claims just before)."""
+        cached, now = self._cached, frozenset(self.claims)
+        before = now - {claim.uid} if added else now | {claim.uid}
+        if cached is None or cached[1] != before:
+            self._cached = None
+            return
+        if added:
+            self._reserve(cached[2], claim)
+        else:
+            cached[2].release(dra.claim_key(claim.uid))
+        self._cached = (cached[0], now, cached[2])
 
     def _pods(self, holding: dra.ClaimHolding, obj: Mapping[str, Any]) -> list[dict[str, Any]]:
         """The pods the claim is reserved for (as the API server has them)."""
@@ -246,6 +268,7 @@ class Preparer:
                 self.claims[uid] = claim
                 raise ClaimRefused(f"claim {claim.ref}: cannot write the checkpoint "
                                    f"{self.checkpoint.path}: {exc}") from None
+            self._follow(claim, added=False)
             self._sync_provider()
         log.info("unprepared claim %s (%s)", claim.ref, uid)
 

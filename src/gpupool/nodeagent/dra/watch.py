@@ -3,24 +3,26 @@
 Built by ``DraAgent`` when it is given ``DraGuards``: every ``monitor.period_s`` one
 sample (``UsageMonitor.sample_once`` with the grants of the prepared claims,
 ``usage.attribution``), its changes handed to ``Actions`` (warn / isolate / evict, the
-Events, the annotation, the metrics). An isolated GPU is refused to new claims by the
-preparer and shown in its ``GPUDevice``'s ``status.isolation``.
+Events, the annotation, the metrics), then the GPU gauges (memory and compute the
+prepared claims hold, their number, health, isolation). An isolated GPU is refused to
+new claims by the preparer and shown in its ``GPUDevice``'s ``status.isolation``.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from gpupool.core.errors import GpupoolError
 from gpupool.nodeagent.actions import Actions, OveruseAction
 from gpupool.nodeagent.cluster import EventApi, EvictionApi
-from gpupool.nodeagent.dra.checkpoint import PreparedClaim
+from gpupool.nodeagent.dra.checkpoint import PreparedClaim, PreparedDevice
 from gpupool.nodeagent.dra.pods import ClaimPods
 from gpupool.nodeagent.dra.usage import attribution
-from gpupool.nodeagent.gpu import GpuUsage
+from gpupool.nodeagent.gpu import GpuInfo, GpuUsage
 from gpupool.nodeagent.metrics import NodeMetrics
 from gpupool.nodeagent.monitor import MonitorConfig, UsageMonitor
 from gpupool.nodeagent.overuse import OveruseConfig, OveruseTracker
@@ -47,8 +49,10 @@ class ClaimWatch:
 
     def __init__(self, guards: DraGuards, usage: Callable[[], Sequence[GpuUsage]],
                  claims: Callable[[], Iterable[PreparedClaim]],
-                 isolation_changed: Callable[[], None]):
+                 isolation_changed: Callable[[], None],
+                 gpus: Callable[[], Sequence[GpuInfo]] = tuple):
         g = self.guards = guards
+        self.claims, self.gpus = claims, gpus
         self.actions = Actions(g.action, g.pods, g.events, g.evictions, g.metrics,
                                isolation_changed)
         node = g.monitor.node
@@ -68,11 +72,32 @@ class ClaimWatch:
         if self._thread is not None:
             self._thread.join(timeout=3)
 
+    def sample_once(self) -> None:
+        """One round: a usage sample and its actions, then the GPU gauges."""
+        self.monitor.sample_once()
+        if self.guards.metrics is not None:
+            self._gauges(self.guards.metrics)
+
+    def _gauges(self, m: NodeMetrics) -> None:
+        held: dict[str, list[PreparedDevice]] = defaultdict(list)
+        for claim in self.claims():
+            for d in claim.devices:
+                held[d.uuid].append(d)
+        isolated = self.actions.isolated()
+        for gpu in self.gpus():
+            mine = held.get(gpu.uuid, [])
+            m.gpu_memory.labels(gpu.uuid, gpu.model).set(gpu.memory_mib)
+            m.gpu_allocated.labels(gpu.uuid).set(sum(d.memory_mib for d in mine))
+            m.gpu_compute.labels(gpu.uuid).set(sum(d.core_pct for d in mine))
+            m.gpu_slices.labels(gpu.uuid).set(len(mine))
+            m.gpu_healthy.labels(gpu.uuid).set(1 if gpu.healthy else 0)
+            m.gpu_isolated.labels(gpu.uuid).set(1 if gpu.uuid in isolated else 0)
+
     def _loop(self) -> None:
         period = self.guards.monitor.period_s
         while not self._stop.wait(period):
             try:
-                self.monitor.sample_once()
+                self.sample_once()
             except GpupoolError as exc:
                 log.warning("usage sample failed (next one in %.0f s): %s", period, exc)
             except Exception:  # a bug must not end monitoring for the agent's lifetime
