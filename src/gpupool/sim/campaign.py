@@ -127,8 +127,10 @@ def _run_pooled(campaign: Campaign, config: PolicyConfig, workers: int,
             if progress is not None:
                 progress(run.pods)
     except BaseException:
-        pool.shutdown(wait=False, cancel_futures=True)
         _terminate(set(multiprocessing.active_children()) - before)
+        # the workers are gone, so this returns at once; waiting for the pool's own thread
+        # keeps it from closing its pipe while the interpreter's exit writes to it
+        pool.shutdown(wait=True, cancel_futures=True)
         raise
     pool.shutdown()
 
