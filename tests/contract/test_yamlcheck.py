@@ -95,6 +95,14 @@ def test_anchors_aliases_and_merge_keys_are_followed() -> None:
                               "memory, model)"]
 
 
+def test_two_maps_merged_in_with_one_key_are_not_a_key_given_twice() -> None:
+    text = ("a: &a {model: T4, memory: 1Gi}\n"
+            "b: &b {model: A10, memory: 2Gi}\n"
+            "gpus: [{<<: [*a, *b]}]\n")
+    shape = Map({**DOC.fields, "a": GPU, "b": GPU})
+    assert problems(text, shape) == []
+
+
 def test_null_values_and_an_empty_document_are_left_to_the_reader() -> None:
     assert problems("name:\ngpus:\n") == []
     assert check(compose(""), "f.yaml", DOC) == ()

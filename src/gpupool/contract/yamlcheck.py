@@ -254,8 +254,13 @@ def _pairs(node: YamlNode) -> list[tuple[YamlNode, YamlNode]]:
             merged += [p for s in sources if s.id == "mapping" for p in _pairs(s)]
         else:
             own.append((key_node, value))
-    names = {str(k.value) for k, _ in own}
-    return [p for p in merged if str(p[0].value) not in names] + own
+    taken = {str(k.value) for k, _ in own}
+    spliced = []
+    for pair in merged:  # the first map merged in gives a key, as YAML merges them
+        if str(pair[0].value) not in taken:
+            taken.add(str(pair[0].value))
+            spliced.append(pair)
+    return spliced + own
 
 
 def _other(walk: _Walk, key_node: YamlNode, key: str, shape: Map, path: str) -> Shape | None:
