@@ -30,7 +30,7 @@ from typing import Any
 
 from rich.console import Console
 
-from gpupool.cli.args import bounded
+from gpupool.cli.args import KUBECONFIG_HELP, bounded
 from gpupool.controller.deviceclasses import DeviceClassSync
 from gpupool.controller.figures import POOL_LABEL, DeviceMemo, Heartbeats, figures
 from gpupool.controller.leader import ElectionTiming, LeaderElector, lead
@@ -49,7 +49,7 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser("controller", help="reconcile gpupool's custom resources",
                               description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster service account)")
+    p.add_argument("--kubeconfig", metavar="FILE", help=KUBECONFIG_HELP)
     p.add_argument("--server", help=argparse.SUPPRESS)  # a bare API URL (tests, fakes)
     p.add_argument("--resync-seconds", type=bounded(float, 1, 86_400), default=300.0,
                    metavar="SECONDS",
