@@ -10,7 +10,9 @@ TenantQuota ``spec``: ``namespaces`` (the tenant's namespaces, by name) and/or
 ``status.selectedNamespaces``, which this reader adds), ``limits``
 (``gpus``, ``memoryMiB``, ``corePct``: the nominal quota, summed over the namespaces),
 ``classes`` (a map class name -> the same three limits), and for cohorts ``cohort``,
-``borrowingLimit``, ``lendingLimit`` (same three limits) and ``weight`` (a whole number).
+``borrowingLimit``, ``lendingLimit`` (same three limits), ``weight`` (a whole number) and
+``fairSharing`` (true: the cohort divides what it lends by weight; one member saying so is
+enough).
 
 GPUPermission ``spec``: ``tenants`` (namespaces), ``nodeSelector`` (a label selector over
 node labels) and ``gpuSelector`` (a label selector over GPU labels, as ResourceClass).
@@ -29,7 +31,7 @@ from gpupool.core.selector import Selector
 from gpupool.core.tenants import Permission, TenantQuota
 
 QUOTA_FIELDS = ("namespaces", "namespaceSelector", "limits", "classes", "cohort",
-                "borrowingLimit", "lendingLimit", "weight")
+                "borrowingLimit", "lendingLimit", "weight", "fairSharing")
 PERMISSION_FIELDS = ("tenants", "nodeSelector", "gpuSelector")
 MAX_WEIGHT = 1_000_000
 
@@ -65,7 +67,8 @@ def quota_of(obj: Mapping[str, Any]) -> TenantQuota | Broken:
             _classes(spec.get("classes")), _cohort(spec.get("cohort")),
             _limit(spec, "borrowingLimit"), _limit(spec, "lendingLimit"),
             _weight(spec.get("weight")),
-            _selector(spec.get("namespaceSelector"), "namespaceSelector"))
+            _selector(spec.get("namespaceSelector"), "namespaceSelector"),
+            _flag(spec.get("fairSharing"), "fairSharing"))
     except InvalidInput as exc:
         return Broken("InvalidSpec", f"TenantQuota {name}: {exc}; fix it (until then the "
                       "quota is not enforced and its namespaces are not limited by it)")
@@ -171,6 +174,14 @@ def _weight(raw: Any) -> int:
     if isinstance(raw, bool) or not isinstance(raw, int) or not 0 <= raw <= MAX_WEIGHT:
         raise InvalidInput(f"spec.weight must be a whole number from 0 to {MAX_WEIGHT}, "
                            f"got {raw!r}")
+    return raw
+
+
+def _flag(raw: Any, key: str) -> bool:
+    if raw is None:
+        return False
+    if not isinstance(raw, bool):
+        raise InvalidInput(f"spec.{key} must be true or false, got {raw!r}")
     return raw
 
 

@@ -65,7 +65,8 @@ def _constraints(state: ClusterState, request: PodRequest, catalogue: Catalogue
     if blocked is not None:
         return Constraints(blocked=blocked)
     charge = Charge(request_amount(state, request, gpu_mask), request.tenant, request.gpu_class)
-    blocked = catalogue.quotas.check(charge) or catalogue.tenants.check(catalogue.quotas, charge)
+    blocked = catalogue.quotas.check(charge) or catalogue.tenants.check(catalogue.quotas, charge,
+                                                                         request.key)
     if blocked is not None:
         return Constraints(blocked=blocked)
     if request.group is not None:

@@ -32,6 +32,7 @@ from gpupool.core.quota import Amount, Charge, Limit, QuotaBook
 from gpupool.core.reasons import Check, Reason
 from gpupool.core.selector import Selector
 from gpupool.core.state import BoolArray, ClusterState
+from gpupool.core.tenantshare import WaitingAsks, beyond_fair_share
 
 _UNITS = {"gpus": "GPUs", "memory_mib": "MiB of GPU memory", "core_pct": "% of GPU compute"}
 
@@ -53,6 +54,7 @@ class TenantQuota:
     lending_limit: Limit | None = None
     weight: int = 1
     namespace_selector: Selector | None = None  # namespaces by label (resolved elsewhere)
+    fair_sharing: bool = False  # its cohort divides what it lends by weight (any member)
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -81,6 +83,8 @@ class TenantBook:
         self._capacity: dict[str, tuple[int, ...]] = {}  # cohort -> the pool per dimension
         self._totals: dict[tuple[int, str], tuple[int, int, int]] = {}
         self._totals_of: QuotaBook | None = None
+        self._fair: frozenset[str] = frozenset()  # cohorts that share fairly
+        self.waiting = WaitingAsks()  # what waiting pods ask, for fair share
         for q in quotas:
             self.put(q)
 
@@ -106,6 +110,7 @@ class TenantBook:
         self._sorted = tuple(self.by_name[n] for n in sorted(self.by_name))
         self._members = {q.name: member_of(q) for q in self._sorted}
         self._peers = {c: tuple(qs) for c, qs in peers.items()}
+        self._fair = frozenset(c for c, qs in peers.items() if any(q.fair_sharing for q in qs))
         self._totals = {}
         self._capacity = {c: tuple(sum(self._members[q.name].lendable(d) for q in qs)
                                    for d in ("gpus", "memory_mib", "core_pct"))
@@ -125,6 +130,22 @@ class TenantBook:
         """The first covering tenant's name (None: the namespace belongs to none)."""
         found = self.covering(namespace)
         return found[0].name if found else None
+
+    def shares_fairly(self, cohort: str | None) -> bool:
+        """Whether ``cohort`` divides what it lends by weight (a member asked for it)."""
+        return cohort in self._fair
+
+    def waiting_by_member(self, cohort: str, but: str | None = None) -> dict[str, Amount]:
+        """What the waiting pods of ``cohort``'s members ask, by member (``tenant <name>``),
+        pod ``but`` left out; pods no longer waiting are forgotten on the way."""
+        by_ns = self.waiting.by_namespace(but)
+        out: dict[str, Amount] = {}
+        for q in self._peers.get(cohort, ()):
+            total = Amount()
+            for ns in q.namespaces & by_ns.keys():
+                total = total + by_ns[ns]
+            out[f"tenant {q.name}"] = total
+        return out
 
     def overlaps(self) -> dict[str, tuple[str, ...]]:
         """Namespaces claimed by more than one tenant (every such quota applies)."""
@@ -181,14 +202,27 @@ class TenantBook:
                    for q in peers}
         return CohortState(members, {f"tenant {q.name}": self.used(book, q) for q in peers})
 
+    def fair_refusal(self, book: QuotaBook, quota: TenantQuota, amount: Amount,
+                     key: str | None = None) -> Reason | None:
+        """Why borrowing for ``amount`` would take ``quota``'s tenant beyond its fair share
+        of what its cohort lends (None: it would not); pod ``key``'s own ask is not counted
+        twice. Never permanent: shares change as the others' pods start and end."""
+        cohort = quota.cohort or ""
+        found = beyond_fair_share(self.cohort(book, quota), f"tenant {quota.name}", amount,
+                                  self.waiting_by_member(cohort, but=key))
+        return None if found is None else Reason("", Check.QUOTA, found.reason(), False)
+
     def admission(self, book: QuotaBook, quota: TenantQuota, amount: Amount) -> Admission:
         """How ``amount`` more stands against the tenant's nominal quota and its cohort."""
         return admit(self.cohort(book, quota), f"tenant {quota.name}", amount)
 
-    def check(self, book: QuotaBook, charge: Charge) -> Reason | None:
+    def check(self, book: QuotaBook, charge: Charge, key: str | None = None
+              ) -> Reason | None:
         """None if ``charge`` (tenant = a namespace) fits every tenant quota covering it;
-        in a cohort, beyond the nominal only by borrowing what the cohort lends, and a
-        charge that needs lent capacity back waits (not permanent) while it is reclaimed."""
+        in a cohort, beyond the nominal only by borrowing what the cohort lends (in a cohort
+        that shares fairly, only up to the member's fair share while others wait too), and a
+        charge that needs lent capacity back waits (not permanent) while it is reclaimed.
+        ``key``: the pod's, noted as waiting in a cohort that shares fairly."""
         for quota in self.covering(charge.tenant):
             if quota.cohort is None:
                 reason = _excess(f"tenant {quota.name}", quota.limit,
@@ -200,6 +234,10 @@ class TenantBook:
                 reason = None if found.admitted else Reason(
                     "", Check.QUOTA, found.reason,
                     found.permanent and found.verdict is not Verdict.RECLAIMS)
+                if found.verdict is Verdict.BORROWS and self.shares_fairly(quota.cohort):
+                    reason = self.fair_refusal(book, quota, charge.amount, key)
+            if key is not None and self.shares_fairly(quota.cohort):
+                self.waiting.note(key, charge.tenant, charge.amount)
             if reason is None and charge.gpu_class is not None:
                 limit = quota.class_limit(charge.gpu_class)
                 if limit is not None:

@@ -79,6 +79,8 @@ class ClusterCache(Commitments):
         self.budgets = Budgets()  # PodDisruptionBudgets, for preemption
         self.modes = NodeModes()  # which nodes serve their GPUs through DRA
         self.dra = DraClaims()  # ResourceSlices and ResourceClaims (held as "claim")
+        # fair share counts the asks of pods still pending (not yet bound, not gone)
+        self.catalogue.tenants.waiting.still_waiting = lambda uid: uid in self.unbound
 
     # -- pods -----------------------------------------------------------------------------------
     def sync_pods(self, pods: Iterable[Any]) -> None:

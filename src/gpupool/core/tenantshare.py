@@ -1,0 +1,115 @@
+"""Fair share in a running cohort: may a member borrow this much more, given what the others
+want?
+
+A cohort *shares fairly* when one of its members asks for it. Then a member may borrow only
+up to its weighted fair share of what the cohort lends (``cohort.fair_shares``, weighted
+max-min), where each member's *want* is what it would borrow if it held what it holds now
+plus everything of its that waits: ``borrowed(used + waiting)`` (the asking member's ask
+included). A member nobody competes with gets everything it wants that the cohort lends
+(work-conserving): the division only binds while others wait too.
+
+Only the arithmetic of ``core.cohort`` is used; this module decides nothing else. Pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from fractions import Fraction
+
+from gpupool.core.cohort import DIMS, CohortState, fair_shares
+from gpupool.core.cohort_state import UNITS
+from gpupool.core.quota import Amount
+
+
+@dataclass(frozen=True, slots=True)
+class FairShare:
+    """A member's fair share against what it would borrow (``after``) in one dimension."""
+
+    member: str
+    cohort: str
+    dim: str
+    asked: int
+    borrowed: int  # now, before the ask
+    share: int
+    weight: float
+    weights: float  # of the members that want to borrow in this dimension
+
+    def reason(self) -> str:
+        """The refusal, in words kube-scheduler shows (whole numbers, no format verbs)."""
+        return (f"fair share of {self.member} in cohort {self.cohort} reached: {self.asked} "
+                f"{UNITS[self.dim]} asked, {self.borrowed} of {self.share} borrowed (weight "
+                f"{_num(self.weight)} of {_num(self.weights)}), wait or raise the weight")
+
+
+MAX_WAITING = 10_000  # asks of waiting pods remembered (the oldest are dropped beyond)
+
+
+class WaitingAsks:
+    """What pods waiting for a node ask, by pod key: noted when a pod is checked against a
+    cohort that shares fairly, forgotten when ``still_waiting`` (the adapter's: is the pod
+    still pending?) says it no longer waits."""
+
+    def __init__(self, still_waiting: Callable[[str], bool] | None = None) -> None:
+        self.asks: dict[str, tuple[str, Amount]] = {}
+        self.still_waiting = still_waiting
+
+    def note(self, key: str, namespace: str | None, amount: Amount) -> None:
+        self.asks.pop(key, None)
+        self.asks[key] = (namespace or "", amount)
+        while len(self.asks) > MAX_WAITING:
+            self.asks.pop(next(iter(self.asks)))
+
+    def forget(self, key: str) -> None:
+        self.asks.pop(key, None)
+
+    def by_namespace(self, but: str | None = None) -> dict[str, Amount]:
+        """What the pods still waiting ask, by namespace, pod ``but`` left out."""
+        still = self.still_waiting
+        if still is not None:
+            for key in [k for k in self.asks if not still(k)]:
+                del self.asks[key]
+        out: dict[str, Amount] = {}
+        for key, (ns, amount) in self.asks.items():
+            if key != but:
+                out[ns] = out.get(ns, Amount()) + amount
+        return out
+
+
+def wants(state: CohortState, member: str, amount: Amount,
+          waiting: Mapping[str, Amount]) -> dict[str, Amount]:
+    """Per member of ``member``'s cohort: what it would borrow holding what it holds plus
+    what waits (``waiting``, by member), ``member`` holding ``amount`` more besides."""
+    out = {}
+    for peer in state.peers(member):
+        extra = waiting.get(peer.name, Amount())
+        if peer.name == member:
+            extra = extra + amount
+        out[peer.name] = state.charged(peer.name, extra).borrowed(peer.name)
+    return out
+
+
+def beyond_fair_share(state: CohortState, member: str, amount: Amount,
+                      waiting: Mapping[str, Amount]) -> FairShare | None:
+    """None when ``member`` borrowing for ``amount`` stays within its fair share of what its
+    cohort lends (every counted dimension), else the first dimension it would pass."""
+    m = state.member(member)
+    if m.cohort is None:
+        return None
+    wanted = wants(state, member, amount, waiting)
+    after = state.charged(member, amount)
+    shares = fair_shares(after, m.cohort, wanted)
+    now, then = state.borrowed(member), after.borrowed(member)
+    for dim in DIMS:
+        grows = getattr(then, dim) > getattr(now, dim)
+        if grows and getattr(then, dim) > getattr(shares[member], dim):
+            weights = sum(p.weight for p in state.peers(member)
+                          if getattr(wanted[p.name], dim) > 0)
+            return FairShare(member, m.cohort, dim, getattr(amount, dim), getattr(now, dim),
+                             getattr(shares[member], dim), m.weight, weights)
+    return None
+
+
+def _num(x: float) -> str:
+    f = Fraction(x).limit_denominator(1000)
+    return str(f.numerator) if f.denominator == 1 else f"{float(x):g}"
