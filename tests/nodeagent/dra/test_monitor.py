@@ -168,7 +168,7 @@ def test_injected_over_use_of_a_claim_reaches_event_annotation_metric_and_isolat
     wait_for(lambda: over_use(apiserver, "p1") is not None)
     assert over_use(apiserver, "p1")["main"]["memoryLimitMiB"] == 4096  # type: ignore[index]
     labels = {"namespace": NAMESPACE, "pod": "p1", "container": "main", "gpu": uuid_of(0)}
-    assert gauge(agent, "gpupool_node_container_over_use", **labels) == 1
+    wait_for(lambda: gauge(agent, "gpupool_node_container_over_use", **labels) == 1)
     wait_for(lambda: gauge(agent, "gpupool_node_gpu_isolated", gpu=uuid_of(0)) == 1)
     assert gauge(agent, "gpupool_node_gpu_memory_allocated_mib", gpu=uuid_of(0)) == 4096
     assert gauge(agent, "gpupool_node_gpu_slices", gpu=uuid_of(0)) == 1
@@ -181,7 +181,7 @@ def test_injected_over_use_of_a_claim_reaches_event_annotation_metric_and_isolat
              and over_use(apiserver, "p1") is None)
     wait_for(lambda: isolation(apiserver) == "None")
     assert dra_kubelet.prepare(ref(late))["uid-late"].error == ""
-    assert gauge(agent, "gpupool_node_container_over_use", **labels) == 0
+    wait_for(lambda: gauge(agent, "gpupool_node_container_over_use", **labels) == 0)
 
 
 def test_two_containers_sharing_a_claim_share_its_slice(
