@@ -64,7 +64,7 @@ def test_a_pod_of_a_class_created_after_the_scheduler_started_is_left_to_gpupool
     pod reaches the extender through gpupool.io/gpu (which the webhook adds), a managed
     resource."""
     args = fit_args()
-    (ext,) = scheduler_config()["extenders"]
+    ext = scheduler_config()["extenders"][0]  # the main entry (the second: DRA scoring)
     managed = {m["name"] for m in ext["managedResources"]}
     resources = {"class.gpupool.io/big-mem": "1", names.RESOURCE_GPU: "1"}
     pod = {"metadata": {"name": "p", "namespace": "t"},
