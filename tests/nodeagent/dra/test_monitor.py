@@ -58,6 +58,12 @@ def test_claim_uses_names_the_generated_and_direct_claims_of_each_container() ->
     templated = two_container_pod()
     del templated["status"]
     assert claim_uses(templated) == {"b": frozenset({"c2"})}  # generated name not known yet
+    extended = two_container_pod()
+    extended["status"]["extendedResourceClaimStatus"] = {
+        "resourceClaimName": "p-extended-resources-x", "requestMappings": [
+            {"containerName": "plain", "resourceName": "gpupool.io/gpu",
+             "requestName": "container-2-request-0"}]}
+    assert claim_uses(extended)["plain"] == frozenset({"p-extended-resources-x"})
 
 
 def prepared(name: str, *devices: tuple[int, int, int, bool]) -> PreparedClaim:

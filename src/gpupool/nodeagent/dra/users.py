@@ -68,7 +68,8 @@ def env_refusal(pods: Iterable[Mapping[str, Any]], claim: str) -> str | None:
 
 def claim_uses(pod: Mapping[str, Any]) -> dict[str, frozenset[str]]:
     """Container name -> the names of the ResourceClaims it uses (a templated claim only
-    once its generated name is in the pod's status)."""
+    once its generated name is in the pod's status; the claim kube-scheduler made for
+    extended resources served through DRA from ``status.extendedResourceClaimStatus``)."""
     spec, status = _map(pod.get("spec")), _map(pod.get("status"))
     claim_of = {str(e.get("name")): str(e.get("resourceClaimName"))
                 for e in map(_map, spec.get("resourceClaims") or [])
@@ -76,10 +77,15 @@ def claim_uses(pod: Mapping[str, Any]) -> dict[str, frozenset[str]]:
     claim_of.update({str(s.get("name")): str(s.get("resourceClaimName"))
                      for s in map(_map, status.get("resourceClaimStatuses") or [])
                      if s.get("resourceClaimName")})
-    out = {}
+    out: dict[str, set[str]] = {}
     for c in map(_map, [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]):
         uses = {claim_of[n] for r in _map(c.get("resources")).get("claims") or []
                 if (n := str(_map(r).get("name"))) in claim_of}
         if uses:
-            out[str(c.get("name") or "?")] = frozenset(uses)
-    return out
+            out.setdefault(str(c.get("name") or "?"), set()).update(uses)
+    extended = _map(status.get("extendedResourceClaimStatus"))  # extended resources via DRA
+    if extended.get("resourceClaimName"):
+        for m in map(_map, extended.get("requestMappings") or []):
+            out.setdefault(str(m.get("containerName") or "?"), set()).add(
+                str(extended["resourceClaimName"]))
+    return {c: frozenset(v) for c, v in out.items()}
