@@ -135,10 +135,12 @@ class TenantBook:
         """Whether ``cohort`` divides what it lends by weight (a member asked for it)."""
         return cohort in self._fair
 
-    def waiting_by_member(self, cohort: str, but: str | None = None) -> dict[str, Amount]:
+    def waiting_by_member(self, book: QuotaBook, cohort: str, but: str | None = None
+                          ) -> dict[str, Amount]:
         """What the waiting pods of ``cohort``'s members ask, by member (``tenant <name>``),
-        pod ``but`` left out; pods no longer waiting are forgotten on the way."""
-        by_ns = self.waiting.by_namespace(but)
+        pod ``but`` left out; pods no longer waiting (gone, or charged in ``book``: placed)
+        are forgotten on the way."""
+        by_ns = self.waiting.by_namespace(but, book.charged)
         out: dict[str, Amount] = {}
         for q in self._peers.get(cohort, ()):
             total = Amount()
@@ -209,7 +211,7 @@ class TenantBook:
         twice. Never permanent: shares change as the others' pods start and end."""
         cohort = quota.cohort or ""
         found = beyond_fair_share(self.cohort(book, quota), f"tenant {quota.name}", amount,
-                                  self.waiting_by_member(cohort, but=key))
+                                  self.waiting_by_member(book, cohort, but=key))
         return None if found is None else Reason("", Check.QUOTA, found.reason(), False)
 
     def admission(self, book: QuotaBook, quota: TenantQuota, amount: Amount) -> Admission:

@@ -63,12 +63,15 @@ class WaitingAsks:
     def forget(self, key: str) -> None:
         self.asks.pop(key, None)
 
-    def by_namespace(self, but: str | None = None) -> dict[str, Amount]:
-        """What the pods still waiting ask, by namespace, pod ``but`` left out."""
+    def by_namespace(self, but: str | None = None,
+                     holds: Callable[[str], object] | None = None) -> dict[str, Amount]:
+        """What the pods still waiting ask, by namespace, pod ``but`` left out; a pod that
+        ``holds`` something now (it was placed) waits no more."""
         still = self.still_waiting
-        if still is not None:
-            for key in [k for k in self.asks if not still(k)]:
-                del self.asks[key]
+        gone = [k for k in self.asks if (still is not None and not still(k))
+                or (holds is not None and holds(k))]
+        for key in gone:
+            del self.asks[key]
         out: dict[str, Amount] = {}
         for key, (ns, amount) in self.asks.items():
             if key != but:
