@@ -35,8 +35,6 @@ def pod(fake: FakeApiServer, name: str, ns: str, priority: int) -> dict:
     return fake.seed("pods", obj)
 
 
-@pytest.mark.xfail(strict=True, reason="REVIEW dra-2: a tenant quota's preemption plan "
-                   "does not exclude DRA nodes")
 def test_a_quota_preemption_never_makes_room_on_a_dra_node_for_a_device_plugin_pod(
         fake: FakeApiServer) -> None:
     for name in ("full", "other"):

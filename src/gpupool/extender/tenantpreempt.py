@@ -27,7 +27,7 @@ from typing import Any
 
 from gpupool.core.allocation import Allocation
 from gpupool.core.cohort import Verdict, reclaim
-from gpupool.core.eligibility import constraints_for, request_amount
+from gpupool.core.eligibility import request_amount
 from gpupool.core.fit import Constraints
 from gpupool.core.quota import Amount, Charge, Limit
 from gpupool.core.reasons import Check
@@ -192,7 +192,7 @@ def plan(cache: ClusterCache, pod: Mapping[str, Any], request: PodRequest, rows:
         return found
     victims, why = found
     with set_aside(cache, victims):
-        c = constraints_for(cache.state, request, cache.catalogue)
+        c = cache.modes.constraints(cache.state, request, cache.catalogue)
         if c.blocked is not None:
             return NoVictims(f"with its victims gone the pod is still refused: "
                              f"{c.blocked.message}")
