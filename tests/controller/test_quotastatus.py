@@ -29,6 +29,9 @@ def api(fake: FakeApiServer) -> Iterator[ControllerApi]:
     client.close()
 
 
+TEAM = "tenant.gpupool.io/team"  # a label only admins may set
+
+
 def quota(name: str, **spec: Any) -> dict[str, Any]:
     return {"metadata": {"name": name, "generation": 1}, "spec": spec}
 
@@ -94,9 +97,9 @@ def test_a_namespace_two_quotas_claim_is_named_in_both(fake: FakeApiServer,
 def test_a_namespace_selector_is_resolved_into_status_and_follows_label_changes(
         fake: FakeApiServer, api: ControllerApi) -> None:
     for name, team in (("x1", "x"), ("x2", "x"), ("y1", "y")):
-        fake.seed("namespaces", {"metadata": {"name": name, "labels": {"team": team}}})
+        fake.seed("namespaces", {"metadata": {"name": name, "labels": {TEAM: team}}})
     fake.seed("tenantquotas", quota("team-x", namespaces=["named"],
-                                    namespaceSelector={"matchLabels": {"team": "x"}},
+                                    namespaceSelector={"matchLabels": {TEAM: "x"}},
                                     limits={"gpus": 4}))
     fake.seed("pods", sign(placed_pod("p", "x2", "n1", slices("n1", (0, 8 * GIB, 50)))))
     fake.seed("pods", sign(placed_pod("q", "y1", "n1", slices("n1", (1, 8 * GIB, 50)))))
@@ -104,7 +107,22 @@ def test_a_namespace_selector_is_resolved_into_status_and_follows_label_changes(
     s = status_of(fake, "team-x")
     assert s["selectedNamespaces"] == ["x1", "x2"]
     assert s["namespaces"] == ["named", "x1", "x2"] and s["used"]["gpus"] == 1
-    fake.patch("namespaces", "y1", {"metadata": {"labels": {"team": "x"}}})
+    fake.patch("namespaces", "y1", {"metadata": {"labels": {TEAM: "x"}}})
     Controller(api, verify=verify).reconcile_once()
     s = status_of(fake, "team-x")
     assert s["selectedNamespaces"] == ["x1", "x2", "y1"] and s["used"]["gpus"] == 2
+
+
+def test_a_namespace_selector_over_a_label_tenants_can_write_selects_nothing_and_says_why(
+        fake: FakeApiServer, api: ControllerApi) -> None:
+    fake.seed("namespaces", {"metadata": {"name": "mallory", "labels": {"team": "x"}}})
+    fake.seed("tenantquotas", quota("team-x", namespaces=["x"], namespaceSelector={
+        "matchLabels": {"team": "x"}, "matchExpressions": [
+            {"key": "kubernetes.io/metadata.name", "operator": "Exists"}]},
+        limits={"gpus": 4}))
+    Controller(api, verify=verify).reconcile_once()
+    s = status_of(fake, "team-x")
+    assert s["selectedNamespaces"] == [] and s["namespaces"] == ["x"]
+    valid = condition(s, "Valid")
+    assert (valid["status"], valid["reason"]) == ("False", "UntrustedSelector")
+    assert "label key(s) team," in valid["message"] and "tenant.gpupool.io/" in valid["message"]

@@ -40,8 +40,6 @@ def pod(fake: FakeApiServer, name: str, ns: str, priority: int) -> dict:
     return fake.seed("pods", obj)
 
 
-@pytest.mark.xfail(strict=True, reason="REVIEW tenancy-1: namespaceSelector trusts namespace "
-                   "labels a tenant can write; its pods then preempt another tenant's")
 def test_labelling_ones_own_namespace_never_evicts_another_tenants_pods(
         fake: FakeApiServer) -> None:
     nodes = seed_cluster(fake, 2, 4)

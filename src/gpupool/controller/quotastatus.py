@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from gpupool.contract.nslabels import untrusted_keys, why_untrusted
 from gpupool.contract.quotas import Broken, permission_of, quota_of
 from gpupool.controller.observed import Obj, Observed, PodHolding, name_of
 from gpupool.controller.status import (
@@ -77,12 +78,13 @@ def _patch(kind: str, obj: Obj, desired: Obj) -> list[StatusPatch]:
 
 def resolved(obj: Obj, namespaces: Mapping[str, Labels]) -> TenantQuota | Broken:
     """The quota with its namespaces as they are now: those ``spec.namespaces`` names, and
-    those whose labels ``spec.namespaceSelector`` matches (not the last status's)."""
+    those whose labels ``spec.namespaceSelector`` matches (not the last status's). A
+    selector that reads a label a tenant can write selects nothing (``contract.nslabels``;
+    the quota's ``Valid`` condition says so)."""
     parsed = quota_of({**obj, "status": {}})
-    if isinstance(parsed, Broken) or parsed.namespace_selector is None:
+    found = _selected(parsed, namespaces) if not isinstance(parsed, Broken) else None
+    if isinstance(parsed, Broken) or not found:
         return parsed
-    sel = parsed.namespace_selector
-    found = {ns for ns, labels in namespaces.items() if sel.matches(dict(labels))}
     return replace(parsed, namespaces=parsed.namespaces | frozenset(found))
 
 
@@ -90,6 +92,8 @@ def _selected(q: TenantQuota, namespaces: Mapping[str, Labels] | None) -> list[s
     if q.namespace_selector is None:
         return None
     sel = q.namespace_selector
+    if untrusted_keys(sel):
+        return []
     return sorted(ns for ns, labels in (namespaces or {}).items() if sel.matches(dict(labels)))
 
 
@@ -137,6 +141,12 @@ def borrowed_pods(q: TenantQuota, cohort: CohortState, holdings: Sequence[PodHol
 
 
 def _valid(q: TenantQuota, overlaps: Mapping[str, tuple[str, ...]]) -> Verdict:
+    keys = untrusted_keys(q.namespace_selector) if q.namespace_selector else []
+    if keys:
+        return Verdict("Valid", False, "UntrustedSelector", f"{why_untrusted(keys)}: it "
+                       f"selects no namespace until fixed; the namespaces named in "
+                       f"spec.namespaces ({', '.join(sorted(q.namespaces)) or 'none'}) "
+                       f"are limited")
     shared = {ns: names for ns, names in overlaps.items() if ns in q.namespaces}
     if not shared:
         return Verdict("Valid", True, "SpecValid", f"tenant {q.name}: namespaces "
