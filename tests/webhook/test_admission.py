@@ -263,6 +263,12 @@ def test_a_generated_name_is_shown_with_its_prefix() -> None:
      "TenantQuota x: spec.limits has unknown keys gpu"),
     ("gpupermissions", {"tenants": ["a"], "nodeSelector": {"matchLabels": "zone=a"}},
      "GPUPermission x: spec.nodeSelector"),
+    ("tenantquotas", {"namespaceSelector": {"matchLabels": {"team": "b"}}},
+     "TenantQuota x: spec.namespaceSelector uses label key(s) team, which a tenant can write"),
+    ("tenantquotas", {"namespaceSelector": {"matchExpressions": [
+        {"key": "tenant.gpupool.io/team", "operator": "Exists"},
+        {"key": "tenant.gpupool.io.evil/team", "operator": "Exists"}]}},
+     "label key(s) tenant.gpupool.io.evil/team,"),
 ])
 def test_a_broken_class_or_group_is_refused_with_what_to_fix(resource: str, spec: Obj,
                                                              words: str) -> None:
@@ -282,7 +288,9 @@ def test_a_sound_class_and_group_are_allowed() -> None:
     auto = {"metadata": {"name": "auto"}, "spec": {"mode": "automatic", "demand": {
         "sharePct": 25}, "models": ["A100-SXM4-80GB"]}}
     quota = {"metadata": {"name": "team-a"}, "spec": {"namespaces": ["a"], "limits": {
-        "gpus": 8}, "cohort": "lab", "borrowingLimit": {"gpus": 2}}}
+        "gpus": 8}, "cohort": "lab", "borrowingLimit": {"gpus": 2}, "namespaceSelector": {
+        "matchLabels": {"tenant.gpupool.io/team": "a"}, "matchExpressions": [{
+            "key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["b"]}]}}}
     perm = {"metadata": {"name": "zone-a"}, "spec": {"tenants": ["a"], "nodeSelector": {
         "matchLabels": {"zone": "a"}}}}
     assert check(review(auto, resource="resourcegroups", group="gpupool.io")).allowed

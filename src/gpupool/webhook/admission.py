@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpupool.contract import quotas, tenancy
+from gpupool.contract import nslabels, quotas, tenancy
 from gpupool.contract.podspec_request import pod_request
 from gpupool.core.errors import InvalidInput
 from gpupool.core.request import PodRequest
@@ -187,4 +187,10 @@ def _validate_quota_or_permission(resource: str, obj: Mapping[str, object]) -> V
     parsed = quotas.quota_of(obj) if resource == "tenantquotas" else quotas.permission_of(obj)
     if isinstance(parsed, quotas.Broken):
         return Verdict.deny(parsed.message, 422, "Invalid")
+    selector = getattr(parsed, "namespace_selector", None)
+    keys = nslabels.untrusted_keys(selector) if selector is not None else []
+    if keys:
+        name = str(_map(obj.get("metadata")).get("name") or "")
+        return Verdict.deny(f"TenantQuota {name}: {nslabels.why_untrusted(keys)}", 422,
+                            "Invalid")
     return Verdict.allow()
