@@ -116,3 +116,16 @@ def test_a_templated_claim_not_yet_in_the_pod_status_checks_every_claim_user() -
                                                 "resourceClaimName": "p-gpu-abcde"}]}
     assert [c.name for c in claim_users(pod, "p-gpu-abcde")] == ["main"]
     assert claim_users(pod, "unrelated") == []
+
+
+def test_a_container_served_an_extended_resource_through_dra_is_a_user_of_its_claim() -> None:
+    pod = claim_pod("p", "c1")
+    pod["spec"]["containers"].append({"name": "ext", "resources": {"limits": {
+        "gpupool.io/gpu": "1"}}, "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]})
+    pod["status"] = {"extendedResourceClaimStatus": {
+        "resourceClaimName": "p-extended-resources-abc", "requestMappings": [
+            {"containerName": "ext", "resourceName": "gpupool.io/gpu",
+             "requestName": "container-1-request-0"}]}}
+    assert [c.name for c in claim_users(pod, "p-extended-resources-abc")] == ["ext"]
+    assert "NVIDIA_VISIBLE_DEVICES" in (env_refusal([pod], "p-extended-resources-abc") or "")
+    assert env_refusal([pod], "c1") is None

@@ -6,7 +6,9 @@ DRA path applies the same rule to every container (init containers included) of 
 pods a claim is reserved for that lists the claim in ``resources.claims``. A pod's claim
 entry names the claim directly (``resourceClaimName``) or through a template; the
 generated claim's name is in the pod's ``status.resourceClaimStatuses``. Until that is
-known every container that uses some claim is checked (the stricter reading).
+known every container that uses some claim is checked (the stricter reading). A container
+served an extended resource through DRA uses the claim named in the pod's
+``status.extendedResourceClaimStatus``.
 """
 
 from __future__ import annotations
@@ -40,10 +42,13 @@ def claim_users(pod: Mapping[str, Any], claim: str) -> list[GpuContainer]:
     """The containers of ``pod`` that use the ResourceClaim named ``claim``."""
     entries = _entries(pod, claim)
     spec = _map(pod.get("spec"))
+    extended = _map(_map(pod.get("status")).get("extendedResourceClaimStatus"))
+    served = {str(_map(m).get("containerName")) for m in extended.get("requestMappings") or []
+              } if extended.get("resourceClaimName") == claim else set()
     out = []
     for c in map(_map, [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]):
         uses = {str(_map(r).get("name")) for r in _map(c.get("resources")).get("claims") or []}
-        if uses and (entries is None or uses & entries):
+        if (uses and (entries is None or uses & entries)) or str(c.get("name")) in served:
             out.append(_container(c))
     return out
 
