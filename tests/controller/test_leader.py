@@ -150,7 +150,8 @@ def test_giving_up_writes_an_empty_holder_with_a_one_second_lease() -> None:
 
 
 @pytest.mark.parametrize(("lease", "renew", "retry"), [(10, 10.0, 2.0), (15, 2.4, 2.0),
-                                                       (0, 0.5, 0.1), (15, 10.0, 0.0)])
+                                                       (0, 0.5, 0.1), (15, 10.0, 0.0),
+                                                       (30, 25.0, 20.0), (15, 13.0, 2.0)])
 def test_timings_client_go_refuses_are_refused(lease: int, renew: float, retry: float) -> None:
     with pytest.raises(ValueError, match="must be"):
         ElectionTiming(lease, renew, retry)
@@ -251,3 +252,44 @@ def test_healthz_fails_only_for_a_leader_whose_renewals_stopped_long_ago() -> No
     clock.now_s += 15 + 21  # a's renew loop is stuck: neither stepped
     assert not a.healthy()
     assert b.healthy()  # a follower is always fine
+
+
+def test_timings_whose_retry_period_eats_the_takeover_margin_are_refused() -> None:
+    # Lease calls time out after one retry period: it must fit in lease - renew deadline
+    with pytest.raises(ValueError, match=r"retry period \(5.0 s\) must be shorter .* \(5 s\)"):
+        ElectionTiming(15, 10.0, 5.0)
+    assert ElectionTiming(15, 10.0, 4.9).retry_period_s == 4.9
+
+
+class _LateAnswers(_View):
+    """The API server stores a's write at once, ``other`` reads it 0.1 s later, and the
+    answer reaches a only ``late_s`` after the write."""
+
+    def __init__(self, lock: MemoryLock, who: str, clock: FakeClock, late_s: float,
+                 other: LeaderElector):
+        super().__init__(lock, who)
+        self.clock, self.late_s, self.other = clock, late_s, other
+
+    def update(self, record: LeaseRecord, resource_version: str) -> StoredLease:
+        stored = super().update(record, resource_version)
+        self.clock.now_s += 0.1
+        self.other.step()
+        self.clock.now_s += self.late_s - 0.1
+        return stored
+
+
+def test_a_renewal_answered_late_counts_its_deadline_from_when_it_was_sent() -> None:
+    clock, lock, a, b = _pair()
+    _tick(clock, a, b)
+    assert a.is_leader()
+    a.lock = _LateAnswers(lock, "a", clock, 6.0, b)  # type: ignore[assignment]
+    sent_at = clock.now_s
+    a.step()  # stored at sent_at, answered at sent_at + 6
+    lock.down.add("a")  # and then a is cut off
+    both = []
+    while not b.is_leader():
+        _tick(clock, a, b, seconds=0.1)
+        both.append(a.is_leader() and b.is_leader())
+    assert not any(both)
+    assert clock.now_s - sent_at >= TIMING.lease_duration_s  # b waited out the lease
+    assert a.election.renewed_at_s == sent_at

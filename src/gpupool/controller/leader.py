@@ -23,7 +23,9 @@ The rules (client-go's ``tools/leaderelection``):
   same expired Lease, one write wins and the other gets a conflict and keeps following.
 * The leader renews every retry period; if no renewal has succeeded for
   ``renew_deadline_s`` it stops leading (before any other candidate may take over,
-  ``lease_duration_s`` after the last renewal it saw).
+  ``lease_duration_s`` after the last renewal it saw). The deadline counts from when the
+  successful write was *sent*, as client-go's does: the API server stores the record (and
+  followers start counting) no earlier than that, however late its answer comes.
 * On a clean stop the leader writes an empty holder with a one-second duration, so a
   follower takes over at once instead of waiting out the Lease.
 """
@@ -67,6 +69,12 @@ class ElectionTiming:
         if self.renew_deadline_s <= JITTER * self.retry_period_s:
             raise ValueError(f"the renew deadline ({self.renew_deadline_s} s) must be longer "
                              f"than {JITTER} × the retry period ({self.retry_period_s} s)")
+        margin_s = self.lease_duration_s - self.renew_deadline_s
+        if self.retry_period_s >= margin_s:
+            raise ValueError(f"the retry period ({self.retry_period_s} s) must be shorter than "
+                             f"the lease duration minus the renew deadline ({margin_s:g} s): "
+                             "Lease calls time out after one retry period, and the leader "
+                             "must stop before a follower may take over")
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,12 +114,14 @@ class Election:
         self.identity, self.timing = identity, timing
         self.observed: LeaseRecord | None = None
         self.observed_at_s = 0.0  # local time the observed record was first seen
-        self.renewed_at_s: float | None = None  # local time of the last successful write
+        self.renewed_at_s: float | None = None  # local time the last successful write was sent
+        self.sent_s: float | None = None  # local time the pending Create or Update was asked for
         self.resource_version: str | None = None  # of the Lease this candidate last wrote
 
     def next_step(self, now_s: float, wall: datetime, stored: StoredLease | None) -> Step:
         """What to do about the Lease as just read (None: it does not exist)."""
         mine = LeaseRecord(self.identity, self.timing.lease_duration_s, wall, wall, 0)
+        self.sent_s = now_s
         if stored is None:
             return Create(mine)
         current = stored.record
@@ -128,10 +138,15 @@ class Election:
                                  current.transitions + 1)
         return Update(record, stored.resource_version)
 
-    def written(self, now_s: float, stored: StoredLease) -> None:
-        """The write of ``next_step`` succeeded: this candidate holds the Lease."""
+    def written(self, now_s: float, stored: StoredLease, sent_s: float | None = None) -> None:
+        """The write of ``next_step`` succeeded (answered at ``now_s``): this candidate holds
+        the Lease. The renew deadline counts from ``sent_s``, when the write was sent (by
+        default when ``next_step`` asked for it), never from the answer: the record may have
+        been stored, and read by followers, long before the answer arrived."""
         self.observed, self.observed_at_s = stored.record, now_s
-        self.renewed_at_s = now_s
+        sent_s = self.sent_s if sent_s is None else sent_s
+        self.renewed_at_s = now_s if sent_s is None else min(now_s, sent_s)
+        self.sent_s = None
         self.resource_version = stored.resource_version
 
     def waiting(self) -> None:
@@ -295,6 +310,7 @@ class LeaderElector:
         self._settle(before)
 
     def _try(self) -> None:
+        sent_s = self.clock.monotonic()  # before the read: the deadline counts from here
         stored = self.lock.get()
         with self._guard:
             step = self.election.next_step(self.clock.monotonic(), self.clock.wall(), stored)
@@ -305,7 +321,7 @@ class LeaderElector:
         done = self.lock.create(step.record) if isinstance(step, Create) else \
             self.lock.update(step.record, step.resource_version)
         with self._guard:
-            self.election.written(self.clock.monotonic(), done)
+            self.election.written(self.clock.monotonic(), done, sent_s)
         self.last_error = ""
 
     def _settle(self, before: tuple[str, bool]) -> None:
