@@ -6,5 +6,7 @@
   same isolation providers and exposure rules as the device-plugin path;
 * ``cdi``: the CDI spec of each prepared claim; ``checkpoint``: what is prepared, on disk;
 * ``slices``: the node's ResourceSlice (one device per GPU, consumable capacity);
+* ``usage``: prepared claims as the usage monitor's grants; ``pods``: the node's pods and
+  the claims their containers use; ``watch``: the monitor's thread (``DraGuards``);
 * ``claimsource``: the API calls it makes; ``plugin``: the composition.
 """
