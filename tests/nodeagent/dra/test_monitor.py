@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from gpupool_testing.fake_apiserver import FakeApiServer
 
+from gpupool.contract import dra
 from gpupool.kube.api import KubeApi
 from gpupool.nodeagent.actions import ANNOTATION_OVER_USE, OveruseAction
 from gpupool.nodeagent.dra.checkpoint import PreparedClaim, PreparedDevice
@@ -157,6 +158,12 @@ def isolation(api: FakeApiServer) -> str:
     return str(obj.get("status", {}).get("isolation", {}).get("state"))
 
 
+def slice_taints(api: FakeApiServer) -> list[dict[str, Any]]:
+    obj = api.get("resourceslices", dra.slice_name(NODE)) or {}
+    device = next(d for d in obj["spec"]["devices"] if d["name"] == "gpu-0")
+    return [{k: v for k, v in t.items() if k != "timeAdded"} for t in device.get("taints", [])]
+
+
 def test_injected_over_use_of_a_claim_reaches_event_annotation_metric_and_isolation(
         guarded: Any, dra_kubelet: FakeDraKubelet, apiserver: FakeApiServer,
         short_dir: Path) -> None:
@@ -179,6 +186,8 @@ def test_injected_over_use_of_a_claim_reaches_event_annotation_metric_and_isolat
     assert gauge(agent, "gpupool_node_gpu_memory_allocated_mib", gpu=uuid_of(0)) == 4096
     assert gauge(agent, "gpupool_node_gpu_slices", gpu=uuid_of(0)) == 1
     wait_for(lambda: isolation(apiserver) == "Isolated")
+    wait_for(lambda: slice_taints(apiserver) == [
+        {"key": "gpu.gpupool.io/isolated", "effect": "NoSchedule", "value": "over-use"}])
     late = allocated_claim("late", ["gpu-0"], memory="1Gi", cores="5")
     apiserver.seed("resourceclaims", late)
     assert "is isolated" in dra_kubelet.prepare(ref(late))["uid-late"].error
@@ -186,6 +195,7 @@ def test_injected_over_use_of_a_claim_reaches_event_annotation_metric_and_isolat
     wait_for(lambda: events(apiserver, "GpupoolOverUseEnded", "p1")
              and over_use(apiserver, "p1") is None)
     wait_for(lambda: isolation(apiserver) == "None")
+    wait_for(lambda: slice_taints(apiserver) == [])
     assert dra_kubelet.prepare(ref(late))["uid-late"].error == ""
     wait_for(lambda: gauge(agent, "gpupool_node_container_over_use", **labels) == 0)
 

@@ -102,6 +102,8 @@ class DraAgent:
                                  CdiSpecs(config.cdi_dir), self.exposure, self.provider,
                                  self.watch.actions.isolated if self.watch else set)
         self.publisher = SlicePublisher(config.node, cluster, config.memory_unit_mib, clock)
+        if self.watch is not None:
+            self.publisher.isolated = self.watch.actions.isolated
         self.inventory = Inventory(config.node, inventory, self.labels, self._device_status) \
             if inventory is not None else None
         self.registration = RegistrationService(config.dra_socket)
@@ -187,6 +189,7 @@ class DraAgent:
 
     def _isolation_changed(self) -> None:
         self._isolation.set()
+        self._changed.set()
 
     def _device_status(self, uuid: str) -> dict[str, Any]:
         status: dict[str, Any] = {"isolationProvider": str(self.provider.name)}

@@ -17,7 +17,11 @@ One slice per node, ``<node>-gpu.gpupool.io``, pool = the node's name, one devic
   keeps its device with the taint ``gpu.gpupool.io/unhealthy`` (effect ``NoSchedule``):
   kube-scheduler allocates it to no new claim, the claims it holds stay decodable, and
   their pods keep running. When the API server drops device taints (the
-  ``DRADeviceTaints`` feature is off), the device leaves the slice instead.
+  ``DRADeviceTaints`` feature is off), the device leaves the slice instead;
+* a GPU isolated for over-use (``--over-use-action isolate``) gets the taint
+  ``gpu.gpupool.io/isolated`` (``NoSchedule``, value ``over-use``) while the over-use
+  lasts: no new claim is allocated there, those it holds are untouched. Without device
+  taints it stays in the slice (prepare refuses new claims there instead).
 
 ``spec.pool.generation`` goes up on every change, so readers never mix two versions.
 Quantities are written in the canonical form the API server returns, and the slice is
@@ -42,6 +46,7 @@ from gpupool.nodeagent.gpu import GpuInfo
 
 log = logging.getLogger(__name__)
 FACTS = 7  # driver-domain attributes a device can have (model ... cudaVersion)
+TAINT_ISOLATED = f"{dra.DRIVER}/isolated"
 
 
 def attributes(gpu: GpuInfo, labels: Mapping[str, str], versions: Mapping[str, str]
@@ -97,6 +102,7 @@ class SlicePublisher:
         self.writes = 0
         self._current: dict[str, Any] | None = None  # the slice as the server has it
         self._tainted_at: dict[str, str] = {}  # uuid -> when its taint was added
+        self.isolated: Callable[[], set[str]] = set  # GPUs isolated for over-use
         self._lock = threading.Lock()
 
     @property
@@ -106,6 +112,7 @@ class SlicePublisher:
     def devices(self, gpus: Sequence[GpuInfo], labels: Callable[[GpuInfo], Mapping[str, str]],
                 versions: Mapping[str, str], now: datetime) -> list[dict[str, Any]]:
         out = []
+        isolated = self.isolated() if self.taints_kept else set()
         for gpu in sorted(gpus, key=lambda g: g.index):
             if not gpu.healthy and not self.taints_kept:
                 continue
@@ -113,15 +120,23 @@ class SlicePublisher:
                 "name": dra.device_name(gpu.index), "allowMultipleAllocations": True,
                 "attributes": attributes(gpu, labels(gpu), versions),
                 "capacity": capacity(gpu, self.memory_unit_mib)}
-            if not gpu.healthy:
-                added = self._tainted_at.setdefault(gpu.uuid, now.strftime("%Y-%m-%dT%H:%M:%SZ"))
-                device["taints"] = [{"key": dra.TAINT_UNHEALTHY, "effect": "NoSchedule",
-                                     "value": taint_value(gpu.reason or "unhealthy"),
-                                     "timeAdded": added}]
-            else:
-                self._tainted_at.pop(gpu.uuid, None)
+            taints = [t for t in (
+                self._taint(gpu.uuid, not gpu.healthy, dra.TAINT_UNHEALTHY,
+                            taint_value(gpu.reason or "unhealthy"), now),
+                self._taint(f"{gpu.uuid}/isolated", gpu.uuid in isolated, TAINT_ISOLATED,
+                            "over-use", now)) if t is not None]
+            if taints:
+                device["taints"] = taints
             out.append(device)
         return out
+
+    def _taint(self, key: str, on: bool, taint: str, value: str, now: datetime
+               ) -> dict[str, Any] | None:
+        if not on:
+            self._tainted_at.pop(key, None)
+            return None
+        added = self._tainted_at.setdefault(key, now.strftime("%Y-%m-%dT%H:%M:%SZ"))
+        return {"key": taint, "effect": "NoSchedule", "value": value, "timeAdded": added}
 
     def publish(self, gpus: Sequence[GpuInfo], labels: Callable[[GpuInfo], Mapping[str, str]],
                 versions: Mapping[str, str], now: datetime) -> bool:
