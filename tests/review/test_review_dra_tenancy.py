@@ -10,17 +10,15 @@ where GPUPermissions are enforced.) docs/tenancy.md does not say so.
 
 from __future__ import annotations
 
-import pytest
-
 from gpupool.core.tenants import TenantBook, TenantQuota
 from tests.extender.test_dra_accounting import mixed_cache, recorded, with_claims
 
 
 @recorded
-@pytest.mark.xfail(strict=True, reason="REVIEW dra-1: allocated ResourceClaims are held "
-                   "without a charge, so no TenantQuota counts them")
 def test_claims_allocated_in_a_tenants_namespace_count_against_its_quota() -> None:
     cache = with_claims(mixed_cache())  # two recorded claims of namespace dra-demo, one A100
     quota = TenantQuota("demo", frozenset({"dra-demo"}))
     used = TenantBook([quota]).used(cache.catalogue.quotas, quota)
-    assert used.gpus == 1  # both claims share one GPU: the tenant touches 1 GPU
+    # each claim holds a slice of the one A100 (10 GiB, 30 %); a slice counts 1 GPU, as a
+    # device-plugin pod's slice does (docs/tenancy.md), so the two claims count 2
+    assert (used.gpus, used.memory_mib, used.core_pct) == (2, 2 * 10240, 2 * 30)

@@ -52,6 +52,7 @@ from starlette.routing import Route
 
 from gpupool.core.errors import InvalidInput
 from gpupool.extender import protocol
+from gpupool.extender.drafilter import claims_filter_json
 from gpupool.extender.drascores import claims_priorities_json
 from gpupool.extender.metrics import Metrics
 from gpupool.extender.service import Extender
@@ -61,7 +62,7 @@ log = logging.getLogger(__name__)
 BIND_THREADS = 16  # kube-scheduler binds asynchronously, up to its parallelism (16)
 DECIDE_THREADS = 2
 INLINE_BYTES = 256 * 1024  # filter and prioritize bodies up to this size: on the loop
-INLINE_VERBS = frozenset({"filter", "prioritize", "prioritize-claims"})
+INLINE_VERBS = frozenset({"filter", "prioritize", "prioritize-claims", "filter-claims"})
 Body = bytes | bytearray
 Handler = Callable[[Body], bytes]
 Scope = MutableMapping[str, Any]
@@ -73,6 +74,7 @@ REFUSED: dict[str, Callable[[str], bytes]] = {
     "filter": lambda m: protocol.encode(protocol.filter_error(m)),
     "prioritize": lambda _m: protocol.NO_PRIORITIES,
     "prioritize-claims": lambda _m: protocol.NO_PRIORITIES,  # DRA pods (docs/dra.md)
+    "filter-claims": lambda m: protocol.encode(protocol.filter_error(m)),  # DRA pods' tenancy
     "bind": lambda m: protocol.encode(protocol.binding_result(m)),
     "preempt": lambda _m: protocol.encode(protocol.preemption_result({}, {})),
 }
@@ -90,6 +92,8 @@ def verb_handlers(extender: Extender) -> dict[str, Handler]:
         "prioritize": guarded("prioritize", extender.prioritize_json),
         "prioritize-claims": guarded("prioritize-claims",
                                      lambda body: claims_priorities_json(extender, body)),
+        "filter-claims": guarded("filter-claims",
+                                 lambda body: claims_filter_json(extender, body)),
         "bind": guarded("bind", decoded(extender.bind, "bind")),
         "preempt": guarded("preempt", lambda body: protocol.encode(extender.preempt(body))),
     }
@@ -240,7 +244,7 @@ def build_probes(extender: Extender) -> Starlette:
     async def readyz(request: Request) -> Response:
         if extender.ready():
             return PlainTextResponse("ready")
-        missing = sorted({"nodes", "devices", "pods", "ledgers"} - extender.cache.synced)
+        missing = sorted(READY_KINDS - extender.cache.synced)
         return JSONResponse({"ready": False, "waiting for": missing}, status_code=503)
 
     async def prometheus(request: Request) -> Response:

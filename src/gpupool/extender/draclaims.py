@@ -8,6 +8,12 @@ allocated). An allocated claim on gpupool's devices is decoded by
 the device-plugin path, so a GPU's room counts every claim and every gpupool decision once.
 The pods of a claim hold only their CPU and memory (the claim holds the GPU).
 
+Every held claim is charged (``Charge``) to its namespace, which is the tenant of its
+pods, and to the ResourceClass its DeviceClass ``<class>.gpupool.io`` names when the
+extender knows that class: TenantQuota and ResourceClass quota status, the tenant
+metrics and the filter of device-plugin pods count GPUs taken through claims as they
+count any other. A claim belongs to no ResourceGroup (nothing charges a group).
+
 A claim is held again when its allocation changes, let go when it is deallocated or
 deleted, and held again after a node's layout changes (``hold_node``, ``hold_all``). A
 claim that names a device no slice publishes is read against the GPUs the node's
@@ -23,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from gpupool.contract.dra import (
+    DRIVER,
     ClaimHolding,
     DeviceTable,
     DraDevice,
@@ -32,19 +39,23 @@ from gpupool.contract.dra import (
     read_slice,
 )
 from gpupool.core.allocation import Allocation
+from gpupool.core.eligibility import Catalogue
 from gpupool.core.errors import InvalidInput, UnknownName
+from gpupool.core.quota import Charge, amount_of_allocation
 from gpupool.core.state import ClusterState
 from gpupool.extender.dramodes import is_dra_node
 
 log = logging.getLogger(__name__)
 
 SOURCE = "claim"
+CLASS_SUFFIX = ".gpupool.io"  # gpupool's DeviceClasses: gpu.gpupool.io, <class>.gpupool.io
 
 
 class Holder(Protocol):
     """What ``DraClaims`` needs of the cluster cache."""
 
     state: ClusterState
+    catalogue: Catalogue
 
     def hold(self, alloc: Allocation, source: str, charge: Any = None) -> bool: ...
 
@@ -198,9 +209,16 @@ class DraClaims:
             self.unreadable[holding.uid] = str(exc)
             log.warning("ResourceClaim %s not counted: %s", holding.ref, exc)
             return
-        if not cache.hold(alloc, SOURCE):
+        if not cache.hold(alloc, SOURCE, self.charge_of(cache, holding, alloc)):
             log.info("ResourceClaim %s waits for room on %s (its GPUs look taken)", holding.ref,
                      holding.node)
+
+    def charge_of(self, cache: Holder, holding: ClaimHolding, alloc: Allocation) -> Charge:
+        """What the claim counts against: its namespace, and its class when known."""
+        record = self.claims.get(holding.uid)
+        known = frozenset(cache.catalogue.classes.names())
+        cls = claim_class(record, known) if record is not None else None
+        return Charge(amount_of_allocation(alloc), holding.namespace or "default", cls)
 
     def hold_node(self, cache: Holder, node: str) -> None:
         """Hold the claims of ``node`` again (its layout changed)."""
@@ -254,6 +272,21 @@ def record_of(obj: Mapping[str, Any]) -> ClaimRecord | None:
     return ClaimRecord(uid, str(meta.get("namespace") or "default"), name,
                        tuple(r for r in requests or () if isinstance(r, Mapping))
                        if isinstance(requests, list) else (), allocated)
+
+
+def claim_class(record: ClaimRecord, known: frozenset[str]) -> str | None:
+    """The first ResourceClass among ``known`` that the claim's gpupool requests name
+    (``<class>.gpupool.io``; ``gpu.gpupool.io`` names none)."""
+    for raw in record.requests:
+        first = raw.get("firstAvailable")
+        asks = [raw.get("exactly"), *(first if isinstance(first, list) else ())]
+        for ask in (a for a in asks if isinstance(a, Mapping)):
+            name = ask.get("deviceClassName")
+            if isinstance(name, str) and name.endswith(CLASS_SUFFIX) and name != DRIVER:
+                cls = name[:-len(CLASS_SUFFIX)]
+                if cls in known:
+                    return cls
+    return None
 
 
 def pools_of(obj: Mapping[str, Any]) -> set[str]:

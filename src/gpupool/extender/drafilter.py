@@ -1,0 +1,141 @@
+"""Filter for pods whose GPUs come from ResourceClaims: the tenant's quota and permissions.
+
+kube-scheduler's DRA plugin finds the nodes where a pod's claims can be allocated and
+allocates them; it knows nothing of gpupool's tenants. The ``filter-claims`` verb, called
+through the scheduler entry without ``managedResources`` (so for every pod of the
+profile), applies to a pod's unallocated claims of gpupool's driver (``drapods``) the
+same tenancy checks filter applies to device-plugin pods — the core's
+``constraints_for``, one implementation:
+
+* TenantQuota and ResourceClass quota: when what the claims ask would take the tenant
+  (the pod's namespace) past a limit, every sent node is refused with the quota's reason,
+  the very sentence a device-plugin pod of that namespace gets;
+* GPUPermission: a node with fewer permitted GPUs than the claims ask is refused, naming
+  the permission (a tenant permitted no GPU at all is refused on every node).
+
+Only tenancy refuses here. Whether the claims fit a node (its free memory and compute,
+the claims' CEL selectors, ``firstAvailable`` alternatives) stays the DRA plugin's
+judgement; nodes without gpupool GPUs (and names the extender has no inventory of) are
+passed for it to judge. ResourceGroups do not apply to claims (docs/dra.md).
+
+Every other pod — no claims, only claims of other drivers, claims all allocated
+already, or gpupool's extended resources (the main entry filters those) — gets every
+sent node back unchanged, without taking the cache lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import msgspec
+import numpy as np
+
+from gpupool.core.eligibility import Catalogue, constraints_for
+from gpupool.core.fit import Constraints, demand_of
+from gpupool.core.groups import GroupCatalog
+from gpupool.core.request import PodRequest
+from gpupool.core.state import BoolArray, ClusterState, IntArray
+from gpupool.extender import protocol
+from gpupool.extender.drapods import claims_request, has_claims
+from gpupool.extender.nodenames import Matched
+from gpupool.extender.refusals import PREFIX, Refusals, member, members_json
+
+if TYPE_CHECKING:
+    from gpupool.extender.service import Extender
+
+log = logging.getLogger(__name__)
+VERB = "filter-claims"
+NO_GROUPS = GroupCatalog()  # claims belong to no ResourceGroup
+# Reason tables of claims requests, apart from filter's: a device-plugin request of the
+# same shape explains DRA nodes otherwise (they are out of its reach).
+_REFUSALS: weakref.WeakKeyDictionary[Extender, Refusals] = weakref.WeakKeyDictionary()
+
+
+def claims_filter_json(ext: Extender, body: bytes) -> bytes:
+    """``ExtenderFilterResult`` JSON for the ``filter-claims`` verb (``InvalidInput`` for
+    a body or claim that cannot be read: the app answers it as the filter's ``Error``)."""
+    args = protocol.read_args(body, VERB)
+    if not has_claims(args.pod):
+        return pass_all(args)
+    base = ext._request(args.pod, args.pod_json)
+    if base.gpus:  # gpupool's extended resources: the main entry's filter decides
+        return pass_all(args)
+    cache = ext.cache
+    with cache.lock:
+        cache.flush()
+        request = claims_request(args.pod, base, cache.dra,
+                                 frozenset(cache.catalogue.classes.names()))
+        if not request.gpus:
+            return pass_all(args)
+        answer = _tenancy(ext, args, request)
+    ext.metrics.decisions.labels("filter", "claims").inc()
+    return answer
+
+
+def pass_all(args: protocol.ExtenderArgs) -> bytes:
+    """Every sent node passes."""
+    return protocol.filter_answer(args, args.names_json, None)
+
+
+def claim_constraints(state: ClusterState, request: PodRequest, catalogue: Catalogue
+                      ) -> Constraints:
+    """The core's constraints of a claims request: class, GPU permissions and quota, no
+    groups."""
+    return constraints_for(state, request, replace(catalogue, groups=NO_GROUPS))
+
+
+def permitted_nodes(state: ClusterState, request: PodRequest, c: Constraints) -> BoolArray:
+    """[node] -> has as many GPUs the constraints allow as the claims ask (all True when
+    the GPUs are not narrowed)."""
+    demand = demand_of(request)
+    if c.gpu_mask is None or demand is None:
+        return np.ones(len(state.nodes), np.bool_)
+    allowed: BoolArray = (state.present & c.gpu_mask).sum(axis=1) >= demand.count
+    return allowed
+
+
+def _tenancy(ext: Extender, args: protocol.ExtenderArgs, request: PodRequest) -> bytes:
+    cache = ext.cache
+    state = cache.state
+    table = ext._table(state)
+    sent = table.match(args.names_json) if args.names is None else table.match_names(args.names)
+    c = claim_constraints(state, request, cache.catalogue)
+    if c.blocked is not None:
+        log.info("filter-claims: pod %s refused: %s", request.key, c.blocked.message)
+        every = _names(state, sent, np.arange(len(sent.rows)))
+        return _refuse_all(args, every, PREFIX + c.blocked.message, c.blocked.permanent)
+    rows = sent.rows
+    ok = np.ones(len(rows), np.bool_)  # names without inventory: the DRA plugin judges
+    known = rows >= 0
+    has_gpus = state.present[rows[known]].any(axis=1)
+    ok[known] = ~has_gpus | permitted_nodes(state, request, c)[rows[known]]
+    if ok.all():
+        return pass_all(args)
+    refusals = _REFUSALS.get(ext)
+    if refusals is None:
+        refusals = _REFUSALS[ext] = Refusals(ext.metrics)
+    failed, unresolvable = refusals.of(state, request, c, cache.catalogue_version,
+                                       sent.names, rows, ok)
+    passing = np.flatnonzero(ok)
+    kept = msgspec.json.encode(_names(state, sent, passing)) if args.cache_capable else b""
+    return protocol.filter_answer(args, kept, passing, failed, unresolvable)
+
+
+def _names(state: ClusterState, sent: Matched, positions: IntArray) -> list[str]:
+    """The names of the sent nodes at ``positions``."""
+    rows = sent.rows
+    return [state.nodes[int(rows[k])].name if rows[k] >= 0 else sent.names[int(k)]
+            for k in positions.tolist()]
+
+
+def _refuse_all(args: protocol.ExtenderArgs, names: Sequence[str], why: str, permanent: bool
+                ) -> bytes:
+    every = members_json([member(n, why) for n in names])
+    failed, unresolvable = (protocol.NO_NODES, every) if permanent else \
+        (every, protocol.NO_NODES)
+    empty = b"[]" if args.cache_capable else b""
+    return protocol.filter_answer(args, empty, [], failed, unresolvable)
