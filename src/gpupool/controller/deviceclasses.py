@@ -21,6 +21,7 @@ that does not serve ``resource.k8s.io/v1`` is noted once and skipped.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -128,6 +129,7 @@ class SyncResult:
     written: list[str] = field(default_factory=list)  # "created X", "updated Y", ...
     failures: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    skipped: int = 0  # writes not sent because the leader's term ended first
 
 
 class DeviceClassSync:
@@ -139,7 +141,9 @@ class DeviceClassSync:
         self.served = True
         self._last_notes: list[str] = []
 
-    def sync(self, observed: Observed) -> SyncResult:
+    def sync(self, observed: Observed, ended: threading.Event | None = None) -> SyncResult:
+        """Bring the DeviceClasses in line; once ``ended`` (the leader's term) is set, no
+        further write is sent (the rest are counted in ``skipped``)."""
         out = SyncResult()
         if not self.served:
             return out
@@ -160,7 +164,11 @@ class DeviceClassSync:
         except GpupoolError as exc:
             out.failures.append(str(exc))
             return out
-        for change in plan(want, existing):
+        changes = plan(want, existing)
+        for i, change in enumerate(changes):
+            if ended is not None and ended.is_set():
+                out.skipped = len(changes) - i
+                break
             try:
                 self._apply(change)
                 out.written.append(f"{change.op} DeviceClass {change.name}")

@@ -7,6 +7,10 @@ any event marks the world dirty, and the loop reconciles from the cache after
 a short quiet period, and at the latest every ``resync_s``. A failed write
 (a conflict, the API being away) is logged and retried on the next round —
 the plan is recomputed from what is observed then, so retries are safe.
+
+``run``'s ``stop`` is the leader's term (``leader.lead``): once it is set, the round in
+flight sends no further write (the rest are counted as skipped and logged), so a replica
+that lost the Lease does not undo the new leader's work from its stale view.
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ class Outcome:
     failures: list[str] = field(default_factory=list)
     notes: tuple[str, ...] = ()
     device_classes: list[str] = field(default_factory=list)  # "create DeviceClass x", ...
+    skipped: int = 0  # writes not sent: the leader's term ended during the round
 
     @property
     def writes(self) -> int:
@@ -75,7 +80,8 @@ class Outcome:
                 f"{len(self.deleted)} deleted, {len(self.statuses)} statuses written, "
                 f"{len(self.failures)} writes failed, {len(self.notes)} notes"
                 + (f", {len(self.device_classes)} DeviceClass writes"
-                   if self.device_classes else ""))
+                   if self.device_classes else "")
+                + (f", {self.skipped} writes skipped (the term ended)" if self.skipped else ""))
 
 
 def _key(obj: Obj) -> str:
@@ -161,30 +167,40 @@ class Controller:
         if self.verify is not None:
             self.verify.new_round()
 
-    def reconcile_once(self) -> Outcome:
-        """List everything, reconcile, apply."""
+    def reconcile_once(self, ended: threading.Event | None = None) -> Outcome:
+        """List everything, reconcile, apply (no write once ``ended`` is set)."""
         observed = self.list_world()
-        out = self._with_device_classes(observed, self.apply(reconcile(observed, self.clock())))
+        out = self._with_device_classes(
+            observed, self.apply(reconcile(observed, self.clock()), ended), ended)
         try:
             tenancy = TenancyWorld.listed(self.api)
         except KubeError as exc:
             out.failures.append(str(exc))
             return out
-        return self._with_tenancy(observed, out, tenancy)
+        return self._with_tenancy(observed, out, tenancy, ended)
 
-    def _with_device_classes(self, observed: Observed, out: Outcome) -> Outcome:
+    def _with_device_classes(self, observed: Observed, out: Outcome,
+                             ended: threading.Event | None = None) -> Outcome:
         if self.device_classes is None:
             return out
-        result = self.device_classes.sync(observed)
+        if _over(ended):
+            log.warning("the leader's term ended: DeviceClasses not synced this round")
+            return out
+        result = self.device_classes.sync(observed, ended)
+        _skip(out, result.skipped)
         out.device_classes.extend(result.written)
         out.failures.extend(result.failures)
         out.notes = out.notes + tuple(result.notes)
         return out
 
-    def apply(self, plan: Plan) -> Outcome:
+    def apply(self, plan: Plan, ended: threading.Event | None = None) -> Outcome:
+        """Send the plan's writes in order; once ``ended`` is set, send no more."""
         out = Outcome(notes=plan.notes)
         not_created: set[str] = set()  # a class whose create failed has no status to write
-        for action in plan.actions:
+        for i, action in enumerate(plan.actions):
+            if _over(ended):
+                _skip(out, len(plan.actions) - i)
+                break
             if isinstance(action, PatchStatus) and action.kind == CLASS and \
                     action.name in not_created:
                 continue
@@ -215,8 +231,8 @@ class Controller:
                 self.api.patch_resource_group_status(action.name, action.patch)
             out.statuses.append(f"{action.kind}/{action.name}")
 
-    def _with_tenancy(self, observed: Observed, out: Outcome, tenancy: TenancyWorld
-                      ) -> Outcome:
+    def _with_tenancy(self, observed: Observed, out: Outcome, tenancy: TenancyWorld,
+                      ended: threading.Event | None = None) -> Outcome:
         """Resource groups' members (automatic groups planned, ``groupsync``), then
         TenantQuota and GPUPermission status (``quotastatus``); a failed write is logged
         and retried next round. Nothing until ``tenancy`` has listed every kind it needs."""
@@ -234,7 +250,10 @@ class Controller:
         patchers = {"ResourceGroup": self.api.patch_resource_group_status,
                     "TenantQuota": self.api.patch_tenant_quota_status,
                     "GPUPermission": self.api.patch_gpu_permission_status}
-        for kind, name, patch in writes:
+        for i, (kind, name, patch) in enumerate(writes):
+            if _over(ended):
+                _skip(out, len(writes) - i)
+                break
             try:
                 patchers[kind](name, patch)
                 out.statuses.append(f"{kind}/{name}")
@@ -270,8 +289,8 @@ class Controller:
                 self._new_round()
                 observed = world.observed(self.verify)
                 outcome = self._with_device_classes(
-                    observed, self.apply(reconcile(observed, self.clock())))
-                outcome = self._with_tenancy(observed, outcome, tenancy)
+                    observed, self.apply(reconcile(observed, self.clock()), stop), stop)
+                outcome = self._with_tenancy(observed, outcome, tenancy, stop)
                 if outcome.writes or outcome.failures:
                     log.info("reconciled: %s", outcome.summary())
                 if self.observer is not None:
@@ -284,6 +303,16 @@ class Controller:
                 inf.signal_stop()
             for inf in [*informers, *late]:
                 inf.join(0.5)
+
+
+def _over(ended: threading.Event | None) -> bool:
+    return ended is not None and ended.is_set()
+
+
+def _skip(out: Outcome, count: int) -> None:
+    if count:
+        out.skipped += count
+        log.warning("the leader's term ended mid-round: %d writes not sent", count)
 
 
 RoundObserver = Callable[[Observed, WorldCache, Outcome, float], None]
