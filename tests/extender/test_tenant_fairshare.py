@@ -10,6 +10,7 @@ import pytest
 from gpupool_testing.fake_apiserver import FakeApiServer
 
 from gpupool.core.reasons import for_scheduler
+from gpupool.extender.plans import PreemptionSettings
 from tests.waiting import wait_for
 
 from .builders import Replica, pod_obj, schedule, seed_cluster
@@ -117,3 +118,37 @@ def test_without_fair_sharing_borrowing_is_first_come_first_served(
     waiting(fake, r, nodes, "c", 4)
     for pod in b:
         assert schedule(r.extender, pod, nodes)[1] == ""
+
+
+def test_a_tenant_under_its_fair_share_reclaims_from_one_beyond_it(
+        fake: FakeApiServer, nodes: list[str]) -> None:
+    r = Replica(fake, preemption=PreemptionSettings(hold_s=60.0, retry_s=0.0))
+    try:
+        assert wait_for(lambda: "budgets" in r.cache.synced)
+        cohort(fake, r)
+        b = waiting(fake, r, nodes, "b", 4)
+        for pod in b:  # nobody else waits: team-b borrows all 4
+            assert schedule(r.extender, pod, nodes)[1] == ""
+        assert wait_for(lambda: all(r.cache.pods[p["metadata"]["uid"]].decision is not None
+                                    for p in b))
+        c = fake.seed("pods", pod_obj("c0", ONE, ns="c"))
+        assert wait_for(lambda: c["metadata"]["uid"] in r.cache.unbound)
+        answer = r.extender.filter({"Pod": c, "NodeNames": nodes})  # shares: c 1, b 3
+        assert answer["NodeNames"] == []
+        notes = {v for v in answer["FailedNodes"].values() if "making room here" in v}
+        assert notes == {"gpupool: making room here: taking back capacity from tenants beyond "
+                         "their fair share of cohort research for tenant team-c"}
+        assert r.extender.preemptor is not None
+        assert wait_for(lambda: not r.extender.preemptor.inflight)  # type: ignore[union-attr]
+        evicted = [p for p in b if fake.get("pods", p["metadata"]["name"], "b") is None]
+        assert len(evicted) == 1  # one GPU was short: one borrowed pod of team-b goes
+        assert wait_for(lambda: evicted[0]["metadata"]["uid"] not in r.cache.pods)
+        assert schedule(r.extender, c, nodes)[1] == ""
+        back = fake.seed("pods", pod_obj("b-again", ONE, ns="b"))  # its job recreates it
+        assert wait_for(lambda: back["metadata"]["uid"] in r.cache.unbound)
+        (why,) = reasons(r.extender.filter({"Pod": back, "NodeNames": nodes}))
+        assert why.startswith("tenant team-b (cohort research) cannot borrow")
+        assert wait_for(lambda: not r.extender.preemptor.inflight)  # type: ignore[union-attr]
+        assert fake.get("pods", "c0", "c") is not None  # beyond its share: it takes nothing
+    finally:
+        r.close()

@@ -116,3 +116,21 @@ def beyond_fair_share(state: CohortState, member: str, amount: Amount,
 def _num(x: float) -> str:
     f = Fraction(x).limit_denominator(1000)
     return str(f.numerator) if f.denominator == 1 else f"{float(x):g}"
+
+
+def fairness_reclaim(state: CohortState, member: str, amount: Amount,
+                     waiting: Mapping[str, Amount]) -> tuple[Amount, frozenset[str]] | None:
+    """When ``member`` borrowing for ``amount`` stays within its fair share but the cohort
+    lent everything out: (what the pool is short, the members that borrow beyond their fair
+    share) — the borrowed pods of those may be reclaimed for it (``cohort.reclaim``). None
+    when it would pass its own share, the pool is not short, or nobody is over its share."""
+    m = state.member(member)
+    if m.cohort is None or beyond_fair_share(state, member, amount, waiting) is not None:
+        return None
+    after = state.charged(member, amount)
+    shares = fair_shares(after, m.cohort, wants(state, member, amount, waiting))
+    over = frozenset(p.name for p in state.peers(member) if p.name != member and any(
+        getattr(state.borrowed(p.name), d) > getattr(shares[p.name], d) for d in DIMS))
+    need = Amount(**{d: max(0, after.pool(member, d)[1] - after.pool(member, d)[0])
+                     for d in DIMS})
+    return None if not over or need == Amount() else (need, over)

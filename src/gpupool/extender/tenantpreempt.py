@@ -10,7 +10,10 @@ with the one victim chooser, ``core.victims.select``:
 * **reclaim** — a tenant within its nominal quota whose cohort lent that capacity out
   (``core.cohort`` says *reclaims*): borrowed pods of the other members of the cohort,
   whatever their priority, chosen by ``core.cohort.reclaim`` (which calls
-  ``victims.select``).
+  ``victims.select``);
+* **reclaim for fairness** — in a cohort that shares fairly, a tenant within its fair share
+  refused because the cohort lent everything out: borrowed pods of the members beyond
+  their fair share (``core.tenantshare.fairness_reclaim``, then ``core.cohort.reclaim``).
 
 With those victims counted out (their allocations and charges set aside, under the cache
 lock, and put back), the pod must still find a node among those kube-scheduler sent; pods
@@ -33,6 +36,7 @@ from gpupool.core.quota import Amount, Charge, Limit
 from gpupool.core.reasons import Check
 from gpupool.core.request import PodRequest
 from gpupool.core.tenants import TenantQuota
+from gpupool.core.tenantshare import fairness_reclaim
 from gpupool.core.victims import (
     Candidate,
     Eligible,
@@ -102,6 +106,11 @@ def _for_quota(cache: ClusterCache, quota: TenantQuota, request: PodRequest, amo
                 return NoVictims(plan.reason)
             return plan.victims, (f"{RECLAIM} tenant {quota.name} lent to cohort "
                                   f"{quota.cohort}")
+        if admission.verdict is Verdict.REFUSED and not admission.permanent \
+                and tenants.shares_fairly(quota.cohort):
+            fair = _for_fairness(cache, quota, request.key, amount, pods, limits)
+            if fair is not None:
+                return fair
     own: Eligible = all_of(below(priority), _in(quota.namespaces))
     short = _short(quota.limit if quota.cohort is None else _with_borrowing(quota),
                    tenants.used(book, quota), amount)
@@ -129,6 +138,28 @@ def _for_quota(cache: ClusterCache, quota: TenantQuota, request: PodRequest, amo
                 return found
             chosen += found.victims
     return chosen, f"tenant {quota.name}'s quota is full: its pods of lower priority make way"
+
+
+def _for_fairness(cache: ClusterCache, quota: TenantQuota, key: str, amount: Amount,
+                  pods: list[Candidate], limits: Any
+                  ) -> tuple[tuple[Candidate, ...], str] | NoVictims | None:
+    """Reclaim for fairness: a tenant within its fair share, refused because its cohort
+    lent everything out, takes borrowed pods of the members beyond their fair share
+    (``tenantshare.fairness_reclaim``, then ``cohort.reclaim``). None: not the case."""
+    tenants, book, cohort = cache.catalogue.tenants, cache.catalogue.quotas, quota.cohort or ""
+    state, me = tenants.cohort(book, quota), f"tenant {quota.name}"
+    found = fairness_reclaim(state, me, amount, tenants.waiting_by_member(book, cohort, key))
+    if found is None:
+        return None
+    need, over = found
+    members = {ns: f"tenant {q.name}" for q in tenants if f"tenant {q.name}" in over
+               for ns in q.namespaces}
+    plan = reclaim(state, me, need, pods, cache.state, _member(members),
+                   cache.budgets.allowed(), limits)
+    if not plan.restored:
+        return NoVictims(plan.reason)
+    return plan.victims, (f"{RECLAIM} from tenants beyond their fair share of cohort "
+                          f"{cohort} for tenant {quota.name}")
 
 
 def _member(members: Mapping[str, str]) -> Callable[[Candidate], str | None]:
