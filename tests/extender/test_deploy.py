@@ -112,9 +112,11 @@ def test_the_scheduler_config_calls_the_extender_for_gpupool_resources() -> None
     routes = build_verbs(Extender(ClusterCache(), Settings("best-fit"), Metrics())).paths()
     verbs = ("filterVerb", "prioritizeVerb", "bindVerb", "preemptVerb")
     assert {"/" + ext[v] for v in verbs} <= routes
-    # the DRA entry: every pod (no managedResources), prioritize only, never blocking
-    assert "/" + claims["prioritizeVerb"] in routes and claims["ignorable"] is True
-    assert not {"filterVerb", "bindVerb", "preemptVerb", "managedResources"} & set(claims)
+    # the DRA entry: every pod (no managedResources); filter (tenancy of claims) and
+    # prioritize, blocking like the main entry while no extender answers (docs/dra.md)
+    assert {"/" + claims[v] for v in ("filterVerb", "prioritizeVerb")} <= routes
+    assert claims["filterVerb"] == "filter-claims" and claims["ignorable"] is False
+    assert not {"bindVerb", "preemptVerb", "managedResources"} & set(claims)
     assert {k: claims[k] for k in ("urlPrefix", "tlsConfig", "weight")} == {
         k: ext[k] for k in ("urlPrefix", "tlsConfig", "weight")}
 
