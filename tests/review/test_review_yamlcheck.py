@@ -1,6 +1,7 @@
 """Review: strict YAML and merge keys (``<<``).
 
-``yamlcheck._pairs`` splices merged maps in recursively and without memory:
+``yamlcheck._pairs`` splices merged maps in; it once did so recursively and without
+memory, so that:
 
 * a map that merges itself (``&a {<<: *a}``, which PyYAML composes as a cycle) recurses
   until Python's ``RecursionError`` — a traceback, not the ``file:line:col`` problem the
@@ -23,15 +24,11 @@ def checked(text: str) -> None:
     check_text(text, "f.yaml", SHAPE, yaml.compose, yaml.YAMLError)
 
 
-@pytest.mark.xfail(strict=True, raises=RecursionError,
-                   reason="REVIEW yaml-1: a self-merging map recurses without end")
 def test_a_map_that_merges_itself_is_a_problem_with_its_place_not_a_crash() -> None:
     with pytest.raises(YamlProblems, match=r"f\.yaml:1:"):
         checked("a: &a {<<: *a}\n")
 
 
-@pytest.mark.xfail(strict=True, raises=YamlProblems,
-                   reason="REVIEW yaml-2: keys shared by merged maps are taken for duplicates")
 def test_keys_that_merged_maps_share_are_not_duplicates_as_yaml_reads_them() -> None:
     text = "b1: &b1 {x: 1}\nb2: &b2 {x: 2}\nm: {<<: [*b1, *b2], y: 1}\n"
     assert yaml.safe_load(text)["m"] == {"x": 1, "y": 1}  # valid YAML: the first map wins

@@ -146,6 +146,8 @@ class _Walk:
     file: str
     problems: list[Problem] = field(default_factory=list)
     seen: set[tuple[int, int]] = field(default_factory=set)
+    pairs: dict[int, list[tuple[YamlNode, YamlNode]]] = field(default_factory=dict)
+    merging: set[int] = field(default_factory=set)  # maps whose merges are being spliced
 
     def add(self, node: YamlNode, message: str) -> None:
         mark = node.start_mark
@@ -229,7 +231,7 @@ def _pick(shape: OneOf, kind: str) -> Shape:
 
 def _map(walk: _Walk, node: YamlNode, shape: Map, path: str) -> None:
     first: dict[str, YamlNode] = {}
-    for key_node, value in _pairs(node):
+    for key_node, value in _pairs(walk, node, path):
         key = str(key_node.value)
         if key in first:
             walk.add(key_node, f"key {key!r} appears twice in {_in(path)} (first at line "
@@ -243,17 +245,42 @@ def _map(walk: _Walk, node: YamlNode, shape: Map, path: str) -> None:
         walk.add(node, f"{_in(path)}: missing required key {key!r}")
 
 
-def _pairs(node: YamlNode) -> list[tuple[YamlNode, YamlNode]]:
+def _pairs(walk: _Walk, node: YamlNode, path: str) -> list[tuple[YamlNode, YamlNode]]:
     """The map's key/value nodes, with ``<<`` merge keys' maps spliced in (before the
-    map's own keys, which win)."""
+    map's own keys). YAML's precedence: the map's own keys win, then the maps merged
+    earlier; only the own keys can be given twice. Worked out once per map (an anchor
+    merged many times costs once); a map that merges itself is a problem, not a loop."""
+    done = walk.pairs.get(id(node))
+    if done is not None:
+        return done
+    walk.merging.add(id(node))
     own: list[tuple[YamlNode, YamlNode]] = []
     merged: list[tuple[YamlNode, YamlNode]] = []
     for key_node, value in node.value:
         if key_node.tag == TAG + "merge":
-            sources = value.value if value.id == "sequence" else [value]
-            merged += [p for s in sources if s.id == "mapping" for p in _pairs(s)]
+            merged += _merged(walk, value, path)
         else:
             own.append((key_node, value))
+    walk.merging.discard(id(node))
+    walk.pairs[id(node)] = pairs = _spliced(own, merged)
+    return pairs
+
+
+def _merged(walk: _Walk, value: YamlNode, path: str) -> list[tuple[YamlNode, YamlNode]]:
+    out: list[tuple[YamlNode, YamlNode]] = []
+    for source in value.value if value.id == "sequence" else [value]:
+        if source.id != "mapping":
+            continue
+        if id(source) in walk.merging:
+            walk.add(source, f"{_in(path)} merges itself: a '<<' refers to a map that "
+                             "contains it (remove that merge)")
+            continue
+        out += _pairs(walk, source, path)
+    return out
+
+
+def _spliced(own: list[tuple[YamlNode, YamlNode]], merged: list[tuple[YamlNode, YamlNode]]
+             ) -> list[tuple[YamlNode, YamlNode]]:
     taken = {str(k.value) for k, _ in own}
     spliced = []
     for pair in merged:  # the first map merged in gives a key, as YAML merges them
