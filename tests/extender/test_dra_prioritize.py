@@ -278,15 +278,16 @@ def test_the_prioritize_claims_verb_scores_claim_pods_only_so_no_pod_is_scored_t
 
 
 def test_the_scheduler_entry_docs_dra_shows_calls_a_verb_the_extender_serves() -> None:
-    """docs/dra.md's extender entries: the DRA entry only prioritizes, with the verb the
-    app serves, for every pod (no managedResources), and never blocks scheduling."""
+    """docs/dra.md's extender entries: the DRA entry filters (tenancy) and prioritizes with
+    verbs the app serves, for every pod (no managedResources), blocking as the main one."""
     docs = (Path(__file__).resolve().parents[2] / "docs" / "dra.md").read_text()
     block = docs.split("```yaml\nextenders:", 1)[1].split("```", 1)[0]
     main, claims = yaml.safe_load("extenders:" + block)["extenders"]
     assert claims["prioritizeVerb"] == "prioritize-claims"
-    assert f"/{claims['prioritizeVerb']}" in build_verbs(
+    assert claims["filterVerb"] == "filter-claims"
+    assert {f"/{claims['prioritizeVerb']}", f"/{claims['filterVerb']}"} <= build_verbs(
         Extender(cluster(), Settings("best-fit"), Metrics())).paths()
-    assert not {"filterVerb", "bindVerb", "preemptVerb", "managedResources"} & set(claims)
-    assert claims["ignorable"] is True and claims["nodeCacheCapable"] is True
+    assert not {"bindVerb", "preemptVerb", "managedResources"} & set(claims)
+    assert claims["ignorable"] is False and claims["nodeCacheCapable"] is True
     assert claims["weight"] == main["weight"] == 5
     assert claims["urlPrefix"] == main["urlPrefix"]
