@@ -31,8 +31,6 @@ def fake() -> Iterator[FakeApiServer]:
         yield server
 
 
-@pytest.mark.xfail(strict=True, reason="REVIEW perm-1: an extender that cannot list "
-                   "GPUPermissions is ready and places confined tenants anywhere")
 def test_a_confined_tenant_is_never_placed_outside_its_permission_while_they_cannot_be_listed(
         fake: FakeApiServer) -> None:
     nodes = seed_cluster(fake, 2, 2)

@@ -55,7 +55,7 @@ from gpupool.extender import protocol
 from gpupool.extender.drafilter import claims_filter_json
 from gpupool.extender.drascores import claims_priorities_json
 from gpupool.extender.metrics import Metrics
-from gpupool.extender.service import Extender
+from gpupool.extender.service import READY_KINDS, Extender
 from gpupool.extender.sizing import BodyLimits
 
 log = logging.getLogger(__name__)

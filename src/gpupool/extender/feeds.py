@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from gpupool.extender.cache import ClusterCache
-from gpupool.kube.api import DraApi, KubeApi
+from gpupool.kube.api import DraApi, KubeApi, Listing
+from gpupool.kube.errors import NotFound
 from gpupool.kube.informer import Feed, Informer
 
 log = logging.getLogger(__name__)
@@ -43,10 +44,25 @@ class Feeds:
 
 
 LENIENT = ("tenantquotas", "gpupermissions")
-"""Kinds whose listing is waited for only ``LENIENT_SYNC_S``: a cluster upgraded without
-their CRDs (Helm installs new CRDs only on install) answers 404, and the extender must
-still start; their informers keep retrying and apply them once listed."""
+"""Kinds whose listing is waited for only ``LENIENT_SYNC_S``. A cluster upgraded without
+their CRDs (Helm installs new CRDs only on install) answers 404: then none can exist, the
+listing counts as empty and the extender serves; their informers keep retrying and apply
+them once the CRD is there. Any other failure (403 from a mis-bound role, 500, no answer)
+leaves them unlisted: the extender starts but stays unready (``Extender.ready``) until a
+listing succeeds, so that no tenant a GPUPermission confines is placed anywhere."""
 LENIENT_SYNC_S = 10.0
+
+
+def _absent_is_empty(feed: Feed[Any]) -> Feed[Any]:
+    """``feed`` whose listing answers "no objects" when the kind's CRD is absent (404)."""
+    def listing(api: KubeApi) -> Listing[Any]:
+        try:
+            return feed.list(api)
+        except NotFound:
+            log.warning("%s: the API server does not serve them (is the CRD applied? "
+                        "charts/gpupool/crds): none can exist", feed.name)
+            return Listing([], "")
+    return Feed(feed.name, listing, feed.watch)
 
 
 def start_feeds(api: KubeApi, cache: ClusterCache, watch_timeout_s: int = 300,
@@ -79,12 +95,14 @@ def start_feeds(api: KubeApi, cache: ClusterCache, watch_timeout_s: int = 300,
     ]
     started: list[Informer[Any]] = []
     for feed, on_sync, on_event in plan:
-        informer = Informer(api, feed, on_sync, on_event, watch_timeout_s).start()
+        lenient = feed.name in LENIENT
+        informer = Informer(api, _absent_is_empty(feed) if lenient else feed, on_sync,
+                            on_event, watch_timeout_s).start()
         started.append(informer)
-        if feed.name in LENIENT:
+        if lenient:
             if not informer.synced.wait(min(sync_timeout_s, LENIENT_SYNC_S)):
-                log.error("could not list %s within %.0fs (is its CRD applied? "
-                          "charts/gpupool/crds): not enforced until they are listed",
+                log.error("could not list %s within %.0fs (does the extender's role allow "
+                          "it? see its warnings): unready until they are listed",
                           feed.name, min(sync_timeout_s, LENIENT_SYNC_S))
             continue
         if not informer.synced.wait(sync_timeout_s):

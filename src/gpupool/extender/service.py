@@ -156,7 +156,11 @@ class Extender:
             self._table(self.cache.state)
 
     def ready(self) -> bool:
-        return {"nodes", "devices", "pods", "ledgers"} <= self.cache.synced
+        """Every kind a decision reads is listed. TenantQuotas and GPUPermissions count as
+        listed when their CRD is absent (``feeds.LENIENT``: none can exist); any other
+        failure to list them keeps the replica unready, so that no confined tenant is
+        placed while its permissions are unknown."""
+        return self.cache.synced >= READY_KINDS
 
     def close(self) -> None:
         """Stop the preemption worker (after the preemption it is carrying out)."""
@@ -418,3 +422,8 @@ def scaled(values: np.ndarray) -> np.ndarray:
     if hi - lo <= 1e-12:
         return np.full(values.shape, MAX_SCORE, np.int64)
     return np.rint((values - lo) * MAX_SCORE / (hi - lo)).astype(np.int64)
+
+
+READY_KINDS = frozenset({"nodes", "devices", "pods", "ledgers", "tenantquotas",
+                         "gpupermissions"})
+"""What ``Extender.ready`` waits for (the cache's names of the kinds it has listed)."""
