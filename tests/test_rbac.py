@@ -1,6 +1,6 @@
-"""The shipped RBAC of the controller and the webhook allows every call their code makes
-against the API (recorded by the FAKE API server), and the writes are exactly what each
-component is meant to write."""
+"""The shipped RBAC of the controller, the webhook and the extender allows every call their
+code makes against the API (recorded by the FAKE API server), and the writes are exactly
+what each component is meant to write."""
 
 from __future__ import annotations
 
@@ -8,12 +8,14 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 from gpupool_testing.fake_apiserver import FakeApiServer
 
 from gpupool.cli.webhook import _pod_node as pod_node_of
 from gpupool.controller.leader import ElectionTiming, LeaderElector
 from gpupool.controller.loop import Controller
-from gpupool.kube.api import KubeApi
+from gpupool.extender.reconcile import LedgerReconciler
+from gpupool.kube.api import DraApi, KubeApi
 from gpupool.kube.controller_ops import ControllerApi
 from gpupool.kube.keystore import PUBLIC_CONFIG_MAP, KeyRingSource
 from gpupool.kube.lease import LeaseLock
@@ -22,6 +24,7 @@ from gpupool.webhook.certificates import CertificateKeeper
 from gpupool.webhook.metrics import Metrics
 from gpupool.webhook.tls import ServingTls
 from tests.controller.builders import GIB, RING, device, group, model_selector, placed_pod, slices
+from tests.extender import builders as extender_builders
 from tests.rbac_grants import Call, grants, manifest, needed, refused, writes
 from tests.waiting import wait_for
 from tests.webhook.conftest import PLURALS, plan, shipped_configurations
@@ -132,3 +135,66 @@ def test_the_controllers_rbac_covers_its_leader_election_on_its_own_lease_only()
     other = [Call("coordination.k8s.io", "leases", "update", NS, "gpupool-scheduler"),
              Call("coordination.k8s.io", "leases", "get", "kube-system", "gpupool-controller")]
     assert refused(other, rules) == set(other)
+
+
+def _extender_calls(monkeypatch: pytest.MonkeyPatch) -> set[Call]:
+    """The extender as ``gpupool extender`` wires it (a DRA-speaking client, so the
+    ResourceSlice and ResourceClaim feeds run too) schedules four pods, preempts one of
+    them for a pod of higher priority (PodDisruptionBudgets read, an eviction, Events) and
+    reconciles its ledgers, with a TenantQuota and a GPUPermission in the cluster."""
+    monkeypatch.setattr(extender_builders, "KubeApi", DraApi)
+    with FakeApiServer() as fake:
+        nodes = extender_builders.seed_cluster(fake, 2, 2)
+        fake.seed("tenantquotas", {"metadata": {"name": "other", "generation": 1},
+                                   "spec": {"namespaces": ["elsewhere"], "limits": {"gpus": 1}}})
+        replica = extender_builders.Replica(fake)
+        try:
+            assert isinstance(replica.api, DraApi)
+            assert wait_for(lambda: replica.cache.dra.synced ==
+                            {"resourceslices", "resourceclaims"})
+            for k in range(4):
+                pod = fake.seed("pods", extender_builders.pod_obj(f"p{k}",
+                                                                   {"gpupool.io/gpu": "1"}))
+                assert extender_builders.schedule(replica.extender, pod, nodes)[1] == ""
+            urgent = extender_builders.pod_obj("urgent", {"gpupool.io/gpu": "1"})
+            urgent["spec"]["priority"] = 1000
+            urgent = fake.seed("pods", urgent)
+            assert wait_for(lambda: "budgets" in replica.cache.synced)
+            extender_builders.schedule(replica.extender, urgent, nodes)
+            assert wait_for(lambda: len(fake.objects("pods")) == 4)  # one evicted
+            assert wait_for(lambda: len(fake.objects("events")) == 2)
+            LedgerReconciler(replica.cache, replica.api).run_once()
+        finally:
+            replica.close()
+        return needed(fake.requests)
+
+
+def test_the_extenders_rbac_covers_scheduling_preemption_tenancy_and_dra_feeds(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _extender_calls(monkeypatch)
+    rules = grants(manifest("extender", "rbac.yaml"), "gpupool-extender")
+    assert refused(calls, rules) == set()
+    read = {(c.group, c.resource) for c in calls if c.verb in ("get", "list", "watch")}
+    assert read >= {("", "nodes"), ("", "pods"), ("policy", "poddisruptionbudgets"),
+                    ("gpupool.io", "tenantquotas"), ("gpupool.io", "gpupermissions"),
+                    ("gpupool.io", "gpudevices"), ("gpupool.io", "gpuledgers"),
+                    ("resource.k8s.io", "resourceslices"),
+                    ("resource.k8s.io", "resourceclaims")}
+    assert writes(calls) == {("", "pods/binding"), ("", "pods/eviction"), ("", "events"),
+                             ("gpupool.io", "gpuledgers"), ("", "secrets"), ("", "configmaps")}
+
+
+def test_the_extender_can_write_no_pod_claim_quota_permission_or_gpu() -> None:
+    rules = grants(manifest("extender", "rbac.yaml"), "gpupool-extender")
+    forbidden = [Call("", "pods", "patch", "team-a", "p"),
+                 Call("", "pods", "delete", "team-a", "p"),
+                 Call("", "secrets", "list", NS, ""),
+                 Call("", "secrets", "get", "team-a", "token"),
+                 Call("resource.k8s.io", "resourceclaims", "update", "team-a", "c"),
+                 Call("resource.k8s.io", "resourceclaims/status", "patch", "team-a", "c"),
+                 Call("resource.k8s.io", "resourceslices", "create", "", ""),
+                 Call("gpupool.io", "tenantquotas", "update", "", "q"),
+                 Call("gpupool.io", "gpupermissions", "patch", "", "p"),
+                 Call("gpupool.io", "gpudevices", "update", "", "gpu-1"),
+                 Call("", "namespaces", "patch", "", "team-a")]
+    assert refused(forbidden, rules) == set(forbidden)
