@@ -26,9 +26,11 @@ In each it measures:
 Each layout runs ``--repeat`` times as the plugin is and as many times as earlier
 versions prepared (the baseline, same run, alternating order, samples pooled): the
 whole checkpoint file of every claim rewritten and the node's state rebuilt from every
-prepared claim at each prepare. And, in this process, the checkpoint write of one
-prepare with ``--live`` claims held: one claim file (what the plugin does) against the
-whole file of every claim (what earlier versions wrote, reproduced here).
+prepared claim at each prepare. Then, in this process: the preparer alone (called
+directly, the claims in memory: prepare's own work without HTTP or gRPC), before and
+now; and the checkpoint write of one prepare with ``--live`` claims held, one claim
+file (what the plugin does) against the whole file of every claim (what earlier
+versions wrote, reproduced here).
 
 Targets: prepare p99 ≤ 10 ms for one claim on 8 GPUs; slice publication ≤ 1 s.
 
@@ -62,6 +64,7 @@ from nodeagent.dra.kubelet_dra import FakeDraKubelet  # noqa: E402
 
 from gpupool.contract import dra  # noqa: E402
 from gpupool.kube.api import DraApi  # noqa: E402
+from gpupool.nodeagent.dra.cdi import CdiSpecs  # noqa: E402
 from gpupool.nodeagent.dra.checkpoint import (  # noqa: E402
     Checkpoint,
     PreparedClaim,
@@ -71,8 +74,11 @@ from gpupool.nodeagent.dra.checkpoint import (  # noqa: E402
 )
 from gpupool.nodeagent.dra.claimsource import KubeDraCluster  # noqa: E402
 from gpupool.nodeagent.dra.plugin import DraAgent, DraConfig  # noqa: E402
+from gpupool.nodeagent.dra.preparer import PrepareConfig, Preparer  # noqa: E402
 from gpupool.nodeagent.envs import ContainerEdits  # noqa: E402
+from gpupool.nodeagent.exposure import Exposure  # noqa: E402
 from gpupool.nodeagent.fakegpus import FakeGpuBackend  # noqa: E402
+from gpupool.nodeagent.isolation.none import NoIsolation  # noqa: E402
 
 from machine import line  # noqa: E402
 
@@ -309,6 +315,40 @@ def bench_checkpoint(root: Path, live: int, rounds: int) -> tuple[list[float], l
     return one, whole
 
 
+class MemoryClaims:
+    """Claims held in memory: the preparer measured without HTTP or gRPC."""
+
+    def __init__(self) -> None:
+        self.claims: dict[str, dict[str, Any]] = {}
+
+    def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        return self.claims[name]
+
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return None
+
+
+def bench_preparer(root: Path, claims: int, live: int, whole: bool) -> list[float]:
+    """NodePrepareResources' own work: the preparer called directly (claims in memory)."""
+    gpus = FakeGpuBackend(root / "gpus.yaml").discover()
+    source = MemoryClaims()
+    preparer = Preparer(PrepareConfig(NODE), source, lambda: gpus,
+                        Checkpoint(root / f"claims-{whole}"), CdiSpecs(root / f"cdi-{whole}"),
+                        Exposure(), NoIsolation())
+    if whole:
+        preparer.checkpoint = WholeFileCheckpoint(root / f"checkpoint-{whole}.json")
+        preparer._follow = lambda claim, added: setattr(  # type: ignore[method-assign]
+            preparer, "_cached", None)
+    out = []
+    for i in range(claims):
+        obj = allocated_claim(f"c{i}", [dra.device_name(i % GPUS)], memory="1Gi", cores="5")
+        source.claims[f"c{i}"] = obj
+        out.append(timed(lambda obj=obj: preparer.prepare(*ref(obj))))  # type: ignore[misc]
+        if i >= live:
+            preparer.unprepare(f"uid-c{i - live}")
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--claims", type=int, default=400)
@@ -346,6 +386,17 @@ def main() -> None:
             print(f"prepare, {name}: p50 {statistics.median(before):.2f} -> "
                   f"{statistics.median(now):.2f} ms, p99 {pct(before, 99):.2f} -> "
                   f"{pct(now, 99):.2f} ms (before -> now)")
+    with tempfile.TemporaryDirectory(prefix="gp-", dir="/tmp") as tmp:
+        direct: dict[bool, list[float]] = {True: [], False: []}
+        for r in range(args.repeat):
+            for old in ((True, False) if r % 2 == 0 else (False, True)):
+                where = Path(tmp) / f"{r}-{old}"
+                where.mkdir()
+                write_gpus(where / "gpus.yaml", GPUS, 81920)
+                direct[old].extend(bench_preparer(where, args.claims, args.live, old))
+    print(f"The preparer alone (no HTTP, no gRPC; claims in memory), {args.live} claims held:")
+    report("before (whole-file checkpoint, state rebuilt)", direct[True])
+    report("now", direct[False])
     with tempfile.TemporaryDirectory(prefix="gp-", dir="/tmp") as tmp:
         one, whole = bench_checkpoint(Path(tmp), args.live, args.claims)
     print(f"Checkpoint write of one prepare, {args.live} claims held:")
