@@ -11,7 +11,11 @@ of 10-40 GiB, their quota charged). Three extenders over equal copies of it:
   limits and a per-class limit — every pod is checked against its tenant's quota and its
   cohort's arithmetic (``core.tenants``, ``core.cohort``);
 * ``permissions``: ``quotas`` plus a GPUPermission per tenant confining it to half the
-  nodes (by a node label) — its own figure: it changes which nodes are candidates.
+  nodes (by a node label) — its own figure: it changes which nodes are candidates;
+* ``fair``: ``quotas`` with ``fairSharing`` on in both cohorts, weights 1-4, and half the
+  tenants given a nominal below what they hold, so that every pod of theirs borrows and is
+  checked against its fair share (``core.tenantshare``) over the asks of all the round's
+  pods, which wait (pending, unbound) the whole time.
 
 Each round sends every pod (shared slices of 4-16 GiB, tenants round robin) through filter
 then prioritize with every node, the three extenders in turn; the medians of ``--repeat``
@@ -56,7 +60,7 @@ def cluster(nodes: int, seed: int) -> tuple[ClusterState, list[tuple[Allocation,
     return state, held
 
 
-def extender(nodes: int, seed: int, tenancy: str) -> Extender:
+def extender(nodes: int, seed: int, tenancy: str, waiting: list[dict[str, Any]]) -> Extender:
     state, held = cluster(nodes, seed)
     cache = ClusterCache()
     cache.state = state
@@ -68,13 +72,26 @@ def extender(nodes: int, seed: int, tenancy: str) -> Extender:
                 "namespaces": NAMESPACES[3 * t:3 * t + 3], "cohort": f"c{t % 2}",
                 "limits": {"gpus": 10 * nodes, "memoryMiB": 10**9},
                 "borrowingLimit": {"gpus": nodes}, "lendingLimit": {"gpus": nodes},
-                "classes": {"a100": {"gpus": 10 * nodes}}}})
+                "classes": {"a100": {"gpus": 10 * nodes}}, **_fair(tenancy, t, nodes)}})
+    if tenancy == "fair":
+        cache.unbound.update({p["metadata"]["uid"]: p for p in waiting})
     if tenancy == "permissions":
         for t in range(20):
             cache.permission_event("ADDED", {"metadata": {"name": f"perm-{t}"}, "spec": {
                 "tenants": NAMESPACES[3 * t:3 * t + 3],
                 "nodeSelector": {"matchLabels": {"half": str(t % 2)}}}})
     return Extender(cache, Settings("best-fit"), Metrics())
+
+
+def _fair(tenancy: str, t: int, nodes: int) -> dict[str, Any]:
+    """The ``fair`` kind's changes to team ``t``'s spec: fair sharing, a weight, and for
+    half the teams a nominal of 50 GPUs per 1,000 nodes (they hold about 200)."""
+    if tenancy != "fair":
+        return {}
+    spec: dict[str, Any] = {"fairSharing": True, "weight": 1 + t % 4}
+    if (t // 2) % 2:
+        spec["limits"] = {"gpus": max(nodes // 20, 1), "memoryMiB": 10**9}
+    return spec
 
 
 def pods(count: int, seed: int) -> list[dict[str, Any]]:
@@ -99,15 +116,15 @@ def round_ms(ext: Extender, calls: list[dict[str, Any]], names: list[str]) -> fl
 
 
 def run(nodes: int, count: int, repeat: int, seed: int) -> None:
-    kinds = ("plain", "quotas", "permissions")
-    exts = {k: extender(nodes, seed, k) for k in kinds}
-    names = [f"n{i}" for i in range(nodes)]
+    kinds = ("plain", "quotas", "permissions", "fair")
     calls = pods(count, seed)
+    exts = {k: extender(nodes, seed, k, calls) for k in kinds}
+    names = [f"n{i}" for i in range(nodes)]
     times: dict[str, list[float]] = {k: [] for k in kinds}
     for k in kinds:  # warm the caches (masks, name tables) once
         round_ms(exts[k], calls[:5], names)
     for r in range(repeat):
-        for k in kinds[r % 3:] + kinds[:r % 3]:  # each goes first in turn
+        for k in kinds[r % len(kinds):] + kinds[:r % len(kinds)]:  # each goes first in turn
             times[k].append(round_ms(exts[k], calls, names))
     base = statistics.median(times["plain"])
     for k in kinds:

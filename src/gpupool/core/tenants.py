@@ -32,7 +32,7 @@ from gpupool.core.quota import Amount, Charge, Limit, QuotaBook
 from gpupool.core.reasons import Check, Reason
 from gpupool.core.selector import Selector
 from gpupool.core.state import BoolArray, ClusterState
-from gpupool.core.tenantshare import WaitingAsks, beyond_fair_share
+from gpupool.core.tenantshare import WaitingAsks, beyond_fair_share, surely_within
 
 _UNITS = {"gpus": "GPUs", "memory_mib": "MiB of GPU memory", "core_pct": "% of GPU compute"}
 
@@ -205,12 +205,16 @@ class TenantBook:
         return CohortState(members, {f"tenant {q.name}": self.used(book, q) for q in peers})
 
     def fair_refusal(self, book: QuotaBook, quota: TenantQuota, amount: Amount,
-                     key: str | None = None) -> Reason | None:
+                     key: str | None = None, state: CohortState | None = None
+                     ) -> Reason | None:
         """Why borrowing for ``amount`` would take ``quota``'s tenant beyond its fair share
         of what its cohort lends (None: it would not); pod ``key``'s own ask is not counted
         twice. Never permanent: shares change as the others' pods start and end."""
-        cohort = quota.cohort or ""
-        found = beyond_fair_share(self.cohort(book, quota), f"tenant {quota.name}", amount,
+        cohort, me = quota.cohort or "", f"tenant {quota.name}"
+        state = state or self.cohort(book, quota)
+        if surely_within(state, me, amount, self.waiting.total):
+            return None
+        found = beyond_fair_share(state, me, amount,
                                   self.waiting_by_member(book, cohort, but=key))
         return None if found is None else Reason("", Check.QUOTA, found.reason(), False)
 
@@ -232,12 +236,13 @@ class TenantBook:
             elif self._surely_fits(book, quota, charge.amount):
                 reason = None
             else:
-                found = self.admission(book, quota, charge.amount)
+                state = self.cohort(book, quota)
+                found = admit(state, f"tenant {quota.name}", charge.amount)
                 reason = None if found.admitted else Reason(
                     "", Check.QUOTA, found.reason,
                     found.permanent and found.verdict is not Verdict.RECLAIMS)
                 if found.verdict is Verdict.BORROWS and self.shares_fairly(quota.cohort):
-                    reason = self.fair_refusal(book, quota, charge.amount, key)
+                    reason = self.fair_refusal(book, quota, charge.amount, key, state)
             if key is not None and self.shares_fairly(quota.cohort):
                 self.waiting.note(key, charge.tenant, charge.amount)
             if reason is None and charge.gpu_class is not None:

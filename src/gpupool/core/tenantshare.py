@@ -53,15 +53,22 @@ class WaitingAsks:
     def __init__(self, still_waiting: Callable[[str], bool] | None = None) -> None:
         self.asks: dict[str, tuple[str, Amount]] = {}
         self.still_waiting = still_waiting
+        self.total = Amount()  # of every ask remembered (an upper bound of what waits)
 
     def note(self, key: str, namespace: str | None, amount: Amount) -> None:
-        self.asks.pop(key, None)
+        old = self.asks.get(key)
+        if old == (namespace or "", amount):
+            return
+        self.forget(key)
         self.asks[key] = (namespace or "", amount)
+        self.total = self.total + amount
         while len(self.asks) > MAX_WAITING:
-            self.asks.pop(next(iter(self.asks)))
+            self.forget(next(iter(self.asks)))
 
     def forget(self, key: str) -> None:
-        self.asks.pop(key, None)
+        found = self.asks.pop(key, None)
+        if found is not None:
+            self.total = self.total.minus(found[1])
 
     def by_namespace(self, but: str | None = None,
                      holds: Callable[[str], object] | None = None) -> dict[str, Amount]:
@@ -71,7 +78,7 @@ class WaitingAsks:
         gone = [k for k in self.asks if (still is not None and not still(k))
                 or (holds is not None and holds(k))]
         for key in gone:
-            del self.asks[key]
+            self.forget(key)
         out: dict[str, Amount] = {}
         for key, (ns, amount) in self.asks.items():
             if key != but:
@@ -90,6 +97,24 @@ def wants(state: CohortState, member: str, amount: Amount,
             extra = extra + amount
         out[peer.name] = state.charged(peer.name, extra).borrowed(peer.name)
     return out
+
+
+def surely_within(state: CohortState, member: str, amount: Amount, waiting: Amount) -> bool:
+    """A cheap sufficient condition for ``beyond_fair_share`` being None: even if every
+    member wanted all it borrows plus everything that waits (``waiting``: an upper bound of
+    the waiting asks, of any member), the cohort would lend enough for all of it — the
+    division gives everyone its want."""
+    after = state.charged(member, amount)
+    now, then = state.borrowed(member), after.borrowed(member)
+    dims = [d for d in DIMS if getattr(then, d) > getattr(now, d)]  # the only ones judged
+    if not dims:
+        return True
+    capacity = after.borrowable(member)
+    borrowed = Amount()
+    for p in after.peers(member):
+        borrowed = borrowed + after.borrowed(p.name)
+    return all(getattr(borrowed, d) + getattr(waiting, d) <= getattr(capacity, d)
+               for d in dims)
 
 
 def beyond_fair_share(state: CohortState, member: str, amount: Amount,
