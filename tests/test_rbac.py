@@ -12,6 +12,7 @@ import pytest
 from gpupool_testing.fake_apiserver import FakeApiServer
 
 from gpupool.cli.webhook import _pod_node as pod_node_of
+from gpupool.controller.deviceclasses import DeviceClassSync
 from gpupool.controller.leader import ElectionTiming, LeaderElector
 from gpupool.controller.loop import Controller
 from gpupool.extender.reconcile import LedgerReconciler
@@ -198,3 +199,40 @@ def test_the_extender_can_write_no_pod_claim_quota_permission_or_gpu() -> None:
                  Call("gpupool.io", "gpudevices", "update", "", "gpu-1"),
                  Call("", "namespaces", "patch", "", "team-a")]
     assert refused(forbidden, rules) == set(forbidden)
+
+
+def test_the_controllers_rbac_with_its_dra_role_covers_tenancy_statuses_and_deviceclasses(
+        ) -> None:
+    with FakeApiServer() as fake:
+        for obj in (device("n1", 0), device("n2", 0, "T4", 16 * GIB)):
+            fake.seed("gpudevices", obj)
+        fake.seed("nodes", {"metadata": {"name": "n1", "labels": {"zone": "a"}}})
+        fake.seed("namespaces", {"metadata": {"name": "lab"}})
+        fake.seed("resourcegroups", group("team", nodes=["n1"], quota={"gpus": 1}))
+        fake.seed("tenantquotas", {"metadata": {"name": "lab", "generation": 1},
+                                   "spec": {"namespaces": ["lab"], "limits": {"gpus": 2}}})
+        fake.seed("gpupermissions", {"metadata": {"name": "lab-zone-a", "generation": 1},
+                                     "spec": {"tenants": ["lab"], "nodeSelector": {
+                                         "matchLabels": {"zone": "a"}}}})
+        api, dra = ControllerApi.open(server=fake.url), DraApi.connect(server=fake.url)
+        assert isinstance(dra, DraApi)
+        try:
+            out = Controller(api, verify=None,
+                             device_classes=DeviceClassSync(dra)).reconcile_once()
+            assert out.failures == [] and out.device_classes
+        finally:
+            api.close()
+            dra.close()
+        calls = needed(fake.requests)
+    rules = grants(manifest("controller", "rbac.yaml"), "gpupool-controller") + \
+        grants(manifest("dra", "rbac.yaml"), "gpupool-controller")
+    assert refused(calls, rules) == set()
+    read = {(c.group, c.resource) for c in calls if c.verb in ("get", "list", "watch")}
+    assert read >= {("", "nodes"), ("", "namespaces"), ("gpupool.io", "tenantquotas"),
+                    ("gpupool.io", "gpupermissions"), ("resource.k8s.io", "deviceclasses")}
+    assert writes(calls) == {("gpupool.io", "resourceclasses"),
+                             ("gpupool.io", "resourceclasses/status"),
+                             ("gpupool.io", "resourcegroups/status"),
+                             ("gpupool.io", "tenantquotas/status"),
+                             ("gpupool.io", "gpupermissions/status"),
+                             ("resource.k8s.io", "deviceclasses")}
