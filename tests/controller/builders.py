@@ -78,6 +78,8 @@ def placed_pod(name: str, ns: str, node: str, gpus: tuple[Slice, ...], exclusive
     if class_name:
         limits = {names.CLASS_RESOURCE_PREFIX + class_name: str(len(gpus))}
     labels = {names.LABEL_GROUP: group_name} if group_name else {}
+    if group_name:  # bind records (and signs) the group it charged
+        notes[names.ANNOTATION_RESOURCE_GROUP] = group_name
     return sign({"metadata": {"name": name, "namespace": ns, "uid": uid, "annotations": notes,
                               "labels": labels},
                  "spec": {"nodeName": node, "containers": [

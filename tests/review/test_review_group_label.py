@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import pytest
 from lightkube.core.decoders import decode_object
 from lightkube.resources.core_v1 import Node
 
@@ -41,8 +40,6 @@ def relabelled_pod() -> dict[str, Any]:
     return pod
 
 
-@pytest.mark.xfail(strict=True, reason="REVIEW group-1: a bound pod's charge follows its "
-                   "mutable gpupool.io/group label when its decision names no group")
 def test_relabelling_a_running_pod_does_not_charge_another_teams_group() -> None:
     cache = ClusterCache(decisions=DecisionCheck(KEYS))
     cache.sync_nodes([Node.from_dict(node_obj(n)) for n in ("n0", "n1")])

@@ -120,12 +120,16 @@ def holding(key: str, annotations: Mapping[str, str] | None, node: str | None
 
 
 def group_of(annotations: Any, labels: Any) -> str | None:
-    """The resource group a pod is charged to: the one bind recorded
-    (``gpupool.io/resource-group``), else the one its ``gpupool.io/group`` label names
-    (a pod's annotations and labels as given; anything but a map counts as empty)."""
-    group = (annotations.get(names.ANNOTATION_RESOURCE_GROUP)
-             if isinstance(annotations, Mapping) else None) or \
-        (labels.get(names.LABEL_GROUP) if isinstance(labels, Mapping) else None)
+    """The resource group a pod is charged to. A pod with a decision: exactly the one
+    bind recorded and signed (``gpupool.io/resource-group``; absent or empty: none), never
+    its label, which its author may change after the bind. A pod not bound yet: the one its
+    ``gpupool.io/group`` label asks for. (A pod's annotations and labels as given;
+    anything but a map counts as empty.)"""
+    notes = annotations if isinstance(annotations, Mapping) else {}
+    if has_decision(notes):
+        group = notes.get(names.ANNOTATION_RESOURCE_GROUP)
+    else:
+        group = labels.get(names.LABEL_GROUP) if isinstance(labels, Mapping) else None
     return str(group) if group else None
 
 
