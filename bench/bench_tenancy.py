@@ -2,6 +2,7 @@
 with tenant quotas and cohorts active, against the same calls without them.
 
     .venv/bin/python bench/bench_tenancy.py [--nodes 1000] [--pods 200] [--repeat 5]
+                                            [--exact-fair]
 
 A cluster of N nodes × 8 A100 (80 GiB), half its GPUs held by pods of 60 namespaces (slices
 of 10-40 GiB, their quota charged). Three extenders over equal copies of it:
@@ -15,7 +16,10 @@ of 10-40 GiB, their quota charged). Three extenders over equal copies of it:
 * ``fair``: ``quotas`` with ``fairSharing`` on in both cohorts, weights 1-4, and half the
   tenants given a nominal below what they hold, so that every pod of theirs borrows and is
   checked against its fair share (``core.tenantshare``) over the asks of all the round's
-  pods, which wait (pending, unbound) the whole time.
+  pods, which wait (pending, unbound) the whole time. The cohorts lend far more than is
+  borrowed and waits, so the check's shortcut (``tenantshare.surely_within``) admits;
+  ``--exact-fair`` turns the shortcut off, so that every borrowing pod pays for the whole
+  division (the cost in a cohort whose lending is contended).
 
 Each round sends every pod (shared slices of 4-16 GiB, tenants round robin) through filter
 then prioritize with every node, the three extenders in turn; the medians of ``--repeat``
@@ -140,7 +144,12 @@ def main() -> None:
     parser.add_argument("--pods", type=int, default=200)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--exact-fair", action="store_true",
+                        help="fair: divide for every borrowing pod (no shortcut)")
     args = parser.parse_args()
+    if args.exact_fair:
+        import gpupool.core.tenants as tenants
+        tenants.surely_within = lambda *_: False  # type: ignore[assignment]
     for n in args.nodes:
         run(n, args.pods, args.repeat, args.seed)
 

@@ -83,6 +83,8 @@ class TenantBook:
         self._capacity: dict[str, tuple[int, ...]] = {}  # cohort -> the pool per dimension
         self._totals: dict[tuple[int, str], tuple[int, int, int]] = {}
         self._totals_of: QuotaBook | None = None
+        self._states: dict[tuple[int, str], CohortState] = {}
+        self._states_of: QuotaBook | None = None
         self._fair: frozenset[str] = frozenset()  # cohorts that share fairly
         self.waiting = WaitingAsks()  # what waiting pods ask, for fair share
         for q in quotas:
@@ -111,7 +113,7 @@ class TenantBook:
         self._members = {q.name: member_of(q) for q in self._sorted}
         self._peers = {c: tuple(qs) for c, qs in peers.items()}
         self._fair = frozenset(c for c, qs in peers.items() if any(q.fair_sharing for q in qs))
-        self._totals = {}
+        self._totals, self._states = {}, {}
         self._capacity = {c: tuple(sum(self._members[q.name].lendable(d) for q in qs)
                                    for d in ("gpus", "memory_mib", "core_pct"))
                           for c, qs in peers.items()}
@@ -196,9 +198,36 @@ class TenantBook:
         return all(m <= 0 or quota.limit_of(i) is None or t + m <= cap
                    for i, (t, m, cap) in enumerate(zip(totals, asked, capacity, strict=True)))
 
+    def _fair_surely(self, book: QuotaBook, quota: TenantQuota, amount: Amount) -> bool:
+        """``surely_within`` from remembered totals: what the cohort's members use, plus
+        ``amount``, plus every waiting ask, fits the cohort's pool. (Per dimension,
+        borrowed − unused nominal = used − nominal, and what a member lends idle is at least
+        its unused nominal less its guaranteed part; so this implies ``surely_within``.)"""
+        totals = self._cohort_total(book, quota.cohort or "")
+        capacity = self._capacity.get(quota.cohort or "", (0, 0, 0))
+        asked = (amount.gpus, amount.memory_mib, amount.core_pct)
+        waits = (self.waiting.total.gpus, self.waiting.total.memory_mib,
+                 self.waiting.total.core_pct)
+        return all(m <= 0 or quota.limit_of(i) is None or t + m + w <= cap for i, (t, m, w, cap)
+                   in enumerate(zip(totals, asked, waits, capacity, strict=True)))
+
     def cohort(self, book: QuotaBook, quota: TenantQuota) -> CohortState:
         """The cohort arithmetic's view of ``quota``'s cohort: members named
-        ``tenant <name>``, each using what its namespaces hold."""
+        ``tenant <name>``, each using what its namespaces hold (remembered while neither
+        the book's charges nor the quotas change; states are values)."""
+        if quota.cohort is None or self.by_name.get(quota.name) is not quota:
+            return self._state(book, quota)
+        if book is not self._states_of:
+            self._states, self._states_of = {}, book
+        key = (book.version, quota.cohort)
+        found = self._states.get(key)
+        if found is None:
+            if len(self._states) > 16:
+                self._states.clear()
+            found = self._states[key] = self._state(book, quota)
+        return found
+
+    def _state(self, book: QuotaBook, quota: TenantQuota) -> CohortState:
         peers = self._peers.get(quota.cohort, (quota,)) if quota.cohort else (quota,)
         members = {f"tenant {q.name}": self._members.get(q.name) or member_of(q)
                    for q in peers}
@@ -211,6 +240,8 @@ class TenantBook:
         of what its cohort lends (None: it would not); pod ``key``'s own ask is not counted
         twice. Never permanent: shares change as the others' pods start and end."""
         cohort, me = quota.cohort or "", f"tenant {quota.name}"
+        if self._fair_surely(book, quota, amount):
+            return None
         state = state or self.cohort(book, quota)
         if surely_within(state, me, amount, self.waiting.total):
             return None
