@@ -17,12 +17,13 @@ of 10-40 GiB, their quota charged). Three extenders over equal copies of it:
   tenants given a nominal below what they hold, so that every pod of theirs borrows and is
   checked against its fair share (``core.tenantshare``) over the asks of all the round's
   pods, which wait (pending, unbound) the whole time. The cohorts lend far more than is
-  borrowed and waits, so the check's shortcut (``tenantshare.surely_within``) admits;
-  ``--exact-fair`` turns the shortcut off, so that every borrowing pod pays for the whole
-  division (the cost in a cohort whose lending is contended).
+  borrowed and waits, so the check's shortcuts (``TenantBook._fair_surely``,
+  ``tenantshare.surely_within``) admit; ``--exact-fair`` turns them off, so that every
+  borrowing pod pays for the whole division (the cost in a cohort whose lending is
+  contended).
 
 Each round sends every pod (shared slices of 4-16 GiB, tenants round robin) through filter
-then prioritize with every node, the three extenders in turn; the medians of ``--repeat``
+then prioritize with every node, the extenders in turn; the medians of ``--repeat``
 rounds (CPU time of this process, each extender going first in turn) are printed per
 pod, with the ratio to ``plain``. The ``permissions`` row makes a different decision: half
 the nodes are refused, and their reasons are explained (kube-scheduler shows them), which
@@ -150,6 +151,7 @@ def main() -> None:
     if args.exact_fair:
         import gpupool.core.tenants as tenants
         tenants.surely_within = lambda *_: False  # type: ignore[assignment]
+        tenants.TenantBook._fair_surely = lambda *_: False  # type: ignore[method-assign]
     for n in args.nodes:
         run(n, args.pods, args.repeat, args.seed)
 
