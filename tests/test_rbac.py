@@ -4,6 +4,11 @@ what each component is meant to write."""
 
 from __future__ import annotations
 
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -12,6 +17,7 @@ import pytest
 from gpupool_testing.fake_apiserver import FakeApiServer
 
 from gpupool.cli.webhook import _pod_node as pod_node_of
+from gpupool.contract import dra
 from gpupool.controller.deviceclasses import DeviceClassSync
 from gpupool.controller.leader import ElectionTiming, LeaderElector
 from gpupool.controller.loop import Controller
@@ -26,6 +32,10 @@ from gpupool.webhook.metrics import Metrics
 from gpupool.webhook.tls import ServingTls
 from tests.controller.builders import GIB, RING, device, group, model_selector, placed_pod, slices
 from tests.extender import builders as extender_builders
+from tests.nodeagent.builders import NODE as AGENT_NODE
+from tests.nodeagent.builders import write_gpus
+from tests.nodeagent.dra.kubelet_dra import FakeDraKubelet
+from tests.nodeagent.kubelet_standin import FakeKubelet
 from tests.rbac_grants import Call, grants, manifest, needed, refused, writes
 from tests.waiting import wait_for
 from tests.webhook.conftest import PLURALS, plan, shipped_configurations
@@ -236,3 +246,54 @@ def test_the_controllers_rbac_with_its_dra_role_covers_tenancy_statuses_and_devi
                              ("gpupool.io", "tenantquotas/status"),
                              ("gpupool.io", "gpupermissions/status"),
                              ("resource.k8s.io", "deviceclasses")}
+
+
+def _node_agent_calls(fake: FakeApiServer, root: Path, published: str, *extra: str
+                      ) -> set[Call]:
+    """``gpupool device-plugin`` started on a node, run until it has published its GPUs
+    (GPUDevices, or the node's ResourceSlice in DRA mode), then stopped with SIGTERM."""
+    gpus = write_gpus(root / "gpus.yaml", 2)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpupool.cli.main", "device-plugin", "--node-name", AGENT_NODE,
+         "--api-server", fake.url, "--kubelet-dir", str(root / "kubelet"),
+         "--fake-gpus", str(gpus), "--state-dir", str(root / "state"),
+         "--isolation-provider", "none", "--metrics-port", "0", *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert wait_for(lambda: fake.objects(published), 30)
+        time.sleep(0.5)  # its informers list and watch
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=20)
+    assert proc.returncode == 0, out
+    return needed(fake.requests)
+
+
+def test_the_node_agents_rbac_covers_its_start_and_its_gpu_and_slice_publishing() -> None:
+    """Start-up and publishing only: the pod patches, evictions and Events that follow a
+    workload are not run here (the ValidatingAdmissionPolicies scope those by node)."""
+    rules = grants(manifest("node-agent", "rbac.yaml"), "gpupool-node-agent")
+    root = Path(tempfile.mkdtemp(prefix="gp-", dir="/tmp"))  # unix socket paths stay short
+    kubelet = FakeKubelet(root / "kubelet").start()
+    try:
+        with FakeApiServer() as fake:
+            plugin = _node_agent_calls(fake, root, "gpudevices")
+        with FakeApiServer() as fake:
+            fake.seed("nodes", {"metadata": {"name": AGENT_NODE, "labels": {
+                dra.NODE_MODE_LABEL: dra.MODE_DRA}}})
+            dra_kubelet = FakeDraKubelet(root / "kubelet")
+            try:
+                in_dra = _node_agent_calls(fake, root, "resourceslices",
+                                           "--cdi-dir", str(root / "cdi"))
+            finally:
+                dra_kubelet.close()
+    finally:
+        kubelet.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    assert refused(plugin | in_dra, rules) == set()
+    assert ("gpupool.io", "gpudevices") in writes(plugin)
+    assert ("resource.k8s.io", "resourceslices") in writes(in_dra)
+    assert writes(plugin | in_dra) <= {("gpupool.io", "gpudevices"),
+                                       ("gpupool.io", "gpudevices/status"),
+                                       ("resource.k8s.io", "resourceslices"),
+                                       ("", "pods"), ("", "events")}
