@@ -219,7 +219,7 @@ class Allocator:
             raise Refused(f"stale or inconsistent decision: {exc}", "stale") from None
 
     def _decide(self, pod: Pod, pods: list[Pod]) -> contract.Decision:
-        """Seed 000 without an extender: the least-loaded GPUs, recorded before use."""
+        """Logical devices with no extender: the least-loaded GPUs, recorded before use."""
         state = self.view.state(self.known_gpus(), self._holding(pods, pod.uid), pod.uid)
         request = pod.request()
         demand = merged_demand(request)
