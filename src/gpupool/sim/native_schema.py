@@ -81,6 +81,18 @@ GROUP = Map({
     "weight": NUMBER,
 }, required=frozenset({"name", "nominal"}))
 COHORT = Map({"name": TEXT, "fairSharing": FLAG}, required=frozenset({"name"}))
+TENANT_CLASS = Map({"name": TEXT, "nominal": QUOTA_LIMIT}, required=frozenset({"name", "nominal"}))
+TENANT = Map({
+    "name": TEXT,
+    "nominal": QUOTA_LIMIT,
+    "classes": Seq(TENANT_CLASS),
+}, required=frozenset({"name"}))
+PERMISSION = Map({
+    "name": TEXT,
+    "tenants": Seq(TEXT),
+    "nodes": SELECTOR,
+    "gpus": SELECTOR,
+}, required=frozenset({"name", "tenants"}))
 """Quota groups and cohorts of simulated tenants (``gpupool.sim.tenants``)."""
 NATIVE = Map({
     "nodes": Seq(NODE),
@@ -88,6 +100,8 @@ NATIVE = Map({
     "pods": Seq(POD),
     "groups": Seq(GROUP),
     "cohorts": Seq(COHORT),
+    "tenants": Seq(TENANT),
+    "permissions": Seq(PERMISSION),
 })
 """A cluster and/or workload file (``gpupool.sim.native``)."""
 

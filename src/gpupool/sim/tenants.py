@@ -13,8 +13,20 @@ In gpupool's YAML (the pods file, or a separate ``--tenancy`` file)::
         borrowingLimit: {gpus: 4} # default: no limit
         lendingLimit: {gpus: 8}   # default: all of the nominal
         weight: 1                 # default 1
+    tenants:                      # tenant quotas beside the groups' (optional)
+      - name: team-a
+        nominal: {gpus: 6}        # the tenant's own cap, whatever group it draws from
+        classes: [{name: a100, nominal: {gpus: 2}}]   # caps per resource class
+    permissions:                  # where a tenant's pods may go (optional)
+      - name: team-a-a100
+        tenants: [team-a]
+        nodes: {matchLabels: {pool: a100}}            # default: any node
+        gpus: {matchLabels: {gpupool.io/model: A100}} # default: any GPU
     pods:
       - {name: a-{i}, replicas: 4, tenant: team-a, priority: 100, ...}
+
+Tenant quotas and permissions are the running system's ``core.tenants.TenantQuota`` and
+``core.tenants.Permission``, with the simulated tenant as its one namespace.
 
 For the Alibaba trace, ``--tenants N`` gives each pod the tenant ``tenant-<k>`` with
 ``k = sha256(pod name) mod N`` (stable across runs and machines), and ``--tenants qos`` the
@@ -35,6 +47,8 @@ from gpupool.core.cohort import CohortMember
 from gpupool.core.errors import GpupoolError, InvalidInput
 from gpupool.core.quantity import to_int, to_mib
 from gpupool.core.quota import Limit
+from gpupool.core.selector import Selector
+from gpupool.core.tenants import Permission, TenantQuota
 from gpupool.sim import native
 from gpupool.sim.scenario import Scenario, TracePod
 
@@ -50,14 +64,16 @@ class Tenancy:
     groups_of: Mapping[str, str]  # tenant -> group
     fair: frozenset[str] = frozenset()
     priorities: Mapping[str, int] = field(default_factory=dict)  # pod key -> priority
+    quotas: tuple[TenantQuota, ...] = ()  # tenant quotas (nominal and per class)
+    permissions: tuple[Permission, ...] = ()  # which GPUs a tenant may use
 
     def group_of(self, tenant: str | None) -> str | None:
         return None if tenant is None else self.groups_of.get(tenant)
 
     def without_cohorts(self) -> Tenancy:
         """The same quotas with no cohort: nobody borrows or lends (the baseline)."""
-        return Tenancy(tuple(replace(m, cohort=None) for m in self.members), self.groups_of,
-                       frozenset(), self.priorities)
+        return replace(self, members=tuple(replace(m, cohort=None) for m in self.members),
+                       fair=frozenset())
 
     @property
     def borrows(self) -> bool:
@@ -66,9 +82,10 @@ class Tenancy:
 
 # -- native YAML ------------------------------------------------------------------------------
 def read_tenancy(path: Path) -> Tenancy | None:
-    """The ``groups`` and ``cohorts`` of a YAML file (None: it has no ``groups``)."""
+    """The ``groups``, ``cohorts``, ``tenants`` and ``permissions`` of a YAML file (None: it
+    has none of ``groups``, ``tenants`` and ``permissions``)."""
     doc = native.load(Path(path))
-    if not doc.get("groups"):
+    if not (doc.get("groups") or doc.get("tenants") or doc.get("permissions")):
         return None
     fair = {}
     for k, raw in enumerate(_items(path, "cohorts", doc.get("cohorts"))):
@@ -87,7 +104,61 @@ def read_tenancy(path: Path) -> Tenancy | None:
                 raise _error(path, f"groups[{k}].tenants", f"tenant {t} is already in group "
                              f"{groups_of[t]}; a tenant draws from one group")
             groups_of[t] = member.name
-    return _checked(path, members, groups_of, fair)
+    found = _checked(path, members, groups_of, fair)
+    return replace(found, quotas=_quotas(path, doc.get("tenants")),
+                   permissions=_permissions(path, doc.get("permissions")))
+
+
+def _quotas(path: Path, raw: object) -> tuple[TenantQuota, ...]:
+    """``tenants``: each a tenant quota whose one namespace is the tenant itself."""
+    out: dict[str, TenantQuota] = {}
+    for k, item in enumerate(_items(path, "tenants", raw)):
+        at = f"tenants[{k}]"
+        spec = _mapping(path, at, item)
+        name = _text(path, f"{at}.name", spec.get("name"))
+        if name in out:
+            raise _error(path, f"{at}.name", f"tenant {name} appears twice")
+        classes: dict[str, Limit] = {}
+        for j, c in enumerate(_items(path, f"{at}.classes", spec.get("classes"))):
+            cspec = _mapping(path, f"{at}.classes[{j}]", c)
+            cname = _text(path, f"{at}.classes[{j}].name", cspec.get("name"))
+            if cname in classes:
+                raise _error(path, f"{at}.classes[{j}].name", f"class {cname} appears twice")
+            classes[cname] = _limit(path, f"{at}.classes[{j}].nominal",
+                                    cspec.get("nominal")) or Limit()
+        limit = _limit(path, f"{at}.nominal", spec.get("nominal")) or Limit()
+        if limit == Limit() and not any(lim != Limit() for lim in classes.values()):
+            raise _error(path, at, "a tenant needs a nominal quota or a class quota (gpus, "
+                         "gpuMemory or gpuCore)")
+        out[name] = TenantQuota(name, frozenset({name}), limit, tuple(classes.items()))
+    return tuple(out.values())
+
+
+def _permissions(path: Path, raw: object) -> tuple[Permission, ...]:
+    """``permissions``: node and GPU label selectors for some tenants."""
+    out: dict[str, Permission] = {}
+    for k, item in enumerate(_items(path, "permissions", raw)):
+        at = f"permissions[{k}]"
+        spec = _mapping(path, at, item)
+        name = _text(path, f"{at}.name", spec.get("name"))
+        if name in out:
+            raise _error(path, f"{at}.name", f"permission {name} appears twice")
+        tenants = spec.get("tenants")
+        if not isinstance(tenants, list) or not tenants or \
+                not all(isinstance(t, str) and t for t in tenants):
+            raise _error(path, f"{at}.tenants", "must be a list of tenant names")
+        out[name] = Permission(name, frozenset(tenants), _selector(path, f"{at}.nodes",
+                               spec.get("nodes")), _selector(path, f"{at}.gpus", spec.get("gpus")))
+    return tuple(out.values())
+
+
+def _selector(path: Path, at: str, raw: object) -> Selector | None:
+    if raw is None:
+        return None
+    try:
+        return Selector.from_spec(_mapping(path, at, raw))
+    except GpupoolError as exc:
+        raise _error(path, at, str(exc)) from None
 
 
 def _checked(path: Path, members: list[CohortMember], groups_of: dict[str, str],
@@ -251,8 +322,9 @@ def tenancy_for(scenario: Scenario, pods: Path | None, tenancy: Path | None,
     found = read_tenancy(tenancy) if tenancy is not None else (
         read_tenancy(pods) if yaml_pods and pods is not None else None)
     if found is None and tenancy is not None:
-        raise InvalidInput(f"{tenancy}: no groups (a tenancy file lists groups with their "
-                           "nominal quota; see docs/tenancy.md)")
+        raise InvalidInput(f"{tenancy}: no groups, tenants or permissions (a tenancy file "
+                           "lists groups with their nominal quota, tenant quotas or "
+                           "permissions; see docs/tenancy.md)")
     priorities: dict[str, int] = {}
     if yaml_pods and pods is not None:
         named, priorities = read_pod_tenancy(pods)

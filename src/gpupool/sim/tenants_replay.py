@@ -22,6 +22,9 @@ run for ``deletion_s − creation_s`` seconds (no deletion time: until the end).
   checkpoint). While a group waits for its victims to leave, its pods that need an
   eviction are not planned again, and no pod of its cohort starts on borrowed capacity
   (it would take the room being made).
+* **Tenant quotas and permissions** (``sim.tenants_limits``): a pod its tenant's quota or
+  class quota refuses waits (no eviction is planned for it); placement stays on the GPUs
+  its tenant is permitted.
 """
 
 from __future__ import annotations
@@ -47,10 +50,11 @@ from gpupool.core.policies.config import PolicyConfig
 from gpupool.core.quota import Amount, Charge, amount_of_allocation, amount_of_request
 from gpupool.core.request import PodRequest
 from gpupool.core.state import ClusterState
+from gpupool.core.tenants import PermissionBook
 from gpupool.core.victims import Candidate, Quota, Room, Selection, all_of, below, in_group, select
-from gpupool.sim.decision import Decider
 from gpupool.sim.scenario import Scenario
 from gpupool.sim.tenants import Tenancy
+from gpupool.sim.tenants_limits import PermittedDecider, TenantLimits, TenantTally
 
 GRACE_S = 30.0
 """Kubernetes' default terminationGracePeriodSeconds."""
@@ -105,6 +109,9 @@ class TenantRun:
     waiting_at_end: dict[str, int]
     last_arrival: float
     wall_s: float
+    tenants: dict[str, TenantTally] = field(default_factory=dict)  # tenants with limits
+    tenant_held: dict[str, tuple[int, ...]] = field(default_factory=dict)  # GPUs over time
+    class_held: dict[tuple[str, str], tuple[int, ...]] = field(default_factory=dict)
 
 
 def run_tenants(scenario: Scenario, tenancy: Tenancy, policy: str, seed: int,
@@ -123,8 +130,10 @@ class _Replay:
             raise InvalidInput(f"the eviction grace period must be >= 0 s, got {grace_s}")
         self.policy, self.seed, self.grace_s, self.tenancy = policy, seed, grace_s, tenancy
         self.state = ClusterState(scenario.nodes)
-        self.decider = Decider(self.state, policy, config, seed, scenario.classes)
+        self.decider = PermittedDecider(self.state, policy, config, seed, scenario,
+                                        PermissionBook(tenancy.permissions))
         self.cohort = CohortState.of(tenancy.members)
+        self.limits = TenantLimits(tenancy.quotas, tenancy.permissions)
         whole = min((g.memory_mib for n in scenario.nodes for g in n.gpus), default=0)
         self.pods = [self._pod(k, p.request, p.creation_s, p.deletion_s, whole)
                      for k, p in enumerate(scenario.pods)]
@@ -176,6 +185,7 @@ class _Replay:
         p = self.pods[k]
         if kind == ARRIVE:
             self.tallies[self._key(p)].pods += 1
+            self.limits.arrived(p.request.tenant)
             self._enqueue(p)
         elif p.running is not None and p.epoch == epoch:
             self._stop(p)
@@ -238,8 +248,11 @@ class _Replay:
 
     def _try(self, p: _Pod, now: float) -> bool:
         """Start ``p`` now, or set evictions going for it; False: it waits."""
+        if not self.limits.admits(p.key, p.request, p.lower_bound):
+            return False
         if p.group is None:
-            return self._start(p, now, self.decider.decide(p.request, now))
+            found = self._decide(p, now)
+            return found is not None and self._admit_exact(p, now, found)
         first = admit(self.cohort, p.group, p.lower_bound)
         if first.verdict is Verdict.BORROWS and self._evicting(p.group):
             return False  # what the evictions free is for the pods they are made for
@@ -247,7 +260,7 @@ class _Replay:
             if self._may_evict(p.group):
                 self._preempt_own(p, now)
             return False
-        allocation = self.decider.decide(p.request, now)
+        allocation = self._decide(p, now)
         if allocation is None:
             if first.verdict is not Verdict.BORROWS and self._may_evict(p.group):
                 self._reclaim_room(p, now)
@@ -255,8 +268,12 @@ class _Replay:
         return self._admit_exact(p, now, allocation)
 
     def _admit_exact(self, p: _Pod, now: float, allocation: Allocation) -> bool:
-        assert p.group is not None
-        exact = admit(self.cohort, p.group, amount_of_allocation(allocation))
+        amount = amount_of_allocation(allocation)
+        if not self.limits.admits(p.key, p.request, amount):
+            return False
+        if p.group is None:
+            return self._start(p, now, allocation)
+        exact = admit(self.cohort, p.group, amount)
         if exact.admitted:
             return self._start(p, now, allocation)
         if exact.verdict is Verdict.RECLAIMS and self._may_evict(p.group):
@@ -265,6 +282,14 @@ class _Replay:
             if plan.restored:
                 self._evict(plan.victims, p, now, reclaim=True)
         return False
+
+    def _decide(self, p: _Pod, now: float) -> Allocation | None:
+        """The policy's allocation within ``p``'s permissions (a pod they kept from room
+        elsewhere is noted)."""
+        allocation = self.decider.decide(p.request, now)
+        if allocation is None:
+            self.limits.kept_out(p.key, p.request, self.decider)
+        return allocation
 
     def _may_evict(self, group: str) -> bool:
         """Not while pods evicted for ``group`` are still leaving (they would be counted
@@ -293,8 +318,8 @@ class _Replay:
         peers = {m.name for m in self.cohort.peers(p.group)} - {p.group}
         running = self._running()
         lent = borrowed_keys(self.cohort, running)
-        found = select(Room(self.state, p.request), running,
-                       lambda c: c.key in lent and c.charge is not None
+        room = Room(self.state, p.request, self.decider.constraints(p.request))
+        found = select(room, running, lambda c: c.key in lent and c.charge is not None
                        and c.charge.group in peers)
         if isinstance(found, Selection) and found.victims:
             self._evict(found.victims, p, now, reclaim=True)
@@ -305,6 +330,7 @@ class _Replay:
             return False
         self.state.reserve(allocation)
         amount = amount_of_allocation(allocation)
+        self.limits.charge(p.key, p.request, allocation, amount, p.group)
         if p.group is not None:
             self.cohort = self.cohort.charged(p.group, amount)
             self.shares.pop(p.group, None)
@@ -325,6 +351,7 @@ class _Replay:
     def _stop(self, p: _Pod) -> None:
         assert p.running is not None
         self.state.release(p.key)
+        self.limits.refund(p.key)
         charge = p.running.charge
         assert charge is not None
         if p.group is not None:
@@ -365,6 +392,7 @@ class _Replay:
             self.curve_held[key].append(self.held[key])
             borrowed = (self.cohort.borrowed(key).gpus if key in self.cohort.members else 0)
             self.curve_borrowed[key].append(borrowed)
+        self.limits.record()
 
     def result(self, wall_s: float) -> TenantRun:
         waiting: dict[str, int] = {key: 0 for key in self.keys}
@@ -377,4 +405,5 @@ class _Replay:
                          self.tallies, tuple(self.times),
                          {k: tuple(v) for k, v in self.curve_held.items()},
                          {k: tuple(v) for k, v in self.curve_borrowed.items()},
-                         waiting, self.last_arrival, round(wall_s, 3))
+                         waiting, self.last_arrival, round(wall_s, 3), self.limits.tallies,
+                         *self.limits.curves())
