@@ -90,3 +90,16 @@ def test_the_policy_is_bound_to_deny() -> None:
     assert binding["spec"] == {"policyName": "gpupool-tenant-labels",
                                "validationActions": ["Deny"]}
     assert POLICY.failure_policy == "Fail"
+
+
+def test_the_chart_exempts_exactly_the_groups_of_tenancy_label_writers() -> None:
+    chart = pytest.importorskip("tests.test_chart")
+    if chart.HELM is None:
+        pytest.skip("no helm binary")
+    docs = chart.render("tenancy.labelWriters={platform-admins,namespace-operator}")
+    policy = Policy(chart.one(docs, "ValidatingAdmissionPolicy", "gpupool-tenant-labels"))
+    change = write({TEAM: "b"}, {TEAM: "a"}, groups=("namespace-operator",))
+    assert not policy.admit(change).applies
+    refused = policy.admit(write({TEAM: "b"}, {TEAM: "a"}, groups=("system:masters",)))
+    assert not refused.allowed
+    assert "only members of platform-admins, namespace-operator may" in refused.message
