@@ -40,8 +40,8 @@ from gpupool.sim.sources import scenario_from_files
 from gpupool.sim.synthetic import DEFAULT_NODES, TRACE_NODES, synthetic_scenario
 from gpupool.sim.tenants import Tenancy, tenancy_for
 from gpupool.sim.tenants_replay import GRACE_S, run_tenants
+from gpupool.sim.tenants_report import limits_table, write_tenants
 from gpupool.sim.tenants_report import table as tenant_table
-from gpupool.sim.tenants_report import write_tenants
 from gpupool.sim.window import ALL_NODES, nodes_to_find
 
 DEFAULT_POLICIES = ("fgd", "fgd-balance", "best-fit", "random")
@@ -286,5 +286,7 @@ def _simulate_tenants(args: argparse.Namespace, policies: Sequence[str], scenari
         for s in args.seeds:
             for run in (r for r in runs if r.policy == p and r.seed == s):
                 console.print(tenant_table(run, f"{title}; policy {p}, seed {s}"))
+                if run.tenants:
+                    console.print(limits_table(run, f"policy {p}, seed {s}"))
     console.print(f"wrote {', '.join(str(p) for p in written)}")
     return 0

@@ -37,6 +37,8 @@ class TenantTally:
     class_quota: set[str] = field(default_factory=set)
     reason: str = ""
     nodes: set[str] = field(default_factory=set)  # nodes its pods ran on
+    nominal_gpus: int | None = None  # its tenant quota's GPUs (None: not limited)
+    class_gpus: dict[str, int | None] = field(default_factory=dict)  # per class quota
 
 
 class PermittedDecider(Decider):
@@ -69,6 +71,10 @@ class TenantLimits:
         self.book, self.quotas = QuotaBook(), TenantBook(quotas)
         limited = [q.name for q in quotas] + sorted({t for p in permissions for t in p.tenants})
         self.tallies = {t: TenantTally() for t in dict.fromkeys(limited)}
+        for q in quotas:
+            self.tallies[q.name].nominal_gpus = q.limit.gpus
+            self.tallies[q.name].class_gpus = {c: lim.gpus for c, lim in q.classes}
+        self.noted: set[str] | None = None  # where the last refusal was noted
         self.curve_tenant: dict[str, list[int]] = {q.name: [] for q in quotas}
         self.curve_class: dict[tuple[str, str], list[int]] = {
             (q.name, c): [] for q in quotas for c, _ in q.classes}
@@ -89,7 +95,8 @@ class TenantLimits:
         used = TenantBook.used(self.book, quota)
         tally = self.tallies[tenant]
         own = any(True for _ in quota.limit.exceeded(used, amount))
-        (tally.tenant_quota if own else tally.class_quota).add(key)
+        self.noted = tally.tenant_quota if own else tally.class_quota
+        self.noted.add(key)
         tally.reason = tally.reason or reason.message
         return False
 
@@ -101,9 +108,17 @@ class TenantLimits:
         assert tenant is not None
         tally = self.tallies[tenant]
         tally.permission.add(key)
+        self.noted = tally.permission
         if not tally.reason:
             names = decider.catalogue.permissions.names_of(tenant)
             tally.reason = f"no room on the GPUs of GPUPermission {names}"
+
+    def behind(self, keys: Sequence[str]) -> None:
+        """Note ``keys`` (pods queued behind the one just refused, alike in tenant, class
+        and size, not tried in this pass) for the same reason; forget the refusal."""
+        if self.noted is not None:
+            self.noted.update(keys)
+        self.noted = None
 
     def charge(self, key: str, request: PodRequest, allocation: Allocation, amount: Amount,
                group: str | None) -> None:

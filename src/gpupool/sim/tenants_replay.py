@@ -226,8 +226,12 @@ class _Replay:
             if fresh != order and heads and fresh > heads[0][0]:
                 heapq.heappush(heads, (fresh, shape))
                 continue
-            if not self._try(self.pods[queue[0][2]], now):
-                continue  # this size of this group waits until something changes
+            head = self.pods[queue[0][2]]
+            if not self._try(head, now):  # this size of this group waits for a change
+                if self.limits.noted is not None:
+                    self.limits.behind([q.key for _, _, k in queue
+                                        if (q := self.pods[k]).lower_bound == head.lower_bound])
+                continue
             heapq.heappop(queue)
             if queue:
                 heapq.heappush(heads, (self._order(queue[0]), shape))

@@ -6,7 +6,11 @@
   time from a reclaim to its pod running, GPUs held (time-weighted mean and peak) and the
   borrowed share (borrowed GPU-seconds over held GPU-seconds);
 * ``tenants_timeline.csv`` — per run, instant and group: GPUs held and borrowed;
-* ``tenants.png`` — GPUs held per group over time, its nominal dashed, one panel per run.
+* ``tenants.png`` — GPUs held per group over time, its nominal dashed, one panel per run;
+* ``tenants_limits.csv`` — per run and tenant with a tenant quota or a permission: pods,
+  pods that waited because of its permissions, its tenant quota, its class quotas, the
+  peak GPUs it held against its quota (and per class), the nodes it ran on, the first
+  reason it was held back (written only when some tenant has such limits).
 
 GPUs are counted as quota counts them: every GPU a pod touches counts 1. Means run from the
 first to the last arrival (the drain afterwards is left out), as in the timed mode.
@@ -28,6 +32,7 @@ from gpupool.sim.report import _atomic
 from gpupool.sim.tenants_replay import TenantRun
 
 TENANTS, TIMELINE, PLOT = "tenants.csv", "tenants_timeline.csv", "tenants.png"
+LIMITS = "tenants_limits.csv"
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +54,66 @@ class TenantRow:
     mean_gpus: float
     peak_gpus: int
     borrowed_share: float
+
+
+@dataclass(frozen=True, slots=True)
+class LimitRow:
+    """What one tenant's own limits held back in one run."""
+
+    run: str
+    tenant: str
+    pods: int
+    waited_permission: int
+    waited_tenant_quota: int
+    waited_class_quota: int
+    nominal_gpus: int | None
+    peak_gpus: int | None
+    class_peaks: str  # "<class> <peak>/<nominal>", per class quota
+    nodes: int
+    reason: str
+
+
+def limit_rows(run: TenantRun) -> list[LimitRow]:
+    out = []
+    for tenant, t in run.tenants.items():
+        held = run.tenant_held.get(tenant)
+        classes = "; ".join(
+            f"{c} {max(run.class_held[tenant, c], default=0)}/{'-' if n is None else n}"
+            for c, n in t.class_gpus.items())
+        out.append(LimitRow(label(run), tenant, t.pods, len(t.permission),
+                            len(t.tenant_quota), len(t.class_quota), t.nominal_gpus,
+                            None if held is None else max(held, default=0), classes,
+                            len(t.nodes), t.reason))
+    return out
+
+
+def limits_csv(runs: Sequence[TenantRun]) -> str:
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow([f.name for f in fields(LimitRow)])
+    for run in runs:
+        for row in limit_rows(run):
+            writer.writerow(["" if v is None else v for v in astuple(row)])
+    return buf.getvalue()
+
+
+def limits_table(run: TenantRun, title: str) -> Table:
+    """One run's tenants with a tenant quota or a permission, for the terminal."""
+    out = Table(title=f"{title}, {label(run)}: tenant quotas and permissions",
+                caption="waited: pods held back at least once, by their permissions (no "
+                        "room on the GPUs they may use while other GPUs had room), their "
+                        "tenant quota, their class quota")
+    out.add_column("tenant", no_wrap=True)
+    for name in ("pods", "waited: permission", "tenant quota", "class quota",
+                 "peak/nominal GPUs", "class peak/nominal", "nodes"):
+        out.add_column(name, justify="right")
+    for r in limit_rows(run):
+        nominal = "-" if r.nominal_gpus is None else str(r.nominal_gpus)
+        peak = "-" if r.peak_gpus is None else f"{r.peak_gpus}/{nominal}"
+        out.add_row(r.tenant, str(r.pods), str(r.waited_permission),
+                    str(r.waited_tenant_quota), str(r.waited_class_quota), peak,
+                    r.class_peaks or "-", str(r.nodes))
+    return out
 
 
 def label(run: TenantRun) -> str:
@@ -149,6 +214,9 @@ def write_tenants(out: Path, runs: Sequence[TenantRun]) -> list[Path]:
                        (TIMELINE, timeline_csv(runs).encode()), (PLOT, plot_png(runs))):
         _atomic(out / name, data)
         written.append(out / name)
+    if any(run.tenants for run in runs):
+        _atomic(out / LIMITS, limits_csv(runs).encode())
+        written.append(out / LIMITS)
     return written
 
 
