@@ -58,6 +58,7 @@ KINDS: dict[str, Kind] = {
         Kind("gpupermissions", "gpupool.io", "v1alpha1", "GPUPermission", False),
         Kind("namespaces", "", "v1", "Namespace", False),
         Kind("leases", "coordination.k8s.io", "v1", "Lease", True),
+        Kind("quotaledgers", "gpupool.io", "v1alpha1", "QuotaLedger", False),
     )
 }
 HISTORY = 200_000  # watch events retained; older resourceVersions get 410 Gone

@@ -26,9 +26,6 @@ def fake() -> Iterator[FakeApiServer]:
         yield server
 
 
-@pytest.mark.xfail(strict=True, reason="documented limit (docs/security.md, 'Tenancy'): "
-                   "quotas are checked per extender replica, so binds racing on different "
-                   "nodes through two replicas may overshoot by the binds in flight")
 def test_two_replicas_binding_at_once_never_exceed_a_tenant_quota(fake: FakeApiServer) -> None:
     nodes = seed_cluster(fake, 2, 2)
     fake.seed("tenantquotas", {"metadata": {"name": "t"},

@@ -46,6 +46,7 @@ from gpupool.extender.cache import ClusterCache
 from gpupool.extender.ledger import Entry, FitCheck, Ledgers, View, counted
 from gpupool.extender.metrics import Metrics
 from gpupool.extender.protocol import BindingArgs
+from gpupool.extender.quotaledger import QuotaGate, QuotaLedgers
 from gpupool.extender.refusals import UNKNOWN_NODE
 from gpupool.extender.signatures import DecisionCheck, DecisionKeys
 from gpupool.kube.api import KubeApi
@@ -73,6 +74,7 @@ class Binder:
         self.clock = clock
         self.keys = keys
         self.deadline_s = BIND_DEADLINE_S
+        self.quotas = QuotaGate(cache, QuotaLedgers(kube), attempts, metrics.conflicts.inc)
 
     def bind(self, args: BindingArgs, request: PodRequest, placer: Placer,
              rng: random.Random) -> str:
@@ -82,15 +84,20 @@ class Binder:
         placed = self._commit(args, request, placer, rng, stamp)
         if isinstance(placed, str):
             return placed
+        scopes, refused = self.quotas.admit(request.key, self._entry(args, request, *placed,
+                                                                     stamp))
+        if refused:
+            self._roll_back(args.node, request.key)
+            return f"node {args.node}: {refused}"
         notes = self._signed(args, *placed, stamp)
         if time.monotonic() - began > self.deadline_s:
-            self._roll_back(args.node, request.key)
+            self._roll_back(args.node, request.key, scopes)
             return (f"binding {args.namespace}/{args.name} to {args.node} took longer than "
                     f"{self.deadline_s:.0f}s (the API server is slow); the scheduler will retry")
         try:
             self.kube.bind_pod(args.namespace, args.name, args.uid, args.node, notes)
         except KubeError as exc:
-            self._roll_back(args.node, request.key)
+            self._roll_back(args.node, request.key, scopes)
             return f"binding {args.namespace}/{args.name} to {args.node} failed: {exc}"
         with self.cache.lock:
             self.cache.unhold(request.key, "bind")
@@ -127,8 +134,7 @@ class Binder:
             if isinstance(step, str):
                 return step
             alloc, group, view, prune, node = step
-            entry = Entry(alloc, f"{args.namespace}/{args.name}", stamp, request.tenant,
-                          request.gpu_class, group)
+            entry = self._entry(args, request, alloc, group, stamp)
             try:
                 held = counted(view, prune, replacing=request.key)
                 self.fits.check(node, held, alloc, self.cache.state.memory_unit_mib)
@@ -167,13 +173,20 @@ class Binder:
             view = self.cache.ledgers.get(args.node) or View(args.node)
             return alloc, c.group, view, self.cache.prunable(view), state.nodes[i]
 
+    @staticmethod
+    def _entry(args: BindingArgs, request: PodRequest, alloc: Allocation, group: str | None,
+               stamp: str) -> Entry:
+        return Entry(alloc, f"{args.namespace}/{args.name}", stamp, request.tenant,
+                     request.gpu_class, group)
+
     def _refresh_ledger(self, node: str) -> None:
         try:
             self.cache.ledger_update(self.ledgers.fetch(node))
         except KubeError as exc:
             log.warning("reading the GPU ledger of %s: %s", node, exc)
 
-    def _roll_back(self, node: str | None, key: str) -> None:
+    def _roll_back(self, node: str | None, key: str, scopes: list[str] | None = None) -> None:
+        self.quotas.roll_back(scopes or (), key)
         if node is not None:
             try:
                 self.ledgers.remove(node, key)

@@ -520,6 +520,28 @@ class KubeApi:
             return dict(self.client.patch(GPUPermission.Status, name, {"status": dict(patch)},
                                           patch_type=PatchType.MERGE))
 
+    # -- QuotaLedger (the per-quota-scope compare-and-swap record; docs/protocol.md) ----------
+    def list_quota_ledgers(self) -> Listing[KubeObject]:
+        return self._list(QuotaLedger, "QuotaLedgers")
+
+    def get_quota_ledger(self, name: str) -> KubeObject:
+        with _translated(f"get QuotaLedger {name}"):
+            return dict(self.client.get(QuotaLedger, name))
+
+    def create_quota_ledger(self, obj: Mapping[str, Any]) -> KubeObject:
+        with _translated(f"create QuotaLedger {_name(obj)}"):
+            return dict(self.client.create(QuotaLedger.from_dict(dict(obj))))
+
+    def patch_quota_ledger(self, name: str, patch: Mapping[str, Any],
+                           resource_version: str | None) -> KubeObject:
+        """Merge-patch the ledger; with ``resource_version`` only if it is still current."""
+        body = dict(patch)
+        if resource_version is not None:
+            body["metadata"] = {**dict(body.get("metadata") or {}),
+                                "resourceVersion": resource_version}
+        with _translated(f"update QuotaLedger {name}"):
+            return dict(self.client.patch(QuotaLedger, name, body, patch_type=PatchType.MERGE))
+
 
 def _name(obj: Mapping[str, Any]) -> str:
     meta = obj.get("metadata") or {}
@@ -610,3 +632,6 @@ class DraApi(KubeApi):
                                                resource_version=resource_version or None,
                                                server_timeout=timeout_s):
                 yield kind, dict(obj)
+
+
+QuotaLedger = create_global_resource(names.GROUP, _V, "QuotaLedger", "quotaledgers")
