@@ -79,11 +79,16 @@ class WaitingAsks:
                 or (holds is not None and holds(k))]
         for key in gone:
             self.forget(key)
-        out: dict[str, Amount] = {}
-        for key, (ns, amount) in self.asks.items():
-            if key != but:
-                out[ns] = out.get(ns, Amount()) + amount
-        return out
+        sums: dict[str, list[int]] = {}  # plain sums: thousands of asks per check
+        for key, (ns, a) in self.asks.items():
+            if key == but:
+                continue
+            t = sums.get(ns)
+            if t is None:
+                sums[ns] = [a.gpus, a.memory_mib, a.core_pct]
+            else:
+                t[0], t[1], t[2] = t[0] + a.gpus, t[1] + a.memory_mib, t[2] + a.core_pct
+        return {ns: Amount(*t) for ns, t in sums.items()}
 
 
 def wants(state: CohortState, member: str, amount: Amount,
