@@ -13,6 +13,9 @@ replicas need not work it out again:
   resourceVersion they were judged at (a ledger that moved on meanwhile is left for
   the next round: an entry written since may be a bind in flight).
 
+* the QuotaLedgers (``quotaledger``) are listed, and their stale entries — by the very
+  rule that makes a GPULedger entry stale — removed the same way.
+
 Each round makes at most ``max_calls`` API calls, so a large backlog is worked off over
 a few rounds instead of in one burst.
 """
@@ -24,6 +27,7 @@ from dataclasses import dataclass
 
 from gpupool.extender.cache import ClusterCache
 from gpupool.extender.ledger import Ledgers
+from gpupool.extender.quotaledger import QuotaLedgers
 from gpupool.kube.api import KubeApi
 from gpupool.kube.errors import Conflict, KubeError, NotFound
 
@@ -37,6 +41,7 @@ class Reconciled:
     gone: int = 0
     pruned: int = 0
     ledgers: int = 0
+    quota_pruned: int = 0  # entries removed from QuotaLedgers
 
 
 class LedgerReconciler:
@@ -45,6 +50,7 @@ class LedgerReconciler:
         self.cache = cache
         self.kube = kube
         self.ledgers = Ledgers(kube)
+        self.quota_ledgers = QuotaLedgers(kube)
         self.unknown_after_s = unknown_after_s
         self.max_calls = max_calls
 
@@ -69,7 +75,35 @@ class LedgerReconciler:
         if gone or pruned:
             log.info("GPU ledgers reconciled: %d entries of pods that are gone, %d stale "
                      "entries removed from %d ledgers", gone, pruned, ledgers)
-        return Reconciled(gone, pruned, ledgers)
+        quota_pruned = self._prune_quota_ledgers(calls) if calls < self.max_calls else 0
+        return Reconciled(gone, pruned, ledgers, quota_pruned)
+
+    def _prune_quota_ledgers(self, calls: int) -> int:
+        """Stale entries removed from QuotaLedgers (one listing, then a patch per ledger)."""
+        try:
+            views = self.quota_ledgers.listed()
+        except KubeError as exc:
+            log.warning("listing the QuotaLedgers: %s", exc)
+            return 0
+        pruned = 0
+        for view in views:
+            with self.cache.lock:
+                uids = self.cache.prunable(view)
+            if not uids or calls + 1 >= self.max_calls:
+                continue
+            calls += 1
+            try:
+                self.quota_ledgers.prune(view, uids)
+            except (Conflict, NotFound):
+                self.quota_ledgers.forget(view.node)
+                continue
+            except KubeError as exc:
+                log.warning("pruning QuotaLedger %s: %s", view.node, exc)
+                continue
+            pruned += len(uids)
+        if pruned:
+            log.info("QuotaLedgers reconciled: %d stale entries removed", pruned)
+        return pruned
 
     def _check_unknown(self) -> tuple[int, int]:
         gone = calls = 0
