@@ -19,11 +19,16 @@ so its CPU is not counted against the client.
   server send two watch events (the pod MODIFIED, the GPULedger MODIFIED); the CPU time
   of the pod and GPULedger watch threads (per-thread CPU clocks) while binding, divided
   by the pods bound.
+* **quota**: the same extender with a TenantQuota covering namespace ``bench`` (a limit no
+  pod reaches, so every bind of its pods is admitted after a QuotaLedger compare-and-swap)
+  binds ``--pods`` pods alternately of ``bench`` and of ``free`` (no quota: no QuotaLedger
+  touched, the baseline in the same run); p50 / p99 wall time of the bind call, per kind.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import random
 import statistics
@@ -314,6 +319,57 @@ def measure_watch(nodes: int, pods: int, seed: int) -> dict[str, float]:
                                     for name in WATCHED}}
 
 
+def measure_quota(nodes: int, pods: int, seed: int) -> None:
+    quota = {"kind": "tenantquotas", "object": {
+        "metadata": {"name": "bench"},
+        "spec": {"namespaces": ["bench"], "limits": {"gpus": 10**6}}}}
+    api = fake_api(itertools.chain(cluster_seed(nodes, seed), [quota]))
+    kube = KubeApi.connect(server=api.url)
+    keys = DecisionKeys(lambda: KEYS, time.time, keys=KEYS)
+    cache = ClusterCache(decisions=DecisionCheck(keys))
+    feeds = start_feeds(kube, cache, watch_timeout_s=300)
+    waits: dict[str, list[float]] = {"bench": [], "free": []}
+    try:
+        wait_for(lambda: len(cache.catalogue.tenants) == 1)
+        ext = Extender(cache, Settings(DEFAULT_POLICY, seed=seed), Metrics(), kube, keys)
+        ext.refresh_policy()
+        names = sorted(cache.state.index)
+        rng = random.Random(seed)
+        todo = []
+        for k in range(pods + 20):  # the first 20: warm-up
+            pod = pod_obj(f"q-{k}", rng.choice(SHAPES))
+            ns = pod["metadata"]["namespace"] = ("bench", "free")[k % 2]
+            todo.append(api.http.post(f"/api/v1/namespaces/{ns}/pods", json=pod).json())
+        wait_for(lambda: all(p["metadata"]["uid"] in cache.pods for p in todo))
+        for k, pod in enumerate(todo):
+            spent = timed_bind(ext, pod, names)
+            if k >= 20 and spent is not None:
+                waits[pod["metadata"]["namespace"]].append(spent)
+    finally:
+        feeds.stop(timeout_s=0.0)
+        kube.close()
+        api.close()
+    q, f = waits["bench"], waits["free"]
+    print(f"\nbind wall time, ms (p50 / p99): under a TenantQuota {pct(q, 0.5) * 1e3:.2f} / "
+          f"{pct(q, 0.99) * 1e3:.2f} ({len(q)} binds); no quota {pct(f, 0.5) * 1e3:.2f} / "
+          f"{pct(f, 0.99) * 1e3:.2f} ({len(f)} binds); ratio p50 {pct(q, 0.5) / pct(f, 0.5):.2f}")
+
+
+def timed_bind(ext: Extender, pod: dict[str, Any], names: list[str]) -> float | None:
+    """filter -> prioritize, then the bind call's wall time (None: not bound)."""
+    passing = call(ext, "filter", {"Pod": pod, "NodeNames": names})["NodeNames"] or []
+    if not passing:
+        return None
+    scores = call(ext, "prioritize", {"Pod": pod, "NodeNames": passing})
+    best = max(scores, key=lambda h: h["Score"])["Host"]
+    meta = pod["metadata"]
+    began = time.perf_counter()
+    answer = call(ext, "bind", {"PodName": meta["name"], "PodNamespace": meta["namespace"],
+                                "PodUID": meta["uid"], "Node": best})
+    spent = time.perf_counter() - began
+    return spent if answer["Error"] == "" else None
+
+
 def report_watch(rows: list[tuple[str, dict[str, float]]]) -> None:
     print("\nwatch threads' CPU per bound pod (µs): the pod MODIFIED and GPULedger MODIFIED "
           "events a bind causes")
@@ -335,13 +391,15 @@ def main() -> None:
     parser.add_argument("--pods", type=int, default=400)
     parser.add_argument("--nodes", type=int, default=500)
     parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--part", choices=("writes", "watch", "all"), default="all")
+    parser.add_argument("--part", choices=("writes", "watch", "quota", "all"), default="all")
     args = parser.parse_args()
     print(machine_line("before"))
     if args.part in ("writes", "all"):
         measure_writes(args.writes)
     if args.part in ("watch", "all"):
         report_watch([("KubeApi", measure_watch(args.nodes, args.pods, args.seed))])
+    if args.part in ("quota", "all"):
+        measure_quota(args.nodes, args.pods, args.seed)
     print(machine_line("after"))
 
 
