@@ -152,3 +152,16 @@ def test_a_tenant_under_its_fair_share_reclaims_from_one_beyond_it(
         assert fake.get("pods", "c0", "c") is not None  # beyond its share: it takes nothing
     finally:
         r.close()
+
+
+def test_a_pod_no_sent_node_can_ever_take_does_not_count_as_waiting(
+        fake: FakeApiServer, replica: Replica, nodes: list[str]) -> None:
+    cohort(fake, replica)
+    huge = fake.seed("pods", pod_obj("huge", {"gpupool.io/gpu-memory": "81920"}, ns="c"))
+    assert wait_for(lambda: huge["metadata"]["uid"] in replica.cache.unbound)
+    answer = replica.extender.filter({"Pod": huge, "NodeNames": nodes})  # GPUs of 40 GiB
+    assert set(answer["FailedAndUnresolvableNodes"]) == set(nodes)
+    assert huge["metadata"]["uid"] not in replica.cache.catalogue.tenants.waiting.asks
+    b = waiting(fake, replica, nodes, "b", 4)
+    for pod in b:  # team-c's impossible pod holds nothing idle for team-c
+        assert schedule(replica.extender, pod, nodes)[1] == ""

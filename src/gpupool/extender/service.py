@@ -233,6 +233,8 @@ class Extender:
             failed, unresolvable = self.refusals.of(
                 state, request, constraints, self.cache.catalogue_version, sent.names, idx,
                 ok)
+            if failed == protocol.NO_NODES:  # no sent node can ever take it: not waiting
+                self.cache.catalogue.tenants.waiting.forget(request.key)
             passing = np.flatnonzero(ok)
             if not passing.size and self.preemptor is not None:
                 rows = [int(i) for i in idx[idx >= 0]]
