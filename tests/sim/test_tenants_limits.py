@@ -147,3 +147,22 @@ def test_simulate_prints_and_writes_the_tenant_limits(tmp_path: Path,
     lines = (tmp_path / "tenants_limits.csv").read_text().splitlines()
     assert lines[0].startswith("run,tenant,pods,waited_permission,waited_tenant_quota")
     assert lines[2].startswith("no borrowing,team-b,10,2,0,0,")
+
+
+def test_a_class_quota_must_name_a_class_of_the_scenario(tmp_path: Path) -> None:
+    path = write(tmp_path, "tenants: [{name: a, classes: [{name: h100, nominal: {gpus: 1}}]}]\n")
+    scenario = scenario_from_files(EXAMPLE, EXAMPLE)
+    with pytest.raises(InvalidInput, match=r"t\.yaml: tenants\[0\]\.classes\[0\]\.name: "
+                       r"resource class h100 does not exist \(known: a100\)"):
+        tenancy_for(scenario, EXAMPLE, path, None)
+
+
+def test_a_tenant_quota_of_gpu_memory_counts_the_gpus_chosen(tmp_path: Path) -> None:
+    path = write(tmp_path, "tenants: [{name: team-b, nominal: {gpuMemory: 40Gi}}]\n")
+    scenario = scenario_from_files(EXAMPLE, EXAMPLE)
+    found = tenancy_for(scenario, EXAMPLE, path, None)
+    assert found is not None
+    run = run_tenants(*found, "best-fit", 1, Campaign(found[0], ("best-fit",), (1,)).config())
+    assert max(run.tenant_held["team-b"]) == 2  # whole GPUs of 16 GiB each: 2 fit in 40 GiB
+    assert run.tenants["team-b"].reason == ("quota of tenant team-b exceeded: 16384 MiB of GPU "
+                                            "memory asked, 32768 of 40960 in use, 8192 left")

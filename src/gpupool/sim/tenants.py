@@ -334,4 +334,15 @@ def tenancy_for(scenario: Scenario, pods: Path | None, tenancy: Path | None,
     if found is None and tenants is None:
         return None
     base = found or Tenancy((), {})
+    _known_classes(tenancy or pods, base, {c.name for c in scenario.classes})
     return scenario, replace(base, priorities=priorities)
+
+
+def _known_classes(path: Path | None, tenancy: Tenancy, known: set[str]) -> None:
+    """A class quota must name a resource class of the scenario (else it never applies)."""
+    for k, quota in enumerate(tenancy.quotas):
+        for j, (name, _) in enumerate(quota.classes):
+            if name not in known:
+                raise _error(Path(path or "tenancy"), f"tenants[{k}].classes[{j}].name",
+                             f"resource class {name} does not exist (known: "
+                             f"{', '.join(sorted(known)) or 'none'})")
