@@ -115,7 +115,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help=f"with --learn: re-derive the workload every N arrivals (protocol "
                         f"mode) or seconds (timed mode); default {LEARN_EVERY:.0f}")
     p.add_argument("--tenancy", type=Path, metavar="FILE",
-                   help="timed mode: quota groups and cohorts (YAML, see docs/tenancy.md) to "
+                   help="timed mode: quota groups and cohorts, tenant and class quotas and "
+                        "GPU permissions (YAML, see docs/tenancy.md) to "
                         "replay the pods' tenants under; a YAML pods file may hold them itself")
     p.add_argument("--tenants", metavar="N|qos",
                    help="timed mode: give the trace's pods tenants: tenant-<k> by a stable hash "
