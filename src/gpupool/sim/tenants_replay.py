@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import heapq
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from fractions import Fraction
 
 from gpupool.core.allocation import Allocation
@@ -54,7 +54,10 @@ from gpupool.core.tenants import PermissionBook
 from gpupool.core.victims import Candidate, Quota, Room, Selection, all_of, below, in_group, select
 from gpupool.sim.scenario import Scenario
 from gpupool.sim.tenants import Tenancy
-from gpupool.sim.tenants_limits import PermittedDecider, TenantLimits, TenantTally
+from gpupool.sim.tenants_limits import PermittedDecider, TenantLimits
+from gpupool.sim.tenants_run import Tally, TenantRun
+
+__all__ = ["GRACE_S", "Tally", "TenantRun", "run_tenants"]
 
 GRACE_S = 30.0
 """Kubernetes' default terminationGracePeriodSeconds."""
@@ -78,40 +81,6 @@ class _Pod:
     running: Candidate | None = None
     leaving: bool = False
     for_group: str | None = None  # evicted: the group its eviction makes room for
-
-
-@dataclass(slots=True)
-class Tally:
-    """What happened to one group (or one tenant without a group)."""
-
-    pods: int = 0
-    waits: list[float] = field(default_factory=list)
-    preempted: int = 0  # its pods evicted for its own pods of higher priority
-    reclaimed: int = 0  # its borrowed pods taken back by lenders
-    reclaims: int = 0  # evictions it caused to get its nominal back
-    back_s: list[float] = field(default_factory=list)  # a reclaim -> the pod it was for runs
-
-
-@dataclass(frozen=True, slots=True)
-class TenantRun:
-    """One replay: per key (group, or tenant without one) its tally, and over time (event
-    instants) the GPUs each key holds and borrows."""
-
-    policy: str
-    seed: int
-    borrowing: bool
-    keys: tuple[str, ...]
-    nominal_gpus: dict[str, int | None]
-    tallies: dict[str, Tally]
-    times: tuple[float, ...]
-    held: dict[str, tuple[int, ...]]
-    borrowed: dict[str, tuple[int, ...]]
-    waiting_at_end: dict[str, int]
-    last_arrival: float
-    wall_s: float
-    tenants: dict[str, TenantTally] = field(default_factory=dict)  # tenants with limits
-    tenant_held: dict[str, tuple[int, ...]] = field(default_factory=dict)  # GPUs over time
-    class_held: dict[tuple[str, str], tuple[int, ...]] = field(default_factory=dict)
 
 
 def run_tenants(scenario: Scenario, tenancy: Tenancy, policy: str, seed: int,
