@@ -17,6 +17,7 @@ from gpupool.core.tenants import TenantQuota
 from gpupool.extender.cache import ClusterCache
 from gpupool.extender.quotaledger import ledger_name, scopes_of
 from gpupool.extender.reconcile import LedgerReconciler
+from gpupool.kube.errors import NotFound
 
 from .builders import Replica, pod_obj, schedule, seed_cluster
 
@@ -172,3 +173,47 @@ def test_a_scope_name_that_is_no_valid_object_name_is_hashed() -> None:
     hashed = ledger_name("cohort", "Research Pool")
     assert hashed.startswith("cohort.h-") and len(hashed) == len("cohort.h-") + 40
     assert ledger_name("group", "x" * 300) != ledger_name("group", "x" * 301)
+
+
+def test_a_cohort_is_exact_across_replicas_too(fake: FakeApiServer) -> None:
+    nodes = seed_cluster(fake, 2, 4)
+    quota(fake, "a", 1, cohort="c")
+    quota(fake, "b", 1, cohort="c")  # the cohort's pool: 2 GPUs
+    a1, a2 = (fake.seed("pods", pod_obj(f"a{k}", ONE_GPU, ns="a")) for k in (1, 2))
+    b1 = fake.seed("pods", pod_obj("b1", ONE_GPU, ns="b"))
+    x, y = Replica(fake), Replica(fake)
+    try:
+        for r in (x, y):
+            assert wait_for(lambda r=r: ready(r, 2, 3))
+        y.feeds.stop(timeout_s=5.0)  # y has not seen x's binds
+        assert schedule(x.extender, a1, nodes[:1])[1] == ""
+        assert schedule(x.extender, a2, nodes[:1])[1] == ""  # borrows b's idle GPU
+        error = schedule(y.extender, b1, nodes[1:])[1]
+    finally:
+        x.close()
+        y.close()
+    assert error, "the cohort holds 3 GPUs of a pool of 2"
+    assert "tenant b" in error
+    assert entries(fake, "quotaledgers") == {"cohort.c": {a1["metadata"]["uid"],
+                                                          a2["metadata"]["uid"]}}
+
+
+def test_a_quota_ledger_the_api_server_does_not_serve_refuses_the_bind_and_says_why(
+        fake: FakeApiServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    nodes = seed_cluster(fake, 1, 2)
+    quota(fake, "t", 1)
+    pod = fake.seed("pods", pod_obj("one", ONE_GPU, ns="t"))
+    r = Replica(fake)
+    try:
+        assert wait_for(lambda: ready(r, 1, 1))
+
+        def absent(*_: Any) -> Any:
+            raise NotFound("the server could not find the requested resource")
+        monkeypatch.setattr(r.api, "get_quota_ledger", absent)
+        monkeypatch.setattr(r.api, "create_quota_ledger", absent)
+        error = schedule(r.extender, pod, nodes)[1]
+    finally:
+        r.close()
+    assert "QuotaLedger tenant.t failed" in error and "quotaledgers.yaml" in error
+    assert entries(fake, "gpuledgers") == {nodes[0]: set()}
+    assert not any(p["spec"].get("nodeName") for p in fake.objects("pods"))

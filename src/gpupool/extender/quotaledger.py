@@ -200,8 +200,10 @@ class QuotaGate:
                 self.ledgers.forget(name)
             except KubeError as exc:
                 self.ledgers.forget(name)
+                hint = " (is the QuotaLedger CRD applied? deploy/crds/quotaledgers.yaml)" \
+                    if isinstance(exc, NotFound) else ""
                 return (f"recording the quota charge of {key} in QuotaLedger {name} failed: "
-                        f"{exc}; the scheduler will retry")
+                        f"{exc}{hint}; the scheduler will retry")
         return (f"the quota of {scope} kept changing under {key} ({self.attempts} attempts); "
                 "the scheduler will retry")
 
