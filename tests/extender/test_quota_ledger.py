@@ -18,6 +18,7 @@ from gpupool.extender.cache import ClusterCache
 from gpupool.extender.quotaledger import ledger_name, scopes_of
 from gpupool.extender.reconcile import LedgerReconciler
 from gpupool.kube.errors import NotFound
+from tests.rbac_grants import grants, manifest, needed, refused, writes
 
 from .builders import Replica, pod_obj, schedule, seed_cluster
 
@@ -153,6 +154,9 @@ def test_a_bind_that_dies_between_its_writes_leaves_nothing_that_is_never_cleane
     finally:
         r.close()
         survivor.close()
+    calls = needed(fake.requests)  # the shipped role allows every QuotaLedger call made
+    assert ("gpupool.io", "quotaledgers") in writes(calls)
+    assert refused(calls, grants(manifest("extender", "rbac.yaml"), "gpupool-extender")) == set()
 
 
 def test_a_cohort_is_one_scope_and_a_limited_group_another() -> None:
