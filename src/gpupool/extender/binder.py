@@ -12,14 +12,20 @@ exists, is pending and unbound, names gpupool's scheduler, has the UID asked) an
    node's GPUs, and write the entry with that resourceVersion as a precondition (it
    replaces the pod's own older entry there); a conflict takes in the fresh ledger and
    decides again (``attempts`` times).
-3. Sign the decision (``DecisionKeys``) and create one Binding whose annotations are
+3. For each quota scope the pod's charge falls under (a TenantQuota, a cohort, a
+   ResourceGroup with a quota, a namespace limit), check the charge against the scope's
+   ``QuotaLedger`` and write it there by compare-and-swap (``quotaledger.QuotaGate``);
+   a refusal removes what was written, the node's entry included, and answers the
+   quota's reason. A pod under no limit skips this step.
+4. Sign the decision (``DecisionKeys``) and create one Binding whose annotations are
    the decision and its signature (the API server copies them onto the pod in the same
    write). No Binding is sent once ``BIND_DEADLINE_S`` has passed since the bind began
    (an entry older than that, of a pod still pending, is known to be abandoned:
    ``commitments``). If the Binding fails, the ledger entry and the holds go; if it
-   succeeds, entries the pod left on other nodes in earlier attempts are removed.
+   succeeds, entries the pod left on other nodes in earlier attempts are removed (its
+   QuotaLedger entries are keyed by pod: each write replaced the earlier one).
 
-A crash at any step leaves at most a ledger entry of a pending pod: its next bind
+A crash at any step leaves at most ledger entries of a pending pod: its next bind
 re-uses or replaces it, and it stops holding anything ``PENDING_GRACE_S`` after its
 bind time (docs/design/extender.md, "Crash-consistent binds").
 """
