@@ -218,7 +218,7 @@ class QuotaGate:
         try:
             for uid in added:
                 book.charge(uid, charge_of_entry(view.entries[uid]))
-            reason = book.check(charge) or tenants.check(book, charge)
+            reason = book.check(charge) or tenants.check(book, charge, key)  # its ask, once
         finally:
             for uid in added:
                 book.refund(uid)
