@@ -130,8 +130,12 @@ class QuotaLedgers:
             written = advanced(View(view.node), {uid: changes[uid]},
                                self.api.create_quota_ledger(obj))
         else:
-            written = advanced(view, changes, self.api.patch_quota_ledger(
-                view.node, {"spec": {"entries": changes}}, view.resource_version))
+            try:
+                answer = self.api.patch_quota_ledger(
+                    view.node, {"spec": {"entries": changes}}, view.resource_version)
+            except NotFound:  # deleted since it was read: read it again, as on a conflict
+                raise Conflict(f"QuotaLedger {view.node} was deleted", 409) from None
+            written = advanced(view, changes, answer)
         return self._remember(View(view.node, written.resource_version, written.entries))
 
     def prune(self, view: View, uids: Iterable[str]) -> View:
@@ -157,7 +161,10 @@ class QuotaLedgers:
             objs = self.api.list_quota_ledgers().items
         except NotFound:
             return []
-        return [self._remember(view_of(dict(o))) for o in objs]
+        views = [(view_of(dict(o)), (dict(o).get("metadata") or {}).get("name")) for o in objs]
+        # named by the object's name: a hand-written spec.node must not redirect writes
+        return [self._remember(View(str(n or v.node), v.resource_version, v.entries))
+                for v, n in views]
 
 
 class QuotaGate:

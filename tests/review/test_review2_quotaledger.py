@@ -1,0 +1,61 @@
+"""Review of the QuotaLedger: a ledger object deleted (or recreated) under a replica that
+remembers it must not refuse binds; a hand-edited spec.node must not redirect writes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from gpupool_testing.fake_apiserver import FakeApiServer
+from waiting import wait_for
+
+from gpupool.extender.quotaledger import QuotaLedgers
+from gpupool.kube.api import KubeApi
+from tests.extender.builders import Replica, pod_obj, schedule, seed_cluster
+
+ONE_GPU = {"gpupool.io/gpu": "1"}
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeApiServer]:
+    with FakeApiServer() as server:
+        yield server
+
+
+def quota(fake: FakeApiServer, name: str, gpus: int) -> None:
+    spec: dict[str, Any] = {"namespaces": [name], "limits": {"gpus": gpus}}
+    fake.seed("tenantquotas", {"metadata": {"name": name}, "spec": spec})
+
+
+def test_a_bind_after_the_quota_ledger_was_deleted_recreates_it_instead_of_failing(
+        fake: FakeApiServer) -> None:
+    nodes = seed_cluster(fake, 1, 4)
+    quota(fake, "t", 4)
+    one = fake.seed("pods", pod_obj("one", ONE_GPU, ns="t"))
+    two = fake.seed("pods", pod_obj("two", ONE_GPU, ns="t"))
+    r = Replica(fake)
+    try:
+        assert wait_for(lambda: len(r.cache.catalogue.tenants) == 1 and len(r.cache.pods) >= 2)
+        assert schedule(r.extender, one, nodes)[1] == ""
+        fake.delete("quotaledgers", "tenant.t")  # an operator cleans up, or a restore
+        error = schedule(r.extender, two, nodes)[1]
+    finally:
+        r.close()
+    assert error == ""
+    assert set(fake.get("quotaledgers", "tenant.t")["spec"]["entries"]) == {
+        two["metadata"]["uid"]}
+
+
+def test_a_listed_quota_ledger_is_named_by_its_object_name_not_a_hand_edited_spec_node(
+        fake: FakeApiServer) -> None:
+    fake.seed("quotaledgers", {"apiVersion": "gpupool.io/v1alpha1", "kind": "QuotaLedger",
+                               "metadata": {"name": "tenant.a"},
+                               "spec": {"scope": "tenant a", "node": "tenant.b",
+                                        "entries": {}}})
+    api = KubeApi.connect(server=fake.url)
+    try:
+        views = QuotaLedgers(api).listed()
+    finally:
+        api.close()
+    assert [v.node for v in views] == ["tenant.a"]
