@@ -42,7 +42,9 @@ class FairShare:
                 f"{_num(self.weight)} of {_num(self.weights)}), wait or raise the weight")
 
 
-MAX_WAITING = 10_000  # asks of waiting pods remembered (the oldest are dropped beyond)
+# asks of waiting pods remembered; beyond, the oldest ask of the namespace that has the most
+# goes (one tenant's flood of pending pods drops only its own asks)
+MAX_WAITING = 10_000
 
 
 class WaitingAsks:
@@ -54,6 +56,7 @@ class WaitingAsks:
         self.asks: dict[str, tuple[str, Amount]] = {}
         self.still_waiting = still_waiting
         self.total = Amount()  # of every ask remembered (an upper bound of what waits)
+        self.counts: dict[str, int] = {}  # asks remembered, by namespace
 
     def note(self, key: str, namespace: str | None, amount: Amount) -> None:
         old = self.asks.get(key)
@@ -62,13 +65,18 @@ class WaitingAsks:
         self.forget(key)
         self.asks[key] = (namespace or "", amount)
         self.total = self.total + amount
-        while len(self.asks) > MAX_WAITING:
-            self.forget(next(iter(self.asks)))
+        self.counts[namespace or ""] = self.counts.get(namespace or "", 0) + 1
+        while len(self.asks) > MAX_WAITING:  # the oldest ask of the namespace with the most
+            most = max(self.counts, key=self.counts.__getitem__)
+            self.forget(next(k for k, (ns, _) in self.asks.items() if ns == most))
 
     def forget(self, key: str) -> None:
         found = self.asks.pop(key, None)
         if found is not None:
             self.total = self.total.minus(found[1])
+            self.counts[found[0]] -= 1
+            if not self.counts[found[0]]:
+                del self.counts[found[0]]
 
     def by_namespace(self, but: str | None = None,
                      holds: Callable[[str], object] | None = None) -> dict[str, Amount]:
