@@ -59,3 +59,33 @@ def test_a_listed_quota_ledger_is_named_by_its_object_name_not_a_hand_edited_spe
     finally:
         api.close()
     assert [v.node for v in views] == ["tenant.a"]
+
+
+@pytest.mark.xfail(strict=True, reason="an entry without a readable bindTime whose pod the "
+                   "cache does not know is never stale (commitments._stale_entry), so it "
+                   "charges the quota for good and the reconciler never prunes it")
+def test_a_quota_ledger_entry_without_a_bind_time_of_a_pod_that_is_gone_stops_counting(
+        fake: FakeApiServer) -> None:
+    nodes = seed_cluster(fake, 1, 4)
+    quota(fake, "t", 1)
+    one = fake.seed("pods", pod_obj("one", ONE_GPU, ns="t"))
+    two = fake.seed("pods", pod_obj("two", ONE_GPU, ns="t"))
+    r = Replica(fake)
+    try:
+        assert wait_for(lambda: len(r.cache.catalogue.tenants) == 1 and len(r.cache.pods) >= 2)
+        assert schedule(r.extender, one, nodes)[1] == ""
+    finally:
+        r.close()
+    written = fake.get("quotaledgers", "tenant.t")["spec"]["entries"][one["metadata"]["uid"]]
+    restored = {k: v for k, v in written.items() if k != "bindTime"}  # the CRD allows it
+    fake.patch("quotaledgers", "tenant.t", {"spec": {"entries": {
+        one["metadata"]["uid"]: None, "0e6f1c9e-gone-pod": restored}}})
+    fake.delete("pods", "one", "t")
+    fake.patch("gpuledgers", nodes[0], {"spec": {"entries": {one["metadata"]["uid"]: None}}})
+    r = Replica(fake)
+    try:
+        assert wait_for(lambda: len(r.cache.catalogue.tenants) == 1 and len(r.cache.pods) >= 1)
+        error = schedule(r.extender, two, nodes)[1]
+    finally:
+        r.close()
+    assert error == ""
