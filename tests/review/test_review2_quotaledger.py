@@ -4,12 +4,15 @@ remembers it must not refuse binds; a hand-edited spec.node must not redirect wr
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from gpupool_testing.fake_apiserver import FakeApiServer
 from waiting import wait_for
 
+from gpupool.core.allocation import Allocation, Slice
+from gpupool.extender.ledger import Entry
 from gpupool.extender.quotaledger import QuotaLedgers
 from gpupool.kube.api import KubeApi
 from tests.extender.builders import Replica, pod_obj, schedule, seed_cluster
@@ -89,3 +92,34 @@ def test_a_quota_ledger_entry_without_a_bind_time_of_a_pod_that_is_gone_stops_co
     finally:
         r.close()
     assert error == ""
+
+
+def in_flight_entry(uid: str, node: str, namespace: str, name: str) -> dict[str, object]:
+    """A QuotaLedger entry as another replica's bind in flight writes it (bound just now)."""
+    alloc = Allocation(uid, node, 100, 64, (Slice(f"GPU-{node}-0", 0, 40960, 100, "c0"),),
+                       exclusive=True)
+    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return Entry(alloc, f"{namespace}/{name}", stamp, namespace).to_json()
+
+
+def test_a_refusal_does_not_keep_counting_an_entry_another_replica_has_since_rolled_back(
+        fake: FakeApiServer) -> None:
+    nodes = seed_cluster(fake, 1, 4)
+    quota(fake, "t", 1)
+    other = fake.seed("pods", pod_obj("other", ONE_GPU, ns="t"))
+    mine = fake.seed("pods", pod_obj("mine", ONE_GPU, ns="t"))
+    r = Replica(fake)
+    try:
+        assert wait_for(lambda: len(r.cache.catalogue.tenants) == 1 and len(r.cache.pods) >= 2)
+        uid = other["metadata"]["uid"]
+        fake.seed("quotaledgers", {"apiVersion": "gpupool.io/v1alpha1", "kind": "QuotaLedger",
+                                   "metadata": {"name": "tenant.t"},
+                                   "spec": {"scope": "tenant t", "entries": {
+                                       uid: in_flight_entry(uid, nodes[0], "t", "other")}}})
+        first = schedule(r.extender, mine, nodes)[1]  # the other bind holds the quota
+        fake.patch("quotaledgers", "tenant.t", {"spec": {"entries": {uid: None}}})  # rolled back
+        second = schedule(r.extender, mine, nodes)[1]
+    finally:
+        r.close()
+    assert "quota of tenant t exceeded" in first
+    assert second == ""

@@ -198,7 +198,8 @@ class QuotaGate:
                 with self.cache.lock:
                     why = self.refusal(view, key, charge)
                     prune = [u for u in self.cache.prunable(view) if u != key]
-                if why:
+                if why:  # the version remembered may be outdated: the next bind reads it
+                    self.ledgers.forget(name)
                     return why
                 self.ledgers.commit(view, scope, key, entry, prune)
                 return ""
