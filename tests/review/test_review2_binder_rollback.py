@@ -26,9 +26,6 @@ def entries(fake: FakeApiServer, plural: str) -> dict[str, set[str]]:
             for o in fake.objects(plural)}
 
 
-@pytest.mark.xfail(strict=True, reason="binder._roll_back removes the pod's QuotaLedger and "
-                   "GPULedger entries by uid with no precondition, even when the entries "
-                   "are another bind's of the same pod that won")
 def test_a_losing_bind_of_a_pod_already_bound_leaves_the_winners_ledger_entries(
         fake: FakeApiServer) -> None:
     nodes = seed_cluster(fake, 1, 4)

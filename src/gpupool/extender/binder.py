@@ -103,7 +103,7 @@ class Binder:
         try:
             self.kube.bind_pod(args.namespace, args.name, args.uid, args.node, notes)
         except KubeError as exc:
-            self._roll_back(args.node, request.key, scopes)
+            self._roll_back_failed(args, request.key, scopes)
             return f"binding {args.namespace}/{args.name} to {args.node} failed: {exc}"
         with self.cache.lock:
             self.cache.unhold(request.key, "bind")
@@ -190,6 +190,29 @@ class Binder:
             self.cache.ledger_update(self.ledgers.fetch(node))
         except KubeError as exc:
             log.warning("reading the GPU ledger of %s: %s", node, exc)
+
+    def _roll_back_failed(self, args: BindingArgs, key: str, scopes: list[str]) -> None:
+        """After a failed Binding: if the pod is bound all the same (another bind of it won,
+        or the API server applied it and the answer was lost), the entries under its uid
+        are the winner's and stay (the node's only when it is bound there); else all go."""
+        bound = self._bound_node(args)
+        if bound is None:
+            self._roll_back(args.node, key, scopes)
+            return
+        log.info("binding %s/%s to %s failed but the pod is bound to %s: its ledger "
+                 "entries are kept", args.namespace, args.name, args.node, bound)
+        if bound != args.node:
+            self._roll_back(args.node, key, [])
+
+    def _bound_node(self, args: BindingArgs) -> str | None:
+        """The node the pod with ``args``' uid is bound to (None: not bound, or unknown)."""
+        try:
+            pod = self.kube.get_pod_json(args.namespace, args.name)
+        except KubeError:
+            return None
+        meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+        node = spec.get("nodeName")
+        return str(node) if node and meta.get("uid") == args.uid else None
 
     def _roll_back(self, node: str | None, key: str, scopes: list[str] | None = None) -> None:
         self.quotas.roll_back(scopes or (), key)
