@@ -15,19 +15,16 @@ are checked by ``gpupool.core.fit`` on every decision.
 from __future__ import annotations
 
 import re
-import weakref
-from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
 
 import numpy as np
 
-from gpupool.core.errors import InvalidInput, UnknownName
+from gpupool.core.books import MaskCache as MaskCache  # also importable from here
+from gpupool.core.books import NamedBook
+from gpupool.core.errors import InvalidInput
 from gpupool.core.model import Gpu
 from gpupool.core.selector import Selector
 from gpupool.core.state import BoolArray, ClusterState
-
-V = TypeVar("V")
 
 CLASS_RESOURCE_PREFIX = "class.gpupool.io/"
 """Pod resource prefix of classes (the same string as ``gpupool.contract.names``)."""
@@ -89,30 +86,6 @@ class ResourceClass:
         return f"class {self.name} ({self.selector.describe()})"
 
 
-class MaskCache(Generic[V]):
-    """Values computed for one ``ClusterState`` at one epoch; anything else starts afresh.
-
-    Holds the state weakly, so a cache never keeps an old state alive nor mistakes
-    a new state that happens to reuse an old one's ``id``.
-    """
-
-    def __init__(self) -> None:
-        self._state: weakref.ref[ClusterState] | None = None
-        self._epoch = -1
-        self._values: dict[object, V] = {}
-
-    def masks_for(self, state: ClusterState) -> dict[object, V]:
-        """The table valid for ``state`` now (emptied when state or epoch changed)."""
-        if self._state is None or self._state() is not state or self._epoch != state.epoch:
-            self._state = weakref.ref(state)
-            self._epoch = state.epoch
-            self._values = {}
-        return self._values
-
-    def clear(self) -> None:
-        self._values = {}
-
-
 def selector_mask(state: ClusterState, selector: Selector) -> BoolArray:
     """[node, gpu position] -> the GPU exists and its labels match ``selector``.
 
@@ -130,39 +103,13 @@ def selector_mask(state: ClusterState, selector: Selector) -> BoolArray:
     return mask
 
 
-class ClassCatalog:
+class ClassCatalog(NamedBook[ResourceClass, BoolArray]):
     """The known resource classes by name, with their GPU masks cached per epoch."""
 
-    def __init__(self, classes: Iterable[ResourceClass] = ()):
-        self._classes: dict[str, ResourceClass] = {}
-        self._cache: MaskCache[BoolArray] = MaskCache()
-        for c in classes:
-            self.put(c)
-
-    def put(self, cls: ResourceClass) -> None:
-        """Add or replace a class."""
-        self._classes[cls.name] = cls
-        self._cache.clear()
-
-    def remove(self, name: str) -> ResourceClass | None:
-        self._cache.clear()
-        return self._classes.pop(name, None)
-
-    def get(self, name: str) -> ResourceClass:
-        try:
-            return self._classes[name]
-        except KeyError:
-            known = ", ".join(sorted(self._classes)) or "none"
-            raise UnknownName(f"resource class {name} does not exist (known: {known})") from None
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._classes
-
-    def __len__(self) -> int:
-        return len(self._classes)
+    noun = "resource class"
 
     def names(self) -> list[str]:
-        return sorted(self._classes)
+        return sorted(self._items)
 
     def gpu_mask(self, state: ClusterState, name: str) -> BoolArray:
         """GPUs of class ``name`` (``UnknownName`` if there is no such class). Read-only."""

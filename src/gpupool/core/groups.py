@@ -21,8 +21,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from gpupool.core.classes import MaskCache
-from gpupool.core.errors import InvalidInput, UnknownName
+from gpupool.core.books import MaskCache, NamedBook
+from gpupool.core.errors import InvalidInput
 from gpupool.core.fit import Constraints, demand_of, gpu_fit_mask, need_milli
 from gpupool.core.model import Gpu
 from gpupool.core.quota import Charge, QuotaBook
@@ -191,40 +191,17 @@ class GroupChoice:
         return [r.refusal for r in self.rooms if r.refusal]
 
 
-class GroupCatalog:
+class GroupCatalog(NamedBook[ResourceGroup, BoolArray]):
     """The known groups by name, with their masks cached per cluster epoch."""
 
+    noun = "resource group"
+
     def __init__(self, groups: Iterable[ResourceGroup] = ()):
-        self._groups: dict[str, ResourceGroup] = {}
-        self._cache: MaskCache[BoolArray] = MaskCache()
         self._layouts: MaskCache[GpuLayout] = MaskCache()
-        for g in groups:
-            self.put(g)
-
-    def put(self, group: ResourceGroup) -> None:
-        """Add a group or replace the one of the same name (an update)."""
-        self._groups[group.name] = group
-        self._cache.clear()
-
-    def remove(self, name: str) -> ResourceGroup | None:
-        self._cache.clear()
-        return self._groups.pop(name, None)
-
-    def get(self, name: str) -> ResourceGroup:
-        try:
-            return self._groups[name]
-        except KeyError:
-            known = ", ".join(sorted(self._groups)) or "none"
-            raise UnknownName(f"resource group {name} does not exist (known: {known})") from None
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._groups
-
-    def __len__(self) -> int:
-        return len(self._groups)
+        super().__init__(groups)
 
     def __iter__(self) -> Iterator[ResourceGroup]:
-        return iter([self._groups[n] for n in sorted(self._groups)])
+        return iter([self._items[n] for n in sorted(self._items)])
 
     def usable_by(self, tenant: str | None) -> list[ResourceGroup]:
         """The groups ``tenant`` may draw from, by name."""
@@ -273,14 +250,7 @@ class GroupCatalog:
         gmask = self.gpu_mask(state, name)
         if gpu_mask is None:
             return gmask
-        masks = self._cache.masks_for(state)
-        key = ("within", name, id(gpu_mask))
-        found = masks.get(key)
-        if found is None or masks.get(("held", name, id(gpu_mask))) is not gpu_mask:
-            found = masks[key] = gmask & gpu_mask
-            found.flags.writeable = False
-            masks["held", name, id(gpu_mask)] = gpu_mask
-        return found
+        return self._intersect(state, name, gmask, gpu_mask)
 
     def room(self, state: ClusterState, request: PodRequest, group: ResourceGroup,
              gpu_mask: BoolArray | None = None) -> GroupRoom:

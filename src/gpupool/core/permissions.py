@@ -10,12 +10,13 @@ Pure: no I/O; masks are cached per cluster epoch like class and group masks.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from gpupool.core.classes import MaskCache, selector_mask
+from gpupool.core.books import NamedBook
+from gpupool.core.classes import selector_mask
 from gpupool.core.model import Gpu, Node
 from gpupool.core.reasons import Check, Reason
 from gpupool.core.selector import Selector
@@ -51,30 +52,20 @@ class Permission:
         return f"GPUPermission {self.name} (nodes: {nodes}; GPUs: {gpus})"
 
 
-class PermissionBook:
+class PermissionBook(NamedBook[Permission, BoolArray | None]):
     """Permissions by name; per tenant, the GPUs they permit (cached per epoch)."""
 
-    def __init__(self, permissions: Iterable[Permission] = ()) -> None:
-        self.by_name: dict[str, Permission] = {}
-        self._cache: MaskCache[BoolArray | None] = MaskCache()
-        for p in permissions:
-            self.put(p)
+    noun = "GPUPermission"
 
-    def put(self, permission: Permission) -> None:
-        self.by_name[permission.name] = permission
-        self._cache.clear()
-
-    def remove(self, name: str) -> Permission | None:
-        self._cache.clear()
-        return self.by_name.pop(name, None)
-
-    def __len__(self) -> int:
-        return len(self.by_name)
+    @property
+    def by_name(self) -> dict[str, Permission]:
+        """The permissions by name (the book's own table: change it through ``put``)."""
+        return self._items
 
     def of(self, tenant: str | None) -> tuple[Permission, ...]:
         """The permissions naming ``tenant`` (none: the tenant is not restricted)."""
-        return tuple(self.by_name[n] for n in sorted(self.by_name)
-                     if tenant is not None and tenant in self.by_name[n].tenants)
+        return tuple(self._items[n] for n in sorted(self._items)
+                     if tenant is not None and tenant in self._items[n].tenants)
 
     def names_of(self, tenant: str | None) -> str:
         return ", ".join(p.name for p in self.of(tenant))
@@ -109,14 +100,7 @@ class PermissionBook:
             return gpu_mask
         if gpu_mask is None:
             return permitted
-        table = self._cache.masks_for(state)
-        key = ("within", tenant, id(gpu_mask))
-        found = table.get(key)
-        if found is None or table.get(("held", tenant, id(gpu_mask))) is not gpu_mask:
-            found = table[key] = permitted & gpu_mask
-            found.flags.writeable = False
-            table["held", tenant, id(gpu_mask)] = gpu_mask
-        return found
+        return self._intersect(state, tenant, permitted, gpu_mask)
 
     def refusal(self, state: ClusterState, tenant: str | None, gpu_mask: BoolArray | None,
                 what: str) -> Reason | None:
