@@ -221,3 +221,31 @@ def test_a_quota_ledger_the_api_server_does_not_serve_refuses_the_bind_and_says_
     assert "QuotaLedger tenant.t failed" in error and "quotaledgers.yaml" in error
     assert entries(fake, "gpuledgers") == {nodes[0]: set()}
     assert not any(p["spec"].get("nodeName") for p in fake.objects("pods"))
+
+
+def test_a_ledger_keeps_only_the_binds_others_may_not_have_seen_and_the_quota_still_holds(
+        fake: FakeApiServer) -> None:
+    """The ledger carries only recent binds (else a cohort's one object would outgrow
+    what the API server stores); older pods are charged from the pods themselves."""
+    nodes = seed_cluster(fake, 1, 4)
+    quota(fake, "t", 1)
+    first = fake.seed("pods", pod_obj("first", ONE_GPU, ns="t"))
+    later = fake.seed("pods", pod_obj("later", ONE_GPU, ns="t"))
+    uid = first["metadata"]["uid"]
+    now = [1_000_000.0]
+    r = Replica(fake, clock=lambda: now[0])
+    try:
+        assert wait_for(lambda: ready(r, 1, 2))
+        assert schedule(r.extender, first, nodes)[1] == ""
+        assert entries(fake, "quotaledgers") == {"tenant.t": {uid}}
+        assert wait_for(lambda: (r.cache.pods.get(uid) is not None and
+                                 bool(r.cache.pods[uid].node)))
+        done = LedgerReconciler(r.cache, r.api).run_once()
+        assert done.quota_pruned == 0  # bound moments ago: others may not have seen it
+        now[0] += 61.0  # past the pending grace, the pod seen bound where the entry says
+        done = LedgerReconciler(r.cache, r.api).run_once()
+        assert done.quota_pruned == 1 and entries(fake, "quotaledgers") == {"tenant.t": set()}
+        late = schedule(r.extender, later, nodes)[1]
+        assert "quota of tenant t exceeded" in late  # counted from the pod itself
+    finally:
+        r.close()

@@ -24,9 +24,9 @@ def one_gpu_entry(k: int) -> tuple[str, dict[str, object]]:
     return str(uuid.UUID(int=k + 1)), entry.to_json()
 
 
-@pytest.mark.xfail(strict=True, reason="a cohort's QuotaLedger lists every live pod of all "
-                   "its members in one object; ~4,000 one-GPU pods pass etcd's 1.5 MiB "
-                   "request limit and then every bind in the cohort fails")
+@pytest.mark.xfail(strict=True, reason="documented limit: one QuotaLedger holds about 3,000 "
+                   "one-GPU entries; entries of pods seen bound leave after a minute, so "
+                   "this bounds a scope's binds per minute, not its running pods (not sharded)")
 def test_the_quota_ledger_of_a_cohort_of_20_teams_running_5000_one_gpu_pods_fits_one_object(
         ) -> None:
     entries = dict(one_gpu_entry(k) for k in range(5000))

@@ -183,6 +183,22 @@ class Commitments(Holdings):
         now = self.clock()
         return [u for u, e in view.entries.items() if self._stale_entry(u, e, now)]
 
+    def quota_prunable(self, view: ledger.View) -> list[str]:
+        """Entries of a QuotaLedger ``view`` a writer may drop (under ``lock``): the stale
+        ones, and those of pods this cache has seen bound where the entry says for longer
+        than the pending grace. Every replica's watch has shown those pods by then, so
+        their caches charge them from the pods themselves; the ledger only has to carry
+        the binds the others may not have seen yet, which keeps it small."""
+        now = self.clock()
+        return [u for u, e in view.entries.items() if self._stale_entry(u, e, now) or
+                self._seen_bound(u, e, now)]
+
+    def _seen_bound(self, uid: str, entry: ledger.Entry, now: float) -> bool:
+        pod = self.pods.get(uid)
+        bound = entry.bind_s
+        return (pod is not None and pod.node == entry.allocation.node and bound is not None
+                and now - bound > self.pending_grace_s)
+
     def release_stale_entries(self) -> None:
         """Let go of the holds of entries that turned stale by age (under ``lock``)."""
         now = self.clock()

@@ -197,7 +197,7 @@ class QuotaGate:
                 view = self.ledgers.known(name)
                 with self.cache.lock:
                     why = self.refusal(view, key, charge)
-                    prune = [u for u in self.cache.prunable(view) if u != key]
+                    prune = [u for u in self.cache.quota_prunable(view) if u != key]
                 if why:  # the version remembered may be outdated: the next bind reads it
                     self.ledgers.forget(name)
                     return why
@@ -219,7 +219,7 @@ class QuotaGate:
         """Why ``charge`` of pod ``key`` does not fit, counting the cache's charges and the
         live entries of ``view`` it does not hold yet ('' when it fits; under lock)."""
         book, tenants = self.cache.catalogue.quotas, self.cache.catalogue.tenants
-        stale = set(self.cache.prunable(view))
+        stale = set(self.cache.quota_prunable(view))
         mine = book.refund(key)  # the bind's own tentative charge: it is what is asked
         added = [u for u in view.entries if u != key and u not in stale and
                  book.charged(u) is None]

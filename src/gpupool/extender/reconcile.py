@@ -88,7 +88,7 @@ class LedgerReconciler:
         pruned = 0
         for view in views:
             with self.cache.lock:
-                uids = self.cache.prunable(view)
+                uids = self.cache.quota_prunable(view)
             if not uids or calls + 1 >= self.max_calls:
                 continue
             calls += 1
