@@ -64,9 +64,6 @@ def test_a_listed_quota_ledger_is_named_by_its_object_name_not_a_hand_edited_spe
     assert [v.node for v in views] == ["tenant.a"]
 
 
-@pytest.mark.xfail(strict=True, reason="an entry without a readable bindTime whose pod the "
-                   "cache does not know is never stale (commitments._stale_entry), so it "
-                   "charges the quota for good and the reconciler never prunes it")
 def test_a_quota_ledger_entry_without_a_bind_time_of_a_pod_that_is_gone_stops_counting(
         fake: FakeApiServer) -> None:
     nodes = seed_cluster(fake, 1, 4)

@@ -176,7 +176,11 @@ class Commitments(Holdings):
             if pod.node:
                 return pod.node != entry.allocation.node
             return bound is None or now - bound > self.pending_grace_s
-        return bound is not None and now - bound > self.ledger_grace_s and "pods" in self.synced
+        # a pod this cache has never seen: gone once the grace has passed since its bind;
+        # an entry with no readable bind time (gpupool always writes one: a hand edit, a
+        # restored backup) can never age, so it is judged only by whether the pod exists
+        aged = bound is None or now - bound > self.ledger_grace_s
+        return aged and "pods" in self.synced
 
     def prunable(self, view: ledger.View) -> list[str]:
         """Entries of ``view`` a writer may drop (under ``lock``)."""
