@@ -252,14 +252,15 @@ def _serve(extender: Extender, tls: ReloadingContext | None, args: argparse.Name
              args.host, args.port, "PLAIN HTTP, UNAUTHENTICATED" if tls is None else
              f"mutual TLS, clients {', '.join(sorted(names))}", args.probe_port,
              limits.describe())
-    probes = ThreadedServer(build_probes(extender), args.host, port=args.probe_port,
-                            closed=metrics.closed,
-                            rules=ConnectionRules(args.idle_timeout, args.request_timeout))
     app = build_verbs(extender, limits) if tls is not None else build_app(extender, limits)
+    server = uvicorn.Server(uvicorn_config(app, metrics.closed, rules,
+                                           tls.listening if tls else None, host=args.host,
+                                           port=args.port))
+    probes = ThreadedServer(build_probes(extender, lambda: bool(server.started)), args.host,
+                            port=args.probe_port, closed=metrics.closed,
+                            rules=ConnectionRules(args.idle_timeout, args.request_timeout))
     with probes:
-        uvicorn.Server(uvicorn_config(app, metrics.closed, rules,
-                                      tls.listening if tls else None, host=args.host,
-                                      port=args.port)).run()
+        server.run()
 
 
 def _housekeeping(wired: Wired, tls: ReloadingContext | None, args: argparse.Namespace,

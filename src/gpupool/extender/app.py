@@ -236,15 +236,19 @@ async def read_body(receive: Receive, size: int | None, limit: int) -> Body | st
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-def build_probes(extender: Extender) -> Starlette:
-    """``/healthz``, ``/readyz`` and ``/metrics``."""
+def build_probes(extender: Extender, serving: Callable[[], bool] = lambda: True) -> Starlette:
+    """``/healthz``, ``/readyz`` and ``/metrics``. ``serving``: whether the verbs' server
+    is listening yet (ready only then: the Service must not send kube-scheduler to a
+    replica whose verb port is still closed)."""
     async def healthz(request: Request) -> Response:
         return PlainTextResponse("ok")
 
     async def readyz(request: Request) -> Response:
-        if extender.ready():
+        if extender.ready() and serving():
             return PlainTextResponse("ready")
         missing = sorted(READY_KINDS - extender.cache.synced)
+        if not serving():
+            missing.append("the verbs' server to listen")
         return JSONResponse({"ready": False, "waiting for": missing}, status_code=503)
 
     async def prometheus(request: Request) -> Response:
