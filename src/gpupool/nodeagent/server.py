@@ -10,11 +10,9 @@
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Iterator
-from concurrent import futures
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +25,7 @@ from gpupool.nodeagent.envs import ContainerAnswer
 from gpupool.nodeagent.logical import LogicalPool
 from gpupool.nodeagent.metrics import NodeMetrics
 from gpupool.nodeagent.proto import deviceplugin_pb2, deviceplugin_pb2_grpc
+from gpupool.nodeagent.unixserver import UnixServer
 
 pb: Any = deviceplugin_pb2  # generated code is not type-checked
 pb_grpc: Any = deviceplugin_pb2_grpc
@@ -109,39 +108,15 @@ def container_response(answer: ContainerAnswer) -> Any:
     return pb.ContainerAllocateResponse(envs=answer.envs, mounts=mounts, cdi_devices=cdi)
 
 
-class PluginSocket:
-    """The gRPC server on our unix socket; restartable (kubelet deletes it when it restarts)."""
+class PluginSocket(UnixServer):
+    """The device plugin's gRPC server on ``<kubelet-dir>/device-plugins/gpupool.sock``;
+    restartable (kubelet deletes the socket when it restarts)."""
 
     def __init__(self, directory: Path, service: DevicePluginService, workers: int = 8):
-        self.path = Path(directory) / SOCKET_NAME
         self.service = service
-        self.workers = workers
-        self._server: grpc.Server | None = None
-        self._inode = 0
-
-    def start(self) -> None:
-        self.stop()
-        if self.path.exists() or self.path.is_symlink():
-            self.path.unlink()
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=self.workers,
-                                                        thread_name_prefix="device-plugin"))
-        pb_grpc.add_DevicePluginServicer_to_server(self.service, server)
-        server.add_insecure_port(f"unix://{self.path}")
-        server.start()
-        self._server = server
-        self._inode = _inode(self.path)
-        log.info("device plugin serving on %s", self.path)
-
-    def healthy(self) -> bool:
-        """Is our socket still the file we created?"""
-        return self._server is not None and _inode(self.path) == self._inode != 0
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.stop(grace=0.5).wait(2)
-            self._server = None
-            if _inode(self.path) == self._inode:
-                self.path.unlink(missing_ok=True)
+        super().__init__(Path(directory) / SOCKET_NAME,
+                         lambda server: pb_grpc.add_DevicePluginServicer_to_server(service, server),
+                         workers, name="device-plugin")
 
 
 def register(kubelet_socket: Path, resource: str = names.RESOURCE_GPU,
@@ -153,9 +128,3 @@ def register(kubelet_socket: Path, resource: str = names.RESOURCE_GPU,
                                          resource_name=resource, options=plugin_options()),
                       timeout=timeout_s)
 
-
-def _inode(path: Path) -> int:
-    try:
-        return os.stat(path).st_ino
-    except OSError:
-        return 0

@@ -31,7 +31,6 @@ from gpupool.nodeagent.dra.service import (
     DRA_SOCKET,
     REGISTRATION_SOCKET,
     RegistrationService,
-    UnixServer,
     add_dra_services,
     reg_grpc,
 )
@@ -42,6 +41,7 @@ from gpupool.nodeagent.gpu import GpuBackend, GpuInfo
 from gpupool.nodeagent.inventory import Inventory, device_object
 from gpupool.nodeagent.isolation.none import NoIsolation
 from gpupool.nodeagent.isolation.provider import NODE_LABEL, IsolationProvider
+from gpupool.nodeagent.unixserver import UnixServer
 
 log = logging.getLogger(__name__)
 VANISHED = "vanished"

@@ -9,19 +9,15 @@
   ``<kubelet-dir>/plugins/gpu.gpupool.io/dra.sock``: each claim of a request is prepared
   or unprepared on its own; a claim that cannot be is answered with its ``error`` (kubelet
   retries it), never by failing the whole call.
-
-``UnixServer`` serves one servicer on one unix socket and can tell when its socket file
-was removed or replaced (kubelet cleans its directories when it restarts).
+Both are served by ``nodeagent.unixserver.UnixServer``, as the device plugin is.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
-from concurrent import futures
 from pathlib import Path
 from typing import Any
 
@@ -129,48 +125,3 @@ def add_dra_services(server: grpc.Server, preparer: Preparer,
     v1_grpc.add_DRAPluginServicer_to_server(_V1(preparer, dra_v1_pb2, observe), server)
     v1beta1_grpc.add_DRAPluginServicer_to_server(
         _V1beta1(preparer, dra_v1beta1_pb2, observe), server)
-
-
-class UnixServer:
-    """A gRPC server on one unix socket; restartable."""
-
-    def __init__(self, path: Path, add: Callable[[grpc.Server], None], workers: int = 4,
-                 name: str = "dra"):
-        self.path = Path(path)
-        self.add = add
-        self.workers = workers
-        self.name = name
-        self._server: grpc.Server | None = None
-        self._inode = 0
-
-    def start(self) -> None:
-        self.stop()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        if self.path.exists() or self.path.is_symlink():
-            self.path.unlink()
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=self.workers,
-                                                        thread_name_prefix=self.name))
-        self.add(server)
-        server.add_insecure_port(f"unix://{self.path}")
-        server.start()
-        self._server = server
-        self._inode = _inode(self.path)
-        log.info("%s serving on %s", self.name, self.path)
-
-    def healthy(self) -> bool:
-        """Is our socket still the file we created?"""
-        return self._server is not None and _inode(self.path) == self._inode != 0
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.stop(grace=0.5).wait(2)
-            self._server = None
-            if _inode(self.path) == self._inode:
-                self.path.unlink(missing_ok=True)
-
-
-def _inode(path: Path) -> int:
-    try:
-        return os.stat(path).st_ino
-    except OSError:
-        return 0
