@@ -97,9 +97,13 @@ def test_two_controllers_one_leads_and_exports_the_other_takes_over_when_it_stop
         holder = (fake.get("leases", "gpupool-controller", NS) or {})["spec"]["holderIdentity"]
         assert holder.startswith(leader + "_")
         assert got[f'gpupool_controller_leader_info{{holder="{holder}"}}'] == 1
+        # The follower learns the holder on its next read of the Lease, which may
+        # come a retry period after the leader's first export.
+        info = f'gpupool_controller_leader_info{{holder="{holder}"}}'
+        assert wait_for(lambda: scrape(ports[follower]).get(info) == 1, 10)
         seen = scrape(ports[follower])
         assert seen["gpupool_controller_is_leader"] == 0
-        assert seen[f'gpupool_controller_leader_info{{holder="{holder}"}}'] == 1
+        assert seen[info] == 1
         assert not any(k.startswith(("gpupool_controller_gpus", "gpupool_controller_quota"))
                        for k in seen)
         assert healthz(ports[follower]) == healthz(ports[leader]) == 200
