@@ -162,6 +162,7 @@ def _observer(metrics: ControllerMetrics, tally: VerifyTally | None, pool_label:
                 seconds: float) -> None:
         unverified = tally.take() if tally is not None else {}  # this round's failures
         metrics.round_ended(seconds, len(outcome.failures))
+        metrics.set_fair_shares(outcome.fair_shares)  # cheap: every round
         if time.monotonic() - last[0] < every_s:
             return
         last[0] = time.monotonic()

@@ -25,7 +25,7 @@ from typing import Any
 
 from gpupool.contract.quotas import Broken as BrokenObject
 from gpupool.contract.quotas import permission_or_denial
-from gpupool.controller import groupsync, quotastatus
+from gpupool.controller import fairstatus, groupsync, quotastatus
 from gpupool.controller.deviceclasses import DeviceClassSync
 from gpupool.controller.observed import Obj, Observed, Verify, observe
 from gpupool.controller.reconcile import (
@@ -69,6 +69,7 @@ class Outcome:
     notes: tuple[str, ...] = ()
     device_classes: list[str] = field(default_factory=list)  # "create DeviceClass x", ...
     skipped: int = 0  # writes not sent: the leader's term ended during the round
+    fair_shares: tuple[Any, ...] = ()  # fairstatus.FairShareFigure per tenant sharing fairly
 
     @property
     def writes(self) -> int:
@@ -153,15 +154,17 @@ class Controller:
         self.device_classes = device_classes
         self.clock = clock
         self.verify = RememberedVerify(verify) if verify is not None else None
+        self.listed_pods: list[Any] = []  # the pods the last ``list_world`` listed
         self._last_notes: tuple[str, ...] = ()
 
     def list_world(self) -> Observed:
         def items(listing: Listing[Any]) -> list[Obj]:
             return [dict(o) for o in listing.items]
         self._new_round()
+        self.listed_pods = self.api.list_pods_json().items
         return observe(items(self.api.list_gpu_devices()), items(self.api.list_resource_classes()),
                        items(self.api.list_resource_groups()),
-                       self.api.list_pods_json().items, self.verify)
+                       self.listed_pods, self.verify)
 
     def _new_round(self) -> None:
         if self.verify is not None:
@@ -177,7 +180,7 @@ class Controller:
         except KubeError as exc:
             out.failures.append(str(exc))
             return out
-        return self._with_tenancy(observed, out, tenancy, ended)
+        return self._with_tenancy(observed, out, tenancy, ended, self.listed_pods)
 
     def _with_device_classes(self, observed: Observed, out: Outcome,
                              ended: threading.Event | None = None) -> Outcome:
@@ -232,7 +235,8 @@ class Controller:
             out.statuses.append(f"{action.kind}/{action.name}")
 
     def _with_tenancy(self, observed: Observed, out: Outcome, tenancy: TenancyWorld,
-                      ended: threading.Event | None = None) -> Outcome:
+                      ended: threading.Event | None = None, pods: Iterable[Obj] = ()
+                      ) -> Outcome:
         """Resource groups' members (automatic groups planned, ``groupsync``), then
         TenantQuota and GPUPermission status (``quotastatus``); a failed write is logged
         and retried next round. Nothing until ``tenancy`` has listed every kind it needs."""
@@ -244,9 +248,11 @@ class Controller:
         writes: list[tuple[str, str, Obj]] = [
             ("ResourceGroup", p.name, p.patch) for p in groupsync.plan(observed, labels, book)]
         nodes = groupsync.core_nodes(observed, labels)
+        fair = quotastatus.fair_shares(observed, quotas, pods, namespaces)
+        out.fair_shares = fairstatus.figures(fair)
         writes += [(p.kind, p.name, p.patch) for p in
                    quotastatus.plan(observed, quotas, permissions, nodes, self.clock(),
-                                    namespaces)]
+                                    namespaces, fair)]
         patchers = {"ResourceGroup": self.api.patch_resource_group_status,
                     "TenantQuota": self.api.patch_tenant_quota_status,
                     "GPUPermission": self.api.patch_gpu_permission_status}
@@ -290,7 +296,8 @@ class Controller:
                 observed = world.observed(self.verify)
                 outcome = self._with_device_classes(
                     observed, self.apply(reconcile(observed, self.clock()), stop), stop)
-                outcome = self._with_tenancy(observed, outcome, tenancy, stop)
+                outcome = self._with_tenancy(observed, outcome, tenancy, stop,
+                                             world.objects("pods"))
                 if outcome.writes or outcome.failures:
                     log.info("reconciled: %s", outcome.summary())
                 if self.observer is not None:

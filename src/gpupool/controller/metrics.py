@@ -9,7 +9,10 @@ summed), ``..._gpus_stale``, ``..._gpus_isolated``; ``gpupool_controller_pending
 rounds: ``gpupool_controller_reconcile_seconds``, ``..._reconciles_total{result}``,
 ``..._write_failures_total``, ``..._last_reconcile_timestamp_seconds``; leadership:
 ``gpupool_controller_is_leader``, ``gpupool_controller_leader_info{holder}``,
-``gpupool_controller_lease_transitions``.
+``gpupool_controller_lease_transitions``; fair share per tenant of a cohort that shares
+fairly: ``gpupool_controller_tenant_fair_share{tenant, cohort, resource, kind}`` (kind
+``wanted``, ``share``, ``entitled``), ``..._fair_share_ratio{tenant, cohort, resource}``
+(used over entitled) and ``..._fair_share_dominant_ratio{tenant, cohort}``.
 
 The cluster figures are set by the leader only, after each round; a replica that does
 not lead clears them (summing over replicas never counts twice).
@@ -98,6 +101,21 @@ class ControllerMetrics:
                                  self.healthy, self.allocated, self.free, self.fragmented,
                                  self.stale, self.isolated,
                                  self.pending, self.uncounted, self.problems)]
+        self.fair_share = Gauge("gpupool_controller_tenant_fair_share",
+                                "Fair share of a tenant in a cohort that shares fairly, by "
+                                "kind: wanted (what it would borrow with its waiting pods), "
+                                "share (its part of what the cohort lends), entitled "
+                                "(limit + share)", ["tenant", "cohort", "resource", "kind"],
+                                registry=r)
+        self.fair_ratio = Gauge("gpupool_controller_tenant_fair_share_ratio",
+                                "What a tenant holds over what its fair share entitles it to "
+                                "(above 1: it borrows beyond its share)",
+                                ["tenant", "cohort", "resource"], registry=r)
+        self.fair_dominant = Gauge("gpupool_controller_tenant_fair_share_dominant_ratio",
+                                   "The largest fair_share_ratio of a tenant",
+                                   ["tenant", "cohort"], registry=r)
+        self._fair: list[tuple[Gauge, set[tuple[str, ...]]]] = [
+            (g, set()) for g in (self.fair_share, self.fair_ratio, self.fair_dominant)]
         self._lock = threading.Lock()
         for result in ("ok", "failed"):
             self.rounds.labels(result)
@@ -153,6 +171,32 @@ class ControllerMetrics:
     def clear_world(self) -> None:
         """Drop every cluster figure (this replica does not lead)."""
         self._replace({})
+        self.set_fair_shares(())
+
+    def set_fair_shares(self, figures: Iterable[Any]) -> None:
+        """Set the fair-share series from ``fairstatus.FairShareFigure``s (series of
+        tenants no longer listed are removed)."""
+        series: dict[Gauge, dict[tuple[str, ...], float]] = {g: {} for g, _ in self._fair}
+        for f in figures:
+            e = f.entitlement
+            for dim, name, _ in _DIMS:
+                if getattr(e.entitled, dim) is None:
+                    continue
+                for kind, value in (("wanted", e.wanted), ("share", e.share),
+                                    ("entitled", e.entitled)):
+                    series[self.fair_share][f.tenant, f.cohort, name, kind] = \
+                        getattr(value, dim)
+                series[self.fair_ratio][f.tenant, f.cohort, name] = e.ratio(dim)
+            if e.dominant is not None:
+                series[self.fair_dominant][f.tenant, f.cohort] = e.dominant[1]
+        with self._lock:
+            for i, (gauge, had) in enumerate(self._fair):
+                now = series[gauge]
+                for gone in had - set(now):
+                    gauge.remove(*gone)
+                for labels, value in now.items():
+                    gauge.labels(*labels).set(value)
+                self._fair[i] = (gauge, set(now))
 
     # -- leadership ------------------------------------------------------------------------------
     def leadership(self, leading: bool, holder: str, transitions: int) -> None:

@@ -5,8 +5,10 @@ memory, percent of compute), ``limit`` and ``remaining`` (limited dimensions onl
 ``borrowed`` (in a cohort: how far beyond its limits it runs on capacity its peers lend)
 and ``borrowedPods`` (which of its pods run on that borrowed capacity: its youngest beyond
 the nominal, the ones a lender's reclaim takes),
-``usedByClass`` (per class it limits), and the conditions ``Valid`` (the spec can be read;
-a namespace also claimed by another quota is named) and ``WithinQuota``. The numbers are
+``usedByClass`` (per class it limits), in a cohort that shares fairly ``fairShare`` (its
+fair share now: ``controller.fairstatus``), and the conditions ``Valid`` (the spec can be
+read; a namespace also claimed by another quota is named), ``WithinQuota`` and, sharing
+fairly, ``WithinFairShare``. The numbers are
 those the extender enforces, by the same core arithmetic (``core.tenants``,
 ``core.cohort``). A GPUPermission's ``status``: ``Valid`` and ``gpus``, how many published
 GPUs it permits.
@@ -21,6 +23,7 @@ from dataclasses import dataclass, replace
 
 from gpupool.contract.nslabels import untrusted_keys, why_untrusted
 from gpupool.contract.quotas import Broken, permission_of, quota_of
+from gpupool.controller import fairstatus
 from gpupool.controller.observed import Obj, Observed, PodHolding, name_of
 from gpupool.controller.status import (
     MAX_LISTED,
@@ -34,6 +37,7 @@ from gpupool.core.cohort import CohortState, borrowed_keys
 from gpupool.core.model import Labels, Node
 from gpupool.core.quota import Amount, Charge, QuotaBook, amount_of_allocation
 from gpupool.core.tenants import TenantBook, TenantQuota
+from gpupool.core.tenantshare import Entitlement, WaitingAsks
 from gpupool.core.victims import Candidate
 
 
@@ -53,22 +57,37 @@ def charged(observed: Observed) -> QuotaBook:
 
 
 def plan(observed: Observed, quotas: Iterable[Obj], permissions: Iterable[Obj],
-         nodes: list[Node], now: str, namespaces: Mapping[str, Labels] | None = None
-         ) -> list[StatusPatch]:
+         nodes: list[Node], now: str, namespaces: Mapping[str, Labels] | None = None,
+         fair: Mapping[str, Entitlement] | None = None) -> list[StatusPatch]:
     """Status patches for every TenantQuota and GPUPermission that needs one
-    (``namespaces``: every namespace's labels, for namespace selectors)."""
+    (``namespaces``: every namespace's labels, for namespace selectors; ``fair``: the fair
+    shares, ``fair_shares``; None: worked out with no pod waiting)."""
     objs = sorted(quotas, key=name_of)
     parsed = {name_of(o): resolved(o, namespaces or {}) for o in objs}
     tenants = TenantBook(q for q in parsed.values() if not isinstance(q, Broken))
     book = charged(observed)
+    if fair is None:
+        fair = fairstatus.shares(tenants, book, WaitingAsks())
     out = []
     for obj in objs:
         desired = quota_status(obj, parsed[name_of(obj)], tenants, book, now,
-                               observed.holdings, namespaces)
+                               observed.holdings, namespaces, fair)
         out += _patch("TenantQuota", obj, desired)
     for obj in sorted(permissions, key=name_of):
         out += _patch("GPUPermission", obj, permission_status(obj, nodes, now))
     return out
+
+
+def fair_shares(observed: Observed, quotas: Iterable[Obj], pods: Iterable[Obj],
+                namespaces: Mapping[str, Labels] | None = None) -> dict[str, Entitlement]:
+    """The fair share of every tenant of a cohort that shares fairly, by tenant name, over
+    what the tenants hold and what their waiting ``pods`` ask (``controller.fairstatus``)."""
+    parsed = (resolved(o, namespaces or {}) for o in quotas)
+    tenants = TenantBook(q for q in parsed if not isinstance(q, Broken))
+    if not any(tenants.shares_fairly(q.cohort) for q in tenants):
+        return {}
+    return fairstatus.shares(tenants, charged(observed),
+                             fairstatus.waiting_asks(observed, pods))
 
 
 def _patch(kind: str, obj: Obj, desired: Obj) -> list[StatusPatch]:
@@ -99,7 +118,8 @@ def _selected(q: TenantQuota, namespaces: Mapping[str, Labels] | None) -> list[s
 
 def quota_status(obj: Obj, parsed: TenantQuota | Broken, tenants: TenantBook,
                  book: QuotaBook, now: str, holdings: Sequence[PodHolding] = (),
-                 namespaces: Mapping[str, Labels] | None = None) -> Obj:
+                 namespaces: Mapping[str, Labels] | None = None,
+                 fair: Mapping[str, Entitlement] | None = None) -> Obj:
     status: Obj = {}
     if isinstance(parsed, Broken):
         verdicts = [Verdict("Valid", False, parsed.reason, parsed.message)]
@@ -119,6 +139,10 @@ def quota_status(obj: Obj, parsed: TenantQuota | Broken, tenants: TenantBook,
             status["usedByClass"] = {c: amount_json(tenants.used(book, parsed, c))
                                      for c, _ in parsed.classes}
         verdicts = [_valid(parsed, tenants.overlaps()), _within(parsed, used)]
+        share = (fair or {}).get(parsed.name)
+        if share is not None:
+            status["fairShare"] = fairstatus.status_json(parsed, share)
+            verdicts.append(fairstatus.condition(parsed, share))
     status["conditions"] = conditions(verdicts, _map(obj.get("status")), now,
                                       _generation(obj))
     return status

@@ -16,10 +16,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
+from math import inf
 
 from gpupool.core.cohort import DIMS, CohortState, fair_shares
 from gpupool.core.cohort_state import UNITS
-from gpupool.core.quota import Amount
+from gpupool.core.quota import Amount, Limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,3 +173,69 @@ def fairness_reclaim(state: CohortState, member: str, amount: Amount,
     need = Amount(**{d: max(0, after.pool(member, d)[1] - after.pool(member, d)[0])
                      for d in DIMS})
     return None if not over or need == Amount() else (need, over)
+
+
+# -- the fair share a member is entitled to now (status, metrics) ----------------------------
+@dataclass(frozen=True, slots=True)
+class Entitlement:
+    """A member's fair share now, per dimension: what it would borrow holding what it holds
+    plus what waits (``wanted``), its share of what the cohort lends (``share``, the figure
+    a fair-share refusal names), and what it may hold while the others want more
+    (``entitled``: nominal + share; None where the nominal does not count the dimension)."""
+
+    member: str
+    cohort: str
+    weight: float
+    used: Amount
+    borrowed: Amount
+    wanted: Amount
+    share: Amount
+    entitled: Limit
+
+    def ratio(self, dim: str) -> float | None:
+        """``used / entitled`` (None: not counted; ``inf``: holds something of a dimension
+        it is entitled to none of). Above 1 exactly when it borrows beyond its share."""
+        cap: int | None = getattr(self.entitled, dim)
+        used: int = getattr(self.used, dim)
+        if cap is None:
+            return None
+        if cap == 0:
+            return 0.0 if used == 0 else inf
+        return used / cap
+
+    @property
+    def beyond(self) -> tuple[str, ...]:
+        """The counted dimensions in which it borrows more than its fair share (its
+        borrowed pods may be reclaimed for a member within its share)."""
+        return tuple(d for d in DIMS if getattr(self.entitled, d) is not None
+                     and getattr(self.borrowed, d) > getattr(self.share, d))
+
+    @property
+    def dominant(self) -> tuple[str, float] | None:
+        """The counted dimension of the largest ``ratio``, and that ratio (None: no
+        dimension is counted)."""
+        found = [(r, d) for d in DIMS if (r := self.ratio(d)) is not None]
+        if not found:
+            return None
+        r, d = max(found, key=lambda x: (x[0], -DIMS.index(x[1])))
+        return d, r
+
+
+def entitlements(state: CohortState, cohort: str, waiting: Mapping[str, Amount]
+                 ) -> dict[str, Entitlement]:
+    """Every member of ``cohort``'s fair share now, by the arithmetic ``beyond_fair_share``
+    enforces (``wants`` with nothing more asked, then ``cohort.fair_shares``); ``waiting``:
+    what each member's waiting pods ask."""
+    members = [m for _, m in sorted(state.members.items()) if m.cohort == cohort]
+    if not members:
+        return {}
+    wanted = wants(state, members[0].name, Amount(), waiting)
+    shares = fair_shares(state, cohort, wanted)
+    out = {}
+    for m in members:
+        share = shares[m.name]
+        entitled = Limit(*(None if (n := m.nominal_of(d)) is None else n + getattr(share, d)
+                           for d in DIMS))
+        out[m.name] = Entitlement(m.name, cohort, m.weight, state.used_by(m.name),
+                                  state.borrowed(m.name), wanted[m.name], share, entitled)
+    return out
