@@ -39,6 +39,7 @@ from gpupool.contract.dra import (
     read_slice,
 )
 from gpupool.core.allocation import Allocation
+from gpupool.core.deviceselectors import CelDevice, device_of
 from gpupool.core.eligibility import Catalogue
 from gpupool.core.errors import InvalidInput, UnknownName
 from gpupool.core.quota import Charge, amount_of_allocation
@@ -71,6 +72,7 @@ class ClaimRecord:
     name: str
     requests: tuple[Mapping[str, Any], ...]  # spec.devices.requests as the API server has it
     allocated: bool
+    constraints: tuple[Mapping[str, Any], ...] = ()  # spec.devices.constraints
 
 
 class DraClaims:
@@ -85,12 +87,17 @@ class DraClaims:
         self.unreadable: dict[str, str] = {}  # uid -> why it is not held
         self.by_pool: dict[str, set[str]] = {}  # pool -> uids of allocated claims naming it
         self.synced: set[str] = set()
+        self.selectable: dict[str, dict[tuple[str, str], CelDevice]] = {}
+        """slice name -> (node, GPU uuid) -> the device as CEL selectors see it."""
+        self.devices_version = 0  # goes up whenever a slice's devices change
         self._table: DeviceTable | None = None
         self._table_layout: object | None = None
 
     # -- slices ---------------------------------------------------------------------------
     def sync_slices(self, cache: Holder, objs: Iterable[Mapping[str, Any]]) -> None:
         self.slices = {}
+        self.selectable = {}
+        self.devices_version += 1
         for obj in objs:
             self._put_slice(obj)
         self.synced.add("resourceslices")
@@ -101,6 +108,8 @@ class DraClaims:
         before = self.slices.get(name)
         if kind == "DELETED":
             self.slices.pop(name, None)
+            self.selectable.pop(name, None)
+            self.devices_version += 1
         else:
             self._put_slice(obj)
         after = self.slices.get(name)
@@ -117,9 +126,28 @@ class DraClaims:
         except InvalidInput as exc:
             log.warning("%s", exc)
             self.slices.pop(name, None)
+            self.selectable.pop(name, None)
             return
         if devices:
             self.slices[name] = devices
+        self._put_selectable(name, obj, devices)
+
+    def _put_selectable(self, name: str, obj: Mapping[str, Any], devices: list[DraDevice]
+                        ) -> None:
+        """The slice's devices as selectors see them (every attribute and capacity)."""
+        raw = (obj.get("spec") or {}).get("devices") or []
+        by_name = {d.name: d for d in devices}
+        found = {}
+        for entry in raw if isinstance(raw, list) else ():
+            dev = by_name.get(str(entry.get("name"))) if isinstance(entry, Mapping) else None
+            if dev is not None:
+                found[(dev.node, dev.uuid)] = device_of(entry, DRIVER)
+        if found != self.selectable.get(name):
+            self.devices_version += 1
+        if found:
+            self.selectable[name] = found
+        else:
+            self.selectable.pop(name, None)
 
     # -- claims ---------------------------------------------------------------------------
     def sync_claims(self, cache: Holder, objs: Iterable[Mapping[str, Any]]) -> None:
@@ -269,9 +297,12 @@ def record_of(obj: Mapping[str, Any]) -> ClaimRecord | None:
     requests = devices.get("requests") if isinstance(devices, Mapping) else None
     status = obj.get("status") or {}
     allocated = isinstance(status, Mapping) and bool(status.get("allocation"))
+    constraints = devices.get("constraints") if isinstance(devices, Mapping) else None
     return ClaimRecord(uid, str(meta.get("namespace") or "default"), name,
                        tuple(r for r in requests or () if isinstance(r, Mapping))
-                       if isinstance(requests, list) else (), allocated)
+                       if isinstance(requests, list) else (), allocated,
+                       tuple(c for c in constraints if isinstance(c, Mapping))
+                       if isinstance(constraints, list) else ())
 
 
 def claim_class(record: ClaimRecord, known: frozenset[str]) -> str | None:

@@ -100,12 +100,19 @@ def _demands(record: ClaimRecord) -> list[tuple[GpuDemand, str | None]]:
 def _demand(ask: Mapping[str, Any], where: str, label: str
             ) -> tuple[GpuDemand, str | None] | None:
     """One request's demand and class (None: not gpupool's, or not scored)."""
+    if ask.get("allocationMode", "ExactCount") != "ExactCount":
+        return None
+    return device_demand(ask, where, label)
+
+
+def device_demand(ask: Mapping[str, Any], where: str, label: str, count_default: int = 1
+                   ) -> tuple[GpuDemand, str | None] | None:
+    """The demand of one device request or sub-request of gpupool's driver (None: another
+    driver's); ``allocationMode`` is the caller's."""
     device_class = ask.get("deviceClassName")
     if not isinstance(device_class, str) or not device_class.endswith(CLASS_SUFFIX):
         return None
-    if ask.get("allocationMode", "ExactCount") != "ExactCount":
-        return None
-    count = ask.get("count", 1)
+    count = ask.get("count", count_default)
     if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_GPUS_PER_POD:
         raise InvalidInput(f"{where}: count must be 1..{MAX_GPUS_PER_POD}, got {count!r}")
     capacity = ask.get("capacity")

@@ -17,19 +17,26 @@ an empty answer. kube-scheduler calls this only through an extender entry withou
 from __future__ import annotations
 
 import logging
+import weakref
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from gpupool.core.errors import GpupoolError
+from gpupool.core.fit import Constraints
 from gpupool.core.request import PodRequest
+from gpupool.core.state import BoolArray, IntArray
 from gpupool.extender import protocol
+from gpupool.extender.draasks import ClaimAsks, claim_asks
+from gpupool.extender.draclaims import DraClaims
 from gpupool.extender.drapods import claims_request, has_claims
+from gpupool.extender.draselect import DeviceMasks, fitting
 
 if TYPE_CHECKING:
     from gpupool.extender.service import Extender
 
 log = logging.getLogger(__name__)
+_MASKS: weakref.WeakKeyDictionary[DraClaims, DeviceMasks] = weakref.WeakKeyDictionary()
 
 
 def claim_priorities(ext: Extender, args: protocol.ExtenderArgs, base: PodRequest) -> bytes:
@@ -39,14 +46,15 @@ def claim_priorities(ext: Extender, args: protocol.ExtenderArgs, base: PodReques
     cache = ext.cache
     with cache.lock:
         cache.flush()
+        classes = frozenset(cache.catalogue.classes.names())
         try:
-            request = claims_request(args.pod, base, cache.dra,
-                                     frozenset(cache.catalogue.classes.names()))
+            request = claims_request(args.pod, base, cache.dra, classes)
+            asks = claim_asks(args.pod, base, cache.dra, classes)
         except GpupoolError as exc:
             log.info("prioritize: %s", exc)
             ext.metrics.decisions.labels("prioritize", "error").inc()
             return protocol.NO_PRIORITIES
-        if not request.gpus:
+        if not asks.requests:
             return protocol.NO_PRIORITIES
         state = cache.state
         table = ext._table(state)
@@ -57,21 +65,60 @@ def claim_priorities(ext: Extender, args: protocol.ExtenderArgs, base: PodReques
             log.info("prioritize: %s", exc)
             return protocol.NO_PRIORITIES
         rows = sent.rows if sent.all_known else sent.rows[sent.rows >= 0]
-        c = cache.modes.for_claims(state, request, cache.catalogue)
-        cands = ext.placer.candidates(state, request, c)
         keep = np.zeros(len(state.nodes), np.bool_)
         keep[rows] = True
-        cands = cands.among(keep)
-        if cands.indices.size == 0:
+        if asks.plain:
+            indices, values = _plain(ext, request, keep)
+        else:
+            indices, values = _selective(ext, asks, base, keep)
+        if indices.size == 0:
             return protocol.NO_PRIORITIES
-        values = ext.placer.score(state, request, cands, ext.rng).value
         full = np.zeros(len(state.nodes), np.int64)
-        full[cands.indices] = _scaled(values)
+        full[indices] = _scaled(values)
         scores = full[rows]
         positive = scores > 0
         answer = table.priorities_json(rows[positive], scores[positive])
     ext.metrics.decisions.labels("prioritize", "claims").inc()
     return answer
+
+
+def _plain(ext: Extender, request: PodRequest, keep: BoolArray) -> tuple[IntArray, np.ndarray]:
+    """Candidates and policy values of claims that ask plain GPUs (one core request)."""
+    state, cache = ext.cache.state, ext.cache
+    c = cache.modes.for_claims(state, request, cache.catalogue)
+    cands = ext.placer.candidates(state, request, c).among(keep)
+    if cands.indices.size == 0:
+        return cands.indices, np.zeros(0)
+    return cands.indices, np.asarray(ext.placer.score(state, request, cands, ext.rng).value)
+
+
+def _selective(ext: Extender, asks: ClaimAsks, base: PodRequest, keep: BoolArray
+               ) -> tuple[IntArray, np.ndarray]:
+    """Candidates and policy values of claims with selectors, ``All``, alternatives or
+    constraints: each group of nodes (``draselect.fitting``) scored with its request."""
+    cache = ext.cache
+    state = cache.state
+    groups = fitting(state, asks, base, device_masks(cache.dra), cache.dra,
+                     cache.catalogue.classes, cache.modes.dra_mask(state))
+    indices, values = [], []
+    for group in groups:
+        c = Constraints(node_mask=group.nodes, gpu_mask=group.gpus)
+        cands = ext.placer.candidates(state, group.request, c).among(keep)
+        if cands.indices.size:
+            indices.append(cands.indices)
+            values.append(np.asarray(ext.placer.score(state, group.request, cands,
+                                                      ext.rng).value, np.float64))
+    if not indices:
+        return np.zeros(0, np.int64), np.zeros(0)
+    return np.concatenate(indices), np.concatenate(values)
+
+
+def device_masks(claims: DraClaims) -> DeviceMasks:
+    """The selector masks kept for ``claims`` (one per cluster cache)."""
+    masks = _MASKS.get(claims)
+    if masks is None:
+        masks = _MASKS[claims] = DeviceMasks()
+    return masks
 
 
 def _scaled(values: np.ndarray) -> np.ndarray:
