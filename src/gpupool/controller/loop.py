@@ -161,10 +161,11 @@ class Controller:
         def items(listing: Listing[Any]) -> list[Obj]:
             return [dict(o) for o in listing.items]
         self._new_round()
+        devices = items(self.api.list_gpu_devices())
+        classes, groups = items(self.api.list_resource_classes()), \
+            items(self.api.list_resource_groups())
         self.listed_pods = self.api.list_pods_json().items
-        return observe(items(self.api.list_gpu_devices()), items(self.api.list_resource_classes()),
-                       items(self.api.list_resource_groups()),
-                       self.listed_pods, self.verify)
+        return observe(devices, classes, groups, self.listed_pods, self.verify)
 
     def _new_round(self) -> None:
         if self.verify is not None:
