@@ -75,7 +75,8 @@ class DeviceMasks:
         self._logged: set[tuple[str, str]] = set()
         self.problems: dict[str, str] = {}  # claim -> its last selector problem (sentence)
 
-    def _refresh(self, state: ClusterState, claims: DraClaims, dra_rows: BoolArray) -> None:
+    def refresh(self, state: ClusterState, claims: DraClaims, dra_rows: BoolArray) -> None:
+        """Read the devices again when the layout or a slice changed."""
         stamp = (state.layout, claims.devices_version)
         if self._stamp is not None and self._stamp[0] is stamp[0] and self._stamp[1] == stamp[1]:
             return
@@ -89,7 +90,7 @@ class DeviceMasks:
     def mask(self, state: ClusterState, claims: DraClaims, dra_rows: BoolArray,
              expressions: tuple[str, ...], claim: str) -> BoolArray:
         """[node, gpu] -> the DRA node's GPU matches every expression (read-only)."""
-        self._refresh(state, claims, dra_rows)
+        self.refresh(state, claims, dra_rows)
         found = self._masks.get(expressions)
         if found is None:
             found = self._evaluate(state, expressions)
@@ -174,6 +175,7 @@ class _Chosen:
 def fitting(state: ClusterState, asks: ClaimAsks, base: PodRequest, masks: DeviceMasks,
             claims: DraClaims, classes: ClassCatalog, dra_rows: BoolArray) -> list[Group]:
     """The groups of DRA nodes where the claims fit now (none: they fit nowhere)."""
+    masks.refresh(state, claims, dra_rows)
     chosen = [_choose(state, r.choices, r.claim, masks, claims, classes, dra_rows)
               for r in asks.requests]
     ok = dra_rows.copy()
@@ -229,11 +231,16 @@ def _constrain(state: ClusterState, constraint: SameAttribute, names: list[str],
     members = [chosen[i] for i, name in enumerate(names) if name in constraint.requests]
     n = len(state.nodes)
     pick = np.full(n, -1, np.int64)
+    taken = [_taken(c, c.fit) for c in members]
+    together = np.zeros((n, ids.shape[1] if ids.ndim == 2 else 0), np.bool_)
+    for t in taken:
+        together |= t
+    total = sum((c.count for c in members), np.zeros(n, np.int64))
     for v in np.unique(ids[ids >= 0]).tolist():
         same = ids == v
-        good = pick < 0
-        for c in members:
-            good &= (_taken(c, c.fit) & same).sum(axis=1) >= c.count
+        good = (pick < 0) & ((together & same).sum(axis=1) >= total)  # distinct devices
+        for c, t in zip(members, taken, strict=True):
+            good &= (t & same).sum(axis=1) >= c.count
         pick[good] = v
     narrow = (ids == pick[:, None]) & (pick[:, None] >= 0)
     for c in members:
