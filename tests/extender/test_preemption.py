@@ -1,10 +1,10 @@
 """Preemption of GPU slices, carried out by the extender over the FAKE API server.
 
 Four pods of low priority hold the four GPUs of a node; a pod of high priority asks 60000
-MiB of one GPU. Filter finds no room, picks the victim with the core, holds the freed
-slices for the pod in the node's GPULedger, evicts the victim through the Eviction API,
-records Events, and says it is making room; the retried pod then fits, and its bind
-replaces its hold. Then: disruption budgets (read, and a 429 from the Eviction API), two
+MiB of one GPU. Filter finds no room and answers; the extender picks the victim with the
+core off the cache lock, holds the freed slices for the pod in the node's GPULedger, evicts
+the victim through the Eviction API and records Events; the retried pod's filter says room
+is being made, then the pod fits, and its bind replaces its hold. Then: disruption budgets (read, and a 429 from the Eviction API), two
 replicas that never make one room twice, a pod that goes away or a hold that expires,
 pods that may not preempt, and kube-scheduler's own preempt verb.
 """
@@ -100,8 +100,10 @@ def filtered(r: Replica, pod: dict[str, Any], *nodes: str) -> dict[str, Any]:
 
 
 def settled(r: Replica) -> bool:
-    assert r.extender.preemptor is not None
-    return wait_for(lambda: not r.extender.preemptor.inflight)  # type: ignore[union-attr]
+    """No plan is being made or carried out."""
+    preemptor = r.extender.preemptor
+    assert preemptor is not None
+    return wait_for(lambda: not preemptor.planning and not preemptor.inflight)
 
 
 def ledger_entries(fake: FakeApiServer, node: str) -> dict[str, Any]:
@@ -124,7 +126,7 @@ def test_a_high_priority_pod_gets_room_by_evicting_the_lowest_priority_pod(
     pod = high(fake, replica)
     answer = filtered(replica, pod, node)
     assert answer["NodeNames"] == []
-    assert "making room here: preempting 1 pod of lower priority" in answer["FailedNodes"][node]
+    assert "have room" in answer["FailedNodes"][node]  # the plan is made after the answer
     assert settled(replica)
     victim = low[1]
     assert fake.get("pods", victim["metadata"]["name"], "default") is None
@@ -157,9 +159,10 @@ def test_while_the_room_is_made_the_node_says_so_and_comes_first(
                "default")  # a pod already terminating: its room is counted, nobody evicted
     assert wait_for(lambda: replica.cache.pods[leaving["metadata"]["uid"]].leaving)
     pod = high(fake, replica)
-    first = filtered(replica, pod, node)
-    assert "making room here: preempting pods that are leaving" in first["FailedNodes"][node]
+    filtered(replica, pod, node)
     assert settled(replica) and evictions(fake) == []
+    (making,) = events(fake, "GpupoolPreempting")
+    assert "evicted none (pods already leaving)" in making["message"]
     second = filtered(replica, pod, node)  # the hold is written; the pod still waits
     assert "waiting for 1 preempted pod to leave" in second["FailedNodes"][node]
     fake.delete("pods", "going", "default")
@@ -221,6 +224,7 @@ def test_two_replicas_never_evict_for_the_same_room_twice(
         for p in pods:  # the same pod on both replicas, and two pods for one room
             filtered(replica, p, node)
             filtered(other, p, node)
+        assert wait_for(lambda: len(plans) == 4)
         assert [plan.victims[0].name for _, plan in plans] == ["low0"] * 4
         for r, plan in plans:
             assert r.extender.preemptor is not None
@@ -315,9 +319,10 @@ def test_a_pod_that_fits_a_node_it_was_not_sent_waits_for_another_window_first(
         answer = filtered(replica, pod, node)
         assert "making room" not in answer["FailedNodes"][node]
     assert evictions(fake) == []
-    answer = filtered(replica, pod, node)  # sent only the full node again: ruled out for it
-    assert "making room here" in answer["FailedNodes"][node]
+    filtered(replica, pod, node)  # sent only the full node again: ruled out for it
     assert settled(replica) and len(evictions(fake)) == 1
+    answer = filtered(replica, pod, node)
+    assert answer["NodeNames"] == [node] or "making room here" in answer["FailedNodes"][node]
 
 
 def test_a_hold_whose_replica_stopped_before_evicting_is_carried_out_by_the_next(
@@ -329,6 +334,7 @@ def test_a_hold_whose_replica_stopped_before_evicting_is_carried_out_by_the_next
     plans: list[Any] = []
     preemptor.worker.submit = lambda fn, plan: plans.append(plan)  # type: ignore[method-assign]
     filtered(replica, pod, node)
+    assert wait_for(lambda: len(plans) == 1)
     assert preemptor._write_hold(plans[0])  # then the process stops: nothing evicted
     replica.close()
     successor = start(fake, clock)

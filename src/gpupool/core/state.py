@@ -13,6 +13,7 @@ node's GPU count are absent (``present`` is False, free share is -1).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -330,3 +331,25 @@ class ClusterState:
         gpus = int(ok.sum())
         idle = int((ok & (used == 0)).sum())
         return Usage(int(np.where(ok, used, 0).sum()), gpus * MILLI, gpus, idle)
+
+    # -- snapshots ------------------------------------------------------------------
+    def snapshot(self, rows: Iterable[int] | None = None) -> ClusterState:
+        """A copy to read and change apart from this state (another thread may, while this
+        one goes on changing): every row's capacities and free room, and the allocations on
+        node ``rows`` (None: every node; others are absent from the copy, though their room
+        is counted). It has its own ``layout``, so no cache keyed by layout mistakes one
+        for the other. Costs a copy of the arrays and of those rows' allocations."""
+        snap = copy.copy(self)
+        for name, value in vars(self).items():
+            if isinstance(value, np.ndarray):
+                setattr(snap, name, value.copy())
+        snap.layout = object()
+        snap.nodes, snap.index = list(self.nodes), dict(self.index)
+        snap.models, snap._model_ids = list(self.models), dict(self._model_ids)
+        names = self.index if rows is None else [self.nodes[i].name for i in rows]
+        snap._by_node = {n: dict(self._by_node[n]) for n in names if n in self._by_node}
+        snap.allocations = {k: a for held in snap._by_node.values() for k, a in held.items()}
+        snap._deferred = None
+        for i in sorted(self._deferred or ()):  # rows whose derived values still lag
+            snap._refresh_row(i)
+        return snap

@@ -52,3 +52,8 @@ class Metrics:
                                           "(kind priority) or to take back what a tenant lent "
                                           "its cohort (kind reclaim)", ["tenant", "kind"],
                                           registry=self.registry)
+        self.stale_plans = Counter("gpupool_extender_preemption_stale_plans_total",
+                                   "Preemption plans that no longer held when committed (the "
+                                   "cluster changed while they were made off the cache lock), "
+                                   "by what followed: replanned, dropped", ["then"],
+                                   registry=self.registry)

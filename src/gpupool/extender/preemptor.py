@@ -5,13 +5,18 @@ and the extender's preempt verb is never called (docs/design/preemption.md). The
 preempts by itself. When filter finds no node for a GPU pod that may preempt
 (``spec.preemptionPolicy`` is not ``Never``):
 
-1. **Plan** (``consider``, inside filter, under the cache lock, no I/O): the core chooses
-   (``core.victims.select`` with ``Room``) among the nodes kube-scheduler sent. Candidates
-   are the pods gpupool placed there (counted decisions), eligible when of strictly lower
-   priority and not displaced by another preemption already; pods being deleted count as
-   free; the PodDisruptionBudgets come from their informer. The pod's allocation once the
-   victims are gone is decided by the placement policy on that node. Filter answers at
-   once, that node's reason saying room is being made.
+1. **Plan** (``planner``): filter (``consider``, under the cache lock) takes what the plan
+   needs (an ``Ask``: a snapshot of the sent nodes, the facts of the pods there, the
+   PodDisruptionBudgets) and answers at once with the plain reasons; the planner thread
+   has the core choose, without the lock (``core.victims.select`` with ``Room``), among
+   the nodes kube-scheduler sent. Candidates are the pods gpupool placed there (counted
+   decisions), eligible when of strictly lower priority and not displaced by another
+   preemption already; pods being deleted count as free. Then, under the lock again, the
+   plan counts only if it still holds on the live state (``planner.recheck``: the victims
+   are still there and eligible, the pod still fits nowhere without them, and the placement
+   policy finds it a place on that node once they are gone); a stale plan is made once
+   more, then left to the pod's next filter. A plan inside a tenant's quota
+   (``tenantpreempt``) is still made in filter, under the lock.
 2. **Hold, then evict** (``carry_out``, one worker thread): a compare-and-swap on the node's
    GPULedger writes the pod's *hold* (kind ``hold``, ``expires``, ``displaces`` = the
    victims), checked to fit the node with the victims counted out; the CAS is where two
@@ -19,7 +24,7 @@ preempts by itself. When filter finds no node for a GPU pod that may preempt
    the Eviction API (with its UID as precondition). A refusal (a PodDisruptionBudget's 429,
    or any error) stops there: the hold is removed and the pod gets a Warning Event. Each
    evicted victim gets a ``Preempted`` Event, the pod a ``GpupoolPreempting`` one.
-3. **Use the room**: the pod's next filter finds its hold: while the victims leave, that
+3. **Use the room**: the pod's next filter finds its plan or hold: while the victims leave, that
    node's reason says so; then the pod fits there (filter sets its own hold aside) and
    prioritize ranks that node first; its bind replaces the hold with its decision.
 
@@ -46,8 +51,8 @@ from gpupool.core.allocation import Allocation
 from gpupool.core.errors import OverCommit
 from gpupool.core.fit import Constraints
 from gpupool.core.request import PodRequest
-from gpupool.core.victims import Candidate, NoVictims, Room, Selection, below, select
-from gpupool.extender import tenantpreempt
+from gpupool.core.victims import Candidate, NoVictims, Selection
+from gpupool.extender import planner, tenantpreempt
 from gpupool.extender.cache import ClusterCache
 from gpupool.extender.ledger import HOLD, Entry, FitCheck, Ledgers, View, counted
 from gpupool.extender.metrics import Metrics
@@ -62,32 +67,37 @@ COMPONENT = "gpupool-extender"
 ELSEWHERE_CYCLES = 3
 REDRIVE_S = 30.0  # a hold this old whose victims do not leave lost its evictions
 REMEMBERED = 4096
-Decide = Callable[[PodRequest, Constraints, int], Allocation | None]
-"""(request, constraints, state row) -> the pod's allocation on that node now, or None."""
+Decide = planner.Decide
 
 
 class Preemptor:
-    """Plans under the cache lock (``consider``), carries out on its own thread."""
+    """Takes an ask in filter (``consider``), plans on its planner thread, carries out on
+    its worker thread."""
 
     def __init__(self, cache: ClusterCache, kube: KubeApi, metrics: Metrics,
-                 settings: PreemptionSettings, clock: Callable[[], float], decide: Decide):
+                 settings: PreemptionSettings, clock: Callable[[], float], decide: Decide,
+                 choose: planner.Choose = planner.choose):
         self.cache = cache
         self.kube = kube
         self.metrics = metrics
         self.settings = settings
         self.clock = clock
         self.decide = decide
+        self.choose = choose  # the pure planner (a parameter: tests slow it down)
         self.ledgers = Ledgers(kube)
         self.fits = FitCheck()
         self.inflight: dict[str, Plan] = {}  # pod uid -> the plan being carried out
         self.retry_at: dict[str, float] = {}  # pod uid -> when it may plan again
         self.elsewhere: dict[str, int] = {}  # pod uid -> cycles it fit only unsent nodes
+        self.planning: set[str] = set()  # pod uids whose plan is being made
+        self.planners = ThreadPoolExecutor(1, thread_name_prefix="extender-plan")
         self.worker = ThreadPoolExecutor(1, thread_name_prefix="extender-preempt")
 
     def close(self) -> None:
+        self.planners.shutdown(wait=True, cancel_futures=True)
         self.worker.shutdown(wait=True, cancel_futures=True)
 
-    # -- planning (under the cache lock) --------------------------------------------------------
+    # -- considering (in filter, under the cache lock) ------------------------------------------
     def consider(self, pod: Mapping[str, Any], request: PodRequest, constraints: Constraints,
                  rows: Sequence[int], elsewhere: bool = False) -> dict[str, str]:
         """Node -> why it is the one to wait for: room being made there for this pod (an
@@ -106,19 +116,59 @@ class Preemptor:
             return {held[0]: self._waiting(held[1])}
         if not self.settings.enabled or not request.gpus or not may_preempt(pod) or \
                 "budgets" not in self.cache.synced or self.retry_at.get(key, 0.0) > now or \
-                self._room_elsewhere(key, elsewhere):
+                key in self.planning or self._room_elsewhere(key, elsewhere):
             return {}
-        found = self._plan_for_quota(pod, request, rows) if self._quota_full(
-            request, constraints) else self._plan(pod, request, constraints, rows)
-        if isinstance(found, NoVictims):
-            self._retry_later(key, now)
-            self.metrics.preemptions.labels("no-victims").inc()
-            log.info("no preemption for %s: %s", key, found.message)
-            return {}
-        self.inflight[key] = found
+        if self._quota_full(request, constraints):
+            found = self._plan_for_quota(pod, request, rows)
+            return self._started(found) if isinstance(found, Plan) else self._none(key, found)
+        ask = planner.take(self.cache, pod, request, constraints, rows, self.settings.limits)
+        self.planning.add(key)
+        self.planners.submit(self._plan, ask)
+        return {}
+
+    def _started(self, plan: Plan) -> dict[str, str]:
+        """Carry out ``plan`` (under the cache lock)."""
+        self.inflight[plan.uid] = plan
         self.metrics.preemptions.labels("started").inc()
-        self.worker.submit(self.carry_out, found)
-        return {found.node: found.note()}
+        self.worker.submit(self.carry_out, plan)
+        return {plan.node: plan.note()}
+
+    def _none(self, key: str, found: NoVictims) -> dict[str, str]:
+        self._retry_later(key, self.clock())
+        self.metrics.preemptions.labels("no-victims").inc()
+        log.info("no preemption for %s: %s", key, found.message)
+        return {}
+
+    # -- planning (the planner thread, off the cache lock) --------------------------------------
+    def _plan(self, ask: planner.Ask, again: bool = True) -> None:
+        """Choose the victims without the lock, then commit the plan under it if it still
+        holds (``planner.recheck``); a stale plan is made once more from a fresh ask, then
+        left to the pod's next filter."""
+        try:
+            chosen = self.choose(ask)
+            with self.cache.lock:
+                self.cache.flush()
+                if isinstance(chosen, NoVictims):
+                    self._none(ask.key, chosen)
+                    return
+                found = planner.recheck(self.cache, self.decide, ask, chosen)
+                if isinstance(found, Plan):
+                    self._started(found)
+                    return
+                self.metrics.stale_plans.labels("replanned" if again else "dropped").inc()
+                log.info("the preemption plan for %s/%s went stale: %s", ask.namespace,
+                         ask.name, found)
+                fresh = planner.retake(self.cache, ask) if again else None
+            if fresh is not None:
+                self._plan(fresh, again=False)
+        except Exception:  # the planner must survive anything; the pod plans again later
+            log.exception("planning a preemption for %s/%s", ask.namespace, ask.name)
+            with self.cache.lock:
+                self._retry_later(ask.key, self.clock())
+        finally:
+            if again:
+                with self.cache.lock:
+                    self.planning.discard(ask.key)
 
     def _redrive(self, pod: Mapping[str, Any], request: PodRequest, node: str, entry: Entry,
                  now: float) -> None:
@@ -166,25 +216,6 @@ class Preemptor:
         return (f"making room here: waiting for {left} preempted pod"
                 f"{'s' if left > 1 else ''} to leave; their GPU slices are held for this pod")
 
-    def _plan(self, pod: Mapping[str, Any], request: PodRequest, constraints: Constraints,
-              rows: Sequence[int]) -> Plan | NoVictims:
-        state = self.cache.state
-        candidates = self._candidates(request.key, rows)
-        priority = pod_priority(pod)
-        chosen = select(Room(state, request, constraints, rows), candidates, below(priority),
-                        self.cache.budgets.allowed(), self.settings.limits)
-        if isinstance(chosen, NoVictims):
-            return chosen
-        node = chosen.node or ""
-        hold = self._hold_of(request, constraints, node, chosen, candidates)
-        if hold is None:
-            return NoVictims(f"the policy found no place on {node} once the victims are gone")
-        ident = pod_id(pod)
-        victims = tuple(Victim(c.key, *self._where(c.key), c.priority) for c in chosen.victims)
-        leaving = tuple(c.key for c in candidates if c.leaving and c.allocation.node == node)
-        return Plan(request.key, ident.namespace, ident.name, priority, node, hold, victims,
-                    leaving, request, constraints.group)
-
     def _quota_full(self, request: PodRequest, constraints: Constraints) -> bool:
         """Refused by a tenant quota that the tenant's own pods going could satisfy."""
         return tenantpreempt.is_quota_refusal(constraints) and bool(
@@ -201,40 +232,13 @@ class Preemptor:
             self.metrics.tenant_preemptions.labels(tenant, tenantpreempt.kind_of(found)).inc()
         return found
 
-    def _where(self, uid: str) -> tuple[str, str]:
-        f = self.cache.pods[uid]
-        return f.namespace, f.name
-
     def _candidates(self, key: str, rows: Sequence[int]) -> list[Candidate]:
-        """The pods gpupool placed on ``rows`` and holds, not displaced by another hold."""
-        state, cache = self.cache.state, self.cache
-        displaced = cache.displaced()
-        out = []
-        for i in rows:
-            for uid in sorted(cache.pods_on.get(state.nodes[i].name, ())):
-                f = cache.pods.get(uid)
-                alloc = state.allocations.get(uid)
-                if f is None or f.decision is None or alloc is None or uid in displaced or \
-                        uid == key or "pod" not in cache.sources.get(uid, ()):
-                    continue
-                out.append(Candidate(alloc, f.priority, f.charge(),
-                                     cache.budgets.covering(f.namespace, f.labels), f.leaving,
-                                     f.bound_s))
-        return out
+        return planner.placed_on(self.cache, key, rows)
 
     def _hold_of(self, request: PodRequest, constraints: Constraints, node: str,
                  chosen: Selection, candidates: list[Candidate]) -> Allocation | None:
-        """What the pod would hold on ``node`` with the victims and leaving pods gone (they
-        are released for the decision and held again, under the lock)."""
-        state = self.cache.state
-        gone = [c.allocation for c in (*chosen.victims, *candidates)
-                if c.allocation.node == node and (c.leaving or c in chosen.victims)]
-        released = [a for a in (state.release(a.key) for a in dict.fromkeys(gone)) if a]
-        try:
-            return self.decide(request, constraints, state.index[node])
-        finally:
-            for alloc in released:
-                state.reserve(alloc)
+        return planner.hold_on(self.cache, self.decide, request, constraints, node, chosen,
+                               candidates)
 
     # -- carrying out (the worker thread) ----------------------------------------------------
     def carry_out(self, plan: Plan) -> None:

@@ -1,0 +1,231 @@
+"""Planning a preemption apart from the cache lock, and checking the plan again before it
+counts.
+
+Choosing victims is the slow part of a preemption (tens to hundreds of milliseconds on
+thousands of nodes, ``bench/bench_preemption.py``); every other call of the extender
+waits for the cache lock, so the choice is made without it, in three steps:
+
+1. ``take`` (under the lock, cheap): an ``Ask`` — a snapshot of the state
+   (``ClusterState.snapshot``: the arrays, and the allocations on the sent nodes), the
+   facts of the pods gpupool placed there that no live hold displaces, the
+   PodDisruptionBudgets, the pod's request, constraints and priority.
+2. ``choose`` (no lock, pure): the core's chooser (``core.victims.select`` with ``Room``)
+   over the ask alone. Nothing it reads changes while it runs.
+3. ``recheck`` (under the lock again, cheap): the plan counts only if it still holds on
+   the state as it is now: the pod is still pending and holds no room yet; every victim is
+   still there, on that node, holding the very allocation chosen, of lower priority, not
+   displaced by another hold, and within its disruption budgets; the pod still fits no
+   sent node without preemption; and the placement policy still finds the pod a place on
+   that node once the victims and the pods leaving it are gone (the core's own fit, on the
+   live state: whatever a bind or another hold took meanwhile is counted). Otherwise it
+   says why (a sentence), and the preemptor plans once more or leaves it to the pod's
+   next filter.
+
+Whether two plans make one room twice is not decided here: the hold is written with a
+compare-and-swap on the node's GPULedger, checked to fit with its victims counted out
+(``preemptor``), so the second of two plans for one room never evicts anybody.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from gpupool.core.allocation import Allocation
+from gpupool.core.fit import Constraints, feasible_rows
+from gpupool.core.request import PodRequest
+from gpupool.core.state import ClusterState
+from gpupool.core.victims import Candidate, Limits, NoVictims, Room, Selection, below, select
+from gpupool.extender.budgets import Budgets
+from gpupool.extender.cache import ClusterCache
+from gpupool.extender.plans import Plan, Victim
+from gpupool.extender.pods import PodFacts
+from gpupool.extender.podspec import pod_id, pod_priority
+
+Decide = Callable[[PodRequest, Constraints, int], Allocation | None]
+"""(request, constraints, state row) -> the pod's allocation on that node now, or None."""
+
+
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """What one plan is made from, taken under the cache lock; nothing in it changes."""
+
+    request: PodRequest
+    namespace: str
+    name: str
+    priority: int
+    constraints: Constraints
+    sent: tuple[str, ...]  # the nodes kube-scheduler sent, in its order
+    rows: tuple[int, ...]  # their rows, in ``state``
+    state: ClusterState  # a snapshot
+    placed: tuple[tuple[PodFacts, Allocation], ...]  # pods gpupool placed there, by node
+    budgets: Budgets  # a copy
+    limits: Limits
+
+    @property
+    def key(self) -> str:
+        return self.request.key
+
+
+Choose = Callable[[Ask], Selection | NoVictims]
+"""The planner: the victims an ask calls for (pure; ``choose`` unless a test slows it)."""
+
+
+def take(cache: ClusterCache, pod: Mapping[str, Any], request: PodRequest,
+         constraints: Constraints, rows: Sequence[int], limits: Limits) -> Ask:
+    """The ask of a pod (under the cache lock, the pod's own tentative hold set aside)."""
+    ident = pod_id(pod)
+    return _take(cache, request, ident.namespace, ident.name, pod_priority(pod), constraints,
+                 rows, limits)
+
+
+def retake(cache: ClusterCache, ask: Ask) -> Ask | None:
+    """A fresh ask for the same pod and sent nodes (under the cache lock); None when the
+    pod is no longer pending or no sent node is left."""
+    state = cache.state
+    rows = [state.index[n] for n in ask.sent if n in state.index]
+    if not rows or ask.key not in cache.unbound:
+        return None
+    with cache.without(ask.key):
+        c = cache.modes.constraints(state, ask.request, cache.catalogue)
+        return _take(cache, ask.request, ask.namespace, ask.name, ask.priority, c, rows,
+                     ask.limits)
+
+
+def _take(cache: ClusterCache, request: PodRequest, namespace: str, name: str, priority: int,
+          constraints: Constraints, rows: Sequence[int], limits: Limits) -> Ask:
+    state, key = cache.state, request.key
+    displaced = cache.displaced()
+    names = tuple(state.nodes[i].name for i in rows)
+    placed = []
+    for node in names:
+        for uid in cache.pods_on.get(node, ()):
+            f = cache.pods.get(uid)
+            alloc = state.allocations.get(uid)
+            if f is None or f.decision is None or alloc is None or uid in displaced or \
+                    uid == key or "pod" not in cache.sources.get(uid, ()):
+                continue
+            placed.append((f, alloc))
+    budgets = Budgets()
+    budgets.by_name = dict(cache.budgets.by_name)
+    return Ask(request, namespace, name, priority, constraints, names,
+               tuple(rows), state.snapshot(rows), tuple(placed), budgets, limits)
+
+
+def candidates(ask: Ask) -> list[Candidate]:
+    """The ask's pods as the core's candidates: node by node in the sent order, each node's
+    by UID (the order ``select`` breaks its last ties in)."""
+    order = {name: k for k, name in enumerate(ask.sent)}
+    placed = sorted(ask.placed, key=lambda p: (order.get(p[1].node, 0), p[0].uid))
+    return [Candidate(alloc, f.priority, f.charge(), ask.budgets.covering(f.namespace, f.labels),
+                      f.leaving, f.bound_s) for f, alloc in placed]
+
+
+def choose(ask: Ask) -> Selection | NoVictims:
+    """The fewest pods of lower priority whose eviction makes room for the pod on one sent
+    node (``core.victims.select``), from the ask alone."""
+    return select(Room(ask.state, ask.request, ask.constraints, ask.rows), candidates(ask),
+                  below(ask.priority), ask.budgets.allowed(), ask.limits)
+
+
+def placed_on(cache: ClusterCache, key: str, rows: Sequence[int]) -> list[Candidate]:
+    """The pods gpupool placed on ``rows`` and holds, not displaced by another hold, as
+    candidates, on the live state (under the cache lock)."""
+    state = cache.state
+    displaced = cache.displaced()
+    out = []
+    for i in rows:
+        for uid in sorted(cache.pods_on.get(state.nodes[i].name, ())):
+            f = cache.pods.get(uid)
+            alloc = state.allocations.get(uid)
+            if f is None or f.decision is None or alloc is None or uid in displaced or \
+                    uid == key or "pod" not in cache.sources.get(uid, ()):
+                continue
+            out.append(Candidate(alloc, f.priority, f.charge(),
+                                 cache.budgets.covering(f.namespace, f.labels), f.leaving,
+                                 f.bound_s))
+    return out
+
+
+def hold_on(cache: ClusterCache, decide: Decide, request: PodRequest, constraints: Constraints,
+            node: str, chosen: Selection, candidates: Sequence[Candidate]
+            ) -> Allocation | None:
+    """What the pod would hold on ``node`` with the victims and leaving pods gone (they
+    are released for the decision and held again; under the cache lock)."""
+    state = cache.state
+    gone = [c.allocation for c in (*chosen.victims, *candidates)
+            if c.allocation.node == node and (c.leaving or c in chosen.victims)]
+    released = [a for a in (state.release(a.key) for a in dict.fromkeys(gone)) if a]
+    try:
+        return decide(request, constraints, state.index[node])
+    finally:
+        for alloc in released:
+            state.reserve(alloc)
+
+
+def recheck(cache: ClusterCache, decide: Decide, ask: Ask, chosen: Selection) -> Plan | str:
+    """The plan ``chosen`` makes for ``ask`` if it still holds on the live state, else why
+    not (under the cache lock, after ``flush``; see the module)."""
+    key, state, node = ask.key, cache.state, chosen.node or ""
+    f = cache.pods.get(key)
+    if key in cache.finished or (f is not None and f.node):
+        return "the pod is gone or bound"
+    held = cache.live_hold(key)
+    if held is not None:
+        return f"room is being made for it on {held[0]} already"
+    row = state.index.get(node)
+    if row is None:
+        return f"node {node} is gone"
+    here = {c.key: c for c in placed_on(cache, key, [row])}
+    for v in chosen.victims:
+        c = here.get(v.key)
+        if c is None or c.allocation != v.allocation or c.leaving:
+            return f"pod {_named(cache, v.key)} is gone, leaving, moved or displaced"
+        if c.priority >= ask.priority:
+            return f"pod {_named(cache, v.key)} is no longer of lower priority"
+    over = _over_budget([here[v.key] for v in chosen.victims], cache.budgets.allowed())
+    if over:
+        return f"the disruption budget {over} no longer lets its pods go"
+    with cache.without(key):
+        return _placed(cache, decide, ask, replace(chosen, victims=tuple(
+            here[v.key] for v in chosen.victims)), list(here.values()))
+
+
+def _placed(cache: ClusterCache, decide: Decide, ask: Ask, chosen: Selection,
+            here: list[Candidate]) -> Plan | str:
+    """The plan, once the pod's place on the node is decided again on the live state."""
+    state, request, node = cache.state, ask.request, chosen.node or ""
+    c = cache.modes.constraints(state, request, cache.catalogue)
+    if c.blocked is not None:
+        return c.blocked.message
+    rows = np.array([state.index[n] for n in ask.sent if n in state.index], np.int64)
+    if rows.size and bool(feasible_rows(state, request, c, rows)[0].any()):
+        return "it fits a sent node without preemption now"
+    hold = hold_on(cache, decide, request, c, node, chosen, here)
+    if hold is None:
+        return f"the policy finds no place on {node} once the victims are gone"
+    victims = tuple(Victim(v.key, *_where(cache, v.key), v.priority) for v in chosen.victims)
+    leaving = tuple(x.key for x in here if x.leaving)
+    return Plan(ask.key, ask.namespace, ask.name, ask.priority, node, hold, victims, leaving,
+                request, c.group)
+
+
+def _over_budget(victims: Sequence[Candidate], allowed: Mapping[str, int]) -> str:
+    used: dict[str, int] = {}
+    for c in victims:
+        for b in c.budgets:
+            used[b] = used.get(b, 0) + 1
+    return next((b for b, n in sorted(used.items()) if n > allowed.get(b, 0)), "")
+
+
+def _where(cache: ClusterCache, uid: str) -> tuple[str, str]:
+    f = cache.pods[uid]
+    return f.namespace, f.name
+
+
+def _named(cache: ClusterCache, uid: str) -> str:
+    f = cache.pods.get(uid)
+    return f"{f.namespace}/{f.name}" if f is not None else uid
