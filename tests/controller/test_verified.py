@@ -15,12 +15,13 @@ from gpupool.contract import names
 from gpupool.controller.loop import Controller
 from gpupool.controller.observed import observe
 from gpupool.controller.reconcile import GROUP, reconcile
-from gpupool.controller.trust import RememberedVerify
 from gpupool.kube.controller_ops import ControllerApi
 from gpupool.kube.keystore import PUBLIC_CONFIG_MAP, KeyRingSource
+from gpupool.kube.verifier import DecisionVerifier
 from gpupool.security.signing import SigningKeys
 from tests.controller.builders import (
     GIB,
+    KEYS,
     RING,
     device,
     group,
@@ -93,23 +94,24 @@ def test_a_signed_decision_counts_and_without_verification_an_unsigned_one_does_
 
 
 def test_verification_is_remembered_per_signed_content_never_per_uid() -> None:
-    calls: list[str] = []
-
-    def counting(uid: str, ns: str, name: str, notes: Any, sig: str | None) -> str:
-        calls.append(uid)
-        return verify(uid, ns, name, notes, sig)
-
-    remembered = RememberedVerify(counting)
+    remembered = DecisionVerifier(lambda wanted: RING)  # what KeyRingSource.verify uses
     pod = good()
     for _ in range(3):
-        remembered.new_round()
-        assert len(observe([], [], [], [pod], remembered).holdings) == 1
-    assert len(calls) == 1
-    seen = observe([], [], [], [edited()], remembered)  # same uid, other content
-    assert seen.holdings == () and len(calls) == 2
-    remembered.new_round()
-    remembered.new_round()  # a round that did not use it: forgotten
-    assert len(remembered) == 0
+        assert len(observe([], [], [], [pod], remembered.verify).holdings) == 1
+    assert (remembered.stats().checked, remembered.stats().remembered) == (1, 2)
+    seen = observe([], [], [], [edited()], remembered.verify)  # same uid, other content
+    assert seen.holdings == () and remembered.stats().checked == 2
+    assert "does not match it" in seen.problems[0].message
+
+
+def test_a_retired_key_stops_counting_at_the_next_round_though_remembered() -> None:
+    ring = [RING]
+    remembered = DecisionVerifier(lambda wanted: ring[0])
+    assert len(observe([], [], [], [good()], remembered.verify).holdings) == 1
+    ring[0] = KEYS.without([KEYS.keys[0].kid]).public()  # retired (--force)
+    seen = observe([], [], [], [good()], remembered.verify)
+    assert seen.holdings == ()
+    assert "not one of gpupool's published decision keys" in seen.problems[0].message
 
 
 def test_the_controller_leaves_a_forged_pod_out_of_the_groups_numbers() -> None:

@@ -20,7 +20,7 @@ from gpupool.contract.annotations import encode
 from gpupool.core.allocation import Allocation, Slice
 from gpupool.extender.signatures import DecisionCheck, DecisionKeys
 from gpupool.kube.keystore import rotate
-from gpupool.security.signing import Claims, KeyRing, SigningKeys
+from gpupool.security.signing import Claims, SigningKeys, claims_of
 
 from .builders import NAMESPACE, Replica, local_keys, pod_obj, schedule, signed
 
@@ -141,27 +141,45 @@ def test_a_decision_signed_with_a_rotated_in_key_is_counted_once_the_key_is_read
     assert not two_gpu_pod_fits(replica, nodes[0])
 
 
-class CountingRing(DecisionKeys):
-    def __init__(self, keys: SigningKeys):
-        super().__init__(lambda: keys, time.time, keys=keys)
-        self.rings = 0
-
-    def ring(self, wanted: str | None = None) -> KeyRing:
-        self.rings += 1
-        return super().ring(wanted)
-
-
 def test_verdicts_are_remembered_per_claims_and_signature_never_per_uid() -> None:
     keys = SigningKeys().added(0)
-    ring = CountingRing(keys)
-    check = DecisionCheck(ring)
+    check = DecisionCheck(DecisionKeys(lambda: keys, time.time, keys=keys))
     notes = encode(exclusive("u1", "n0"), "2026-01-01T00:00:00Z")
     claims = Claims("u1", "ns", "p", "n0", "2026-01-01T00:00:00Z", "",
                     notes[names.ANNOTATION_ALLOCATION])
     notes[names.ANNOTATION_SIGNATURE] = keys.active(1).sign(claims)
     for _ in range(3):
         assert check.counts("u1", "ns", "p", notes, asks_gpu=True)
-    assert ring.rings == 1
+    assert check.verifier is not None
+    assert (check.verifier.stats().checked, check.verifier.stats().remembered) == (1, 2)
     other = {**notes, names.ANNOTATION_BIND_TIME: "2026-01-03T00:00:00Z"}
     assert not check.counts("u1", "ns", "p", other, asks_gpu=True)  # same uid, new claims
-    assert ring.rings == 2
+    assert check.verifier.stats().checked == 2
+
+
+def test_a_decision_of_a_retired_key_stops_counting_once_the_keys_are_read_again() -> None:
+    old = SigningKeys().added(0)
+    both = old.added(1)
+    held = [both]
+    keys = DecisionKeys(lambda: held[0], time.time, keys=both)
+    check = DecisionCheck(keys)
+    notes = encode(exclusive("u1", "n0"), "2026-01-01T00:00:00Z")
+    claims = Claims("u1", "ns", "p", "n0", "2026-01-01T00:00:00Z", "",
+                    notes[names.ANNOTATION_ALLOCATION])
+    notes[names.ANNOTATION_SIGNATURE] = old.active(1).sign(claims)
+    assert check.counts("u1", "ns", "p", notes, asks_gpu=True)
+    held[0] = both.without([old.keys[0].kid])  # retired with --force by another replica
+    keys.reload()  # the extender's timer
+    assert not check.counts("u1", "ns", "p", notes, asks_gpu=True)
+
+
+def test_a_signature_the_extender_just_made_is_remembered_for_its_watch() -> None:
+    keys = SigningKeys().added(0)
+    check = DecisionCheck(DecisionKeys(lambda: keys, time.time, keys=keys))
+    notes = encode(exclusive("u1", "n0"), "2026-01-01T00:00:00Z")
+    claims = claims_of("u1", "ns", "p", notes)
+    notes[names.ANNOTATION_SIGNATURE] = signature = keys.active(1).sign(claims)
+    check.vouch(claims, signature)
+    assert check.counts("u1", "ns", "p", notes, asks_gpu=True)
+    assert check.verifier is not None
+    assert (check.verifier.stats().checked, check.verifier.stats().remembered) == (1, 1)

@@ -97,3 +97,41 @@ def test_without_published_keys_every_decision_is_refused(api: KubeApi) -> None:
     source = keystore.KeyRingSource(api, NS, lambda: NOW)
     with pytest.raises(KeyMaterialError, match="cannot be read"):
         source.verify("uid-1", "team-a", "web", _notes(), "v1.0123456789abcdef.AA")
+
+
+def test_a_retired_key_stops_verifying_once_the_ring_is_older_than_its_max_age(
+        api: KubeApi) -> None:
+    clock = [NOW]
+    keys = keystore.ensure_signing_keys(api, NS, NOW)
+    source = keystore.KeyRingSource(api, NS, lambda: clock[0], refresh_s=10, max_age_s=60)
+    notes = _notes()
+    signature = keys.active(NOW).sign(claims_of("uid-1", "team-a", "web", notes))
+    assert source.verify("uid-1", "team-a", "web", notes, signature)
+    keystore.rotate(api, NS, NOW, delay_s=1)
+    keystore.retire(api, NS, keys.active(NOW).kid, NOW + 2)  # a leaked key, say
+    clock[0] = NOW + 59
+    assert source.verify("uid-1", "team-a", "web", notes, signature)  # not read again yet
+    clock[0] = NOW + 60
+    with pytest.raises(SignatureError, match="not one of gpupool's published") as err:
+        source.verify("uid-1", "team-a", "web", notes, signature)
+    assert err.value.code == SignatureError.UNKNOWN_KEY
+    assert source.stats().forgotten == 1
+
+
+def test_a_ring_that_cannot_be_read_again_is_kept_and_read_again_later(
+        api: KubeApi, fake: FakeApiServer) -> None:
+    clock = [NOW]
+    keys = keystore.ensure_signing_keys(api, NS, NOW)
+    source = keystore.KeyRingSource(api, NS, lambda: clock[0], refresh_s=10, max_age_s=60)
+    notes = _notes()
+    signature = keys.active(NOW).sign(claims_of("uid-1", "team-a", "web", notes))
+    assert source.verify("uid-1", "team-a", "web", notes, signature)
+    fake.delete("configmaps", keystore.PUBLIC_CONFIG_MAP, NS)
+    clock[0] = NOW + 61
+    assert source.verify("uid-1", "team-a", "web", notes, signature)  # the last ring read
+    keystore.publish(api, NS, keystore.SigningKeys().added(NOW))  # another key only
+    clock[0] = NOW + 65
+    assert source.verify("uid-1", "team-a", "web", notes, signature)  # tried at most every 10 s
+    clock[0] = NOW + 71
+    with pytest.raises(SignatureError, match="not one of gpupool's published"):
+        source.verify("uid-1", "team-a", "web", notes, signature)

@@ -16,6 +16,7 @@ import pytest
 from gpupool_testing.fake_apiserver import FakeApiServer
 
 from gpupool.contract import names
+from gpupool.kube.verifier import DecisionVerifier
 from gpupool.nodeagent.pods import pod_from_json
 from gpupool.nodeagent.refusals import EVENT_REFUSED
 from gpupool.nodeagent.verify import DecisionGate
@@ -165,17 +166,28 @@ def ring_verifier(ring: KeyRing, calls: list[str]) -> Any:
 
 
 def test_verification_is_remembered_per_decision_and_signature_never_per_uid() -> None:
-    calls: list[str] = []
-    gate = DecisionGate(NODE, ring_verifier(KEYS.public(), calls))
+    verifier = DecisionVerifier(lambda wanted: KEYS.public())  # what KeyRingSource uses
+    gate = DecisionGate(NODE, verifier.verify)
     good = pod_from_json(pod("p1", [("main", 1, 1024, 10)],
                              ann=decision("p1", [(uuid_of(0), 0, 1024, 10, "main")])))
     assert gate.check(good).ok and gate.check(good).ok
-    assert calls == ["uid-p1"]
+    assert (verifier.stats().checked, verifier.stats().remembered) == (1, 1)
     ann = dict(good.annotations)
     ann[names.ANNOTATION_ALLOCATION] = ann[names.ANNOTATION_ALLOCATION].replace("1024", "2048")
     edited = pod_from_json(pod("p1", [("main", 1, 1024, 10)], ann=ann))
     verdict = gate.check(edited)
     assert not verdict.ok and verdict.code == "bad-signature" and verdict.definite
+
+
+def test_a_retired_key_is_refused_at_once_though_its_decision_was_served() -> None:
+    ring = [KEYS.public()]
+    gate = DecisionGate(NODE, DecisionVerifier(lambda wanted: ring[0]).verify)
+    good = pod_from_json(pod("p1", [("main", 1, 1024, 10)],
+                             ann=decision("p1", [(uuid_of(0), 0, 1024, 10, "main")])))
+    assert gate.check(good).ok
+    ring[0] = KeyRing({})  # the ConfigMap read again without the key
+    verdict = gate.check(good)
+    assert (verdict.ok, verdict.code) == (False, "unknown-key")
 
 
 @pytest.mark.parametrize("signature", [

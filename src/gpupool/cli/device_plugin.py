@@ -45,7 +45,7 @@ from gpupool.nodeagent.metrics import NodeMetrics, serve
 from gpupool.nodeagent.monitor import MonitorConfig
 from gpupool.nodeagent.nvml import NvmlGpuBackend
 from gpupool.nodeagent.overuse import OveruseConfig
-from gpupool.nodeagent.verify import Verifier
+from gpupool.nodeagent.verify import MEMO_LIMIT, Verifier
 
 log = logging.getLogger(__name__)
 AUTO = "auto"
@@ -265,7 +265,7 @@ def _dra_guards(args: argparse.Namespace, api: KubeApi) -> DraGuards:
 
 
 def _verifier(api: KubeApi, namespace: str) -> Verifier:
-    keys = KeyRingSource(api, namespace, time.time)
+    keys = KeyRingSource(api, namespace, time.time, memo_limit=MEMO_LIMIT)
     try:
         ring = keys.ring()
         log.info("decision keys %s from ConfigMap %s/%s", ", ".join(ring.keys) or "(none)",

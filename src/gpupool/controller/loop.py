@@ -38,7 +38,6 @@ from gpupool.controller.reconcile import (
     Plan,
     reconcile,
 )
-from gpupool.controller.trust import RememberedVerify
 from gpupool.core.model import Labels, freeze_labels
 from gpupool.core.tenants import PermissionBook
 from gpupool.kube.api import KubeApi, Listing
@@ -145,7 +144,8 @@ class Controller:
     def __init__(self, api: ControllerApi, clock: Callable[[], str] = utc_now, *,
                  verify: Verify | None, device_classes: DeviceClassSync | None = None,
                  observer: RoundObserver | None = None):
-        """``verify`` checks each decision's signature (``KeyRingSource.verify``); None
+        """``verify`` checks each decision's signature (``KeyRingSource.verify``, which
+        remembers outcomes until the published keys change); None
         counts unsigned decisions too (only for clusters without gpupool's extender).
         ``device_classes`` also keeps the DRA DeviceClasses in line, after each round.
         ``observer`` is told of every round of ``run`` (metrics)."""
@@ -153,23 +153,18 @@ class Controller:
         self.api = api
         self.device_classes = device_classes
         self.clock = clock
-        self.verify = RememberedVerify(verify) if verify is not None else None
+        self.verify = verify
         self.listed_pods: list[Any] = []  # the pods the last ``list_world`` listed
         self._last_notes: tuple[str, ...] = ()
 
     def list_world(self) -> Observed:
         def items(listing: Listing[Any]) -> list[Obj]:
             return [dict(o) for o in listing.items]
-        self._new_round()
         devices = items(self.api.list_gpu_devices())
         classes, groups = items(self.api.list_resource_classes()), \
             items(self.api.list_resource_groups())
         self.listed_pods = self.api.list_pods_json().items
         return observe(devices, classes, groups, self.listed_pods, self.verify)
-
-    def _new_round(self) -> None:
-        if self.verify is not None:
-            self.verify.new_round()
 
     def reconcile_once(self, ended: threading.Event | None = None) -> Outcome:
         """List everything, reconcile, apply (no write once ``ended`` is set)."""
@@ -293,7 +288,6 @@ class Controller:
             while not stop.is_set():
                 world.dirty.clear()
                 started = time.monotonic()
-                self._new_round()
                 observed = world.observed(self.verify)
                 outcome = self._with_device_classes(
                     observed, self.apply(reconcile(observed, self.clock()), stop), stop)

@@ -12,9 +12,11 @@ pod proves nothing by itself (``gpupool.security.signing``). Two pieces:
   another replica or by ``gpupool keys`` reaches it without a restart.
 * ``DecisionCheck``: whether a pod's decision may be counted. It must belong to a pod that
   asks a gpupool GPU resource, and its signature must verify for that pod's uid,
-  namespace, name, node, bind time, group and allocation string. Results are memoised per
-  (claims, signature): every field the signature covers is in the key, never the uid
-  alone. A key id the ring does not hold is not memoised (it may be published later).
+  namespace, name, node, bind time, group and allocation string. Signatures are checked
+  and remembered by ``gpupool.kube.verifier.DecisionVerifier`` over ``DecisionKeys.ring``
+  (the one verifier node agents and the controller use too): remembered per exact signed
+  bytes, signature and key ring, forgotten at once when the ring changes (a key rotated
+  in, retired or revoked), at most ``MEMO_LIMIT`` outcomes.
   Each pod whose decision is refused is counted once in
   ``gpupool_extender_unverified_decisions_total{reason}`` and logged once, with the
   reason.
@@ -30,11 +32,11 @@ from collections.abc import Callable, Mapping
 from prometheus_client import Counter
 
 from gpupool.contract import names
+from gpupool.kube.verifier import MEMO_LIMIT, DecisionVerifier
 from gpupool.security.signing import Claims, KeyRing, SignatureError, SigningKeys, claims_of
 
 log = logging.getLogger(__name__)
 
-MEMO_LIMIT = 200_000  # verdicts kept (about one per live GPU pod)
 REPORTED_LIMIT = 100_000  # pods whose refusal was logged and counted
 
 UNSIGNED = "unsigned"
@@ -88,11 +90,12 @@ class DecisionKeys:
 class DecisionCheck:
     """Which recorded decisions may be counted; thread-safe."""
 
-    def __init__(self, keys: DecisionKeys | None, refused: Counter | None = None):
+    def __init__(self, keys: DecisionKeys | None, refused: Counter | None = None,
+                 memo_limit: int = MEMO_LIMIT):
         self.keys = keys
         self.refused = refused
+        self.verifier = DecisionVerifier(keys.ring, memo_limit) if keys is not None else None
         self._lock = threading.Lock()
-        self._memo: OrderedDict[tuple[Claims, str], Verdict] = OrderedDict()
         self._reported: OrderedDict[str, None] = OrderedDict()
 
     def counts(self, uid: str, namespace: str, name: str, notes: Mapping[str, str],
@@ -106,46 +109,32 @@ class DecisionCheck:
             return False
         if vouched:
             return True
-        signature = notes.get(names.ANNOTATION_SIGNATURE) or ""
-        claims = claims_of(uid, namespace, name, notes)
-        with self._lock:
-            known = self._memo.get((claims, signature))
-        if known is None:
-            known = self._verify(claims, signature)
-        if known[0]:
-            self._report(uid, namespace, name, *known)
+        reason, why = self._verdict(claims_of(uid, namespace, name, notes),
+                                    notes.get(names.ANNOTATION_SIGNATURE) or "")
+        if reason:
+            self._report(uid, namespace, name, reason, why)
             return False
         return True
 
-    def _verify(self, claims: Claims, signature: str) -> Verdict:
+    def _verdict(self, claims: Claims, signature: str) -> Verdict:
         """``VALID`` when ``signature`` vouches for ``claims``, else (reason, why)."""
         if not signature:
-            verdict = (UNSIGNED, f"it carries no {names.ANNOTATION_SIGNATURE}")
-        elif self.keys is None:
+            return UNSIGNED, f"it carries no {names.ANNOTATION_SIGNATURE}"
+        if self.verifier is None:
             return UNKNOWN_KEY, "this extender holds no decision keys"
-        else:
-            parts = signature.split(".")
-            kid = parts[1] if len(parts) == 3 else None
-            ring = self.keys.ring(kid)
-            try:
-                ring.verify(claims, signature)
-                verdict = VALID
-            except SignatureError as exc:
-                if kid is not None and kid not in ring:
-                    return UNKNOWN_KEY, str(exc)  # not remembered: it may be published later
-                verdict = (INVALID, str(exc))
-        self._remember(claims, signature, verdict)
-        return verdict
-
-    def _remember(self, claims: Claims, signature: str, verdict: Verdict) -> None:
-        with self._lock:
-            self._memo[(claims, signature)] = verdict
-            while len(self._memo) > MEMO_LIMIT:
-                self._memo.popitem(last=False)
+        try:
+            self.verifier.check(claims, signature)
+        except SignatureError as exc:
+            return (UNKNOWN_KEY if exc.code == SignatureError.UNKNOWN_KEY else INVALID), str(exc)
+        return VALID
 
     def vouch(self, claims: Claims, signature: str) -> None:
-        """Remember a signature this extender just made (its watch need not verify it)."""
-        self._remember(claims, signature, VALID)
+        """Verify a signature this extender just made, so that its watch finds the outcome
+        remembered (a signature that does not verify is logged: the watch refuses it)."""
+        reason, why = self._verdict(claims, signature)
+        if reason:
+            log.error("the decision just signed for pod %s/%s does not verify (%s): %s",
+                      claims.namespace, claims.name, reason, why)
 
     def _report(self, uid: str, namespace: str, name: str, reason: str, why: str) -> None:
         with self._lock:

@@ -12,7 +12,10 @@ winner's key) and publishes the public keys. ``rotate`` adds a key that signs on
 after ``delay_s`` (so that every reader has it first); ``retire`` removes one.
 ``KeyRingSource`` is the readers' side: the published ring, read again when a
 decision names a key it does not hold (at most every ``refresh_s``), so a rotation
-reaches every node without a restart.
+reaches every node without a restart, and when it is older than ``max_age_s``, so a
+retired or revoked key stops verifying within that time. It verifies through one
+``verifier.DecisionVerifier``, which forgets what it remembered as soon as the ring
+read differs from the last one.
 """
 
 from __future__ import annotations
@@ -23,13 +26,8 @@ from collections.abc import Callable, Mapping
 
 from gpupool.kube.api import KubeApi
 from gpupool.kube.errors import AlreadyExists, Conflict, KubeError, NotFound
-from gpupool.security.signing import (
-    Claims,
-    KeyMaterialError,
-    KeyRing,
-    SigningKeys,
-    claims_of,
-)
+from gpupool.kube.verifier import MEMO_LIMIT, DecisionVerifier, MemoStats
+from gpupool.security.signing import KeyMaterialError, KeyRing, SigningKeys
 
 log = logging.getLogger(__name__)
 
@@ -119,42 +117,54 @@ def retire(kube: KubeApi, namespace: str, kid: str, now: float) -> SigningKeys:
 
 
 class KeyRingSource:
-    """The published public keys, kept and read again when a decision names an unknown key.
+    """The published public keys, kept, read again when a decision names an unknown key
+    (at most every ``refresh_s``) and when older than ``max_age_s``.
 
     Thread-safe. ``verify`` raises ``SignatureError`` (an ``InvalidInput``) for a
-    decision that must not be served or counted; while the ConfigMap cannot be read at
-    all, every decision is refused (fail closed) and the reason says so.
+    decision that must not be served or counted; while the ConfigMap has never been read,
+    every decision is refused (fail closed) and the reason says so. A read that fails
+    later keeps the ring last read (and is tried again at the next check after
+    ``refresh_s``): an API server that cannot be reached for a moment does not refuse
+    every decision on every node. Outcomes are remembered by one ``DecisionVerifier``
+    of at most ``memo_limit`` entries.
     """
 
     def __init__(self, kube: KubeApi, namespace: str, clock: Callable[[], float],
-                 refresh_s: float = 10.0):
+                 refresh_s: float = 10.0, max_age_s: float = 60.0,
+                 memo_limit: int = MEMO_LIMIT):
         self.kube = kube
         self.namespace = namespace
         self.clock = clock
         self.refresh_s = refresh_s
+        self.max_age_s = max_age_s
         self._lock = threading.Lock()
         self._ring: KeyRing | None = None
         self._read_at = float("-inf")
+        self._good_at = float("-inf")
         self._problem = ""
+        self._verifier = DecisionVerifier(self.ring, memo_limit)
 
     def ring(self, wanted: str | None = None) -> KeyRing:
-        """The ring; read again when ``wanted`` (a key id) is not in it, or it was never
-        read, and the last read is older than ``refresh_s``."""
+        """The ring; read again (at most every ``refresh_s``) when it was never read, when
+        ``wanted`` (a key id) is not in it, or when the last good read is older than
+        ``max_age_s``."""
         with self._lock:
-            stale = self._ring is None or (wanted is not None and wanted not in self._ring)
-            if stale and self.clock() - self._read_at >= self.refresh_s:
-                self._read()
+            now = self.clock()
+            stale = self._ring is None or (wanted is not None and wanted not in self._ring) \
+                or now - self._good_at >= self.max_age_s
+            if stale and now - self._read_at >= self.refresh_s:
+                self._read(now)
             if self._ring is None:
                 raise KeyMaterialError(f"gpupool's decision keys cannot be read: {self._problem}")
             return self._ring
 
-    def _read(self) -> None:
-        self._read_at = self.clock()
+    def _read(self, now: float) -> None:
+        self._read_at = now
         try:
             data, _ = self.kube.get_config_map_data(self.namespace, PUBLIC_CONFIG_MAP)
             self._ring = KeyRing.from_data(data, f"ConfigMap {self.namespace}/"
                                                  f"{PUBLIC_CONFIG_MAP}")
-            self._problem = ""
+            self._good_at, self._problem = now, ""
         except (KubeError, KeyMaterialError) as exc:
             self._problem = str(exc)
             log.warning("reading gpupool's decision keys: %s", exc)
@@ -162,11 +172,8 @@ class KeyRingSource:
     def verify(self, uid: str, namespace: str, name: str, annotations: Mapping[str, str],
                signature: str | None) -> str:
         """The key id that signed the pod's decision; ``SignatureError`` says why not."""
-        claims: Claims = claims_of(uid, namespace, name, annotations)
-        kid = _kid_of(signature)
-        return self.ring(kid).verify(claims, signature)
+        return self._verifier.verify(uid, namespace, name, annotations, signature)
 
-
-def _kid_of(signature: str | None) -> str | None:
-    parts = (signature or "").split(".")
-    return parts[1] if len(parts) == 3 else None
+    def stats(self) -> MemoStats:
+        """How the remembered outcomes have served (``DecisionVerifier.stats``)."""
+        return self._verifier.stats()

@@ -11,15 +11,18 @@ when
   the resource group and the allocation, byte for byte, with one of gpupool's
   published keys.
 
-Results are values (``Verdict``). Verified decisions are remembered per (claims,
-signature) — never per uid alone — so an Allocate re-checks the ~40 decisions of a
-node without a signature check each. With verification off (``--decide-unscheduled``,
-for clusters without the extender) every decision counts, as before signing existed.
+Results are values (``Verdict``). The gate remembers nothing itself: the ``Verifier``
+it is given (``KeyRingSource.verify``, wired by the CLI) checks and remembers through
+``gpupool.kube.verifier.DecisionVerifier``, the one verifier the extender and the
+controller use too — per exact signed bytes, signature and key ring, never per uid
+alone, forgotten at once when the published keys change — so an Allocate re-checks the
+~40 decisions of a node without a signature check each. With verification off
+(``--decide-unscheduled``, for clusters without the extender) every decision counts, as
+before signing existed.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -33,6 +36,8 @@ raises ``SignatureError`` for a decision that must not be served, ``KeyMaterialE
 while the published keys cannot be read."""
 
 MEMO_LIMIT = 20_000
+"""Outcomes a node agent's verifier remembers (``KeyRingSource(memo_limit=...)``): a node
+runs ~110 pods at most, so this bounds only churn and hostile edits."""
 
 # refusal codes (metric label ``reason``; sentences carry the details)
 NO_GPU_REQUEST = "no-gpu-request"
@@ -67,8 +72,6 @@ class DecisionGate:
     def __init__(self, node: str, verifier: Verifier | None):
         self.node = node
         self.verifier = verifier
-        self._lock = threading.Lock()
-        self._verified: dict[tuple[str | None, ...], str] = {}
 
     @property
     def enabled(self) -> bool:
@@ -91,24 +94,14 @@ class DecisionGate:
 
     def _signed(self, pod: Pod) -> Verdict:
         assert self.verifier is not None
-        signature, ann = pod.signature, pod.annotations
-        key = (pod.uid, pod.namespace, pod.name, signature, ann.get(names.ANNOTATION_NODE),
-               ann.get(names.ANNOTATION_BIND_TIME), ann.get(names.ANNOTATION_RESOURCE_GROUP),
-               ann.get(names.ANNOTATION_ALLOCATION))  # what the signature covers, and it
-        if key in self._verified:  # a dict lookup is atomic; writes take the lock
-            return OK
         try:
-            kid = self.verifier(pod.uid, pod.namespace, pod.name, pod.annotations, signature)
+            self.verifier(pod.uid, pod.namespace, pod.name, pod.annotations, pod.signature)
         except KeyMaterialError as exc:
             return Verdict(False, KEYS_UNAVAILABLE, str(exc), definite=False)
         except SignatureError as exc:
             code = _CODES.get(exc.code, BAD_SIGNATURE)  # a key published seconds ago may
             # not be read here yet: not a definite refusal
             return Verdict(False, code, str(exc), definite=code != UNKNOWN_KEY)
-        with self._lock:
-            if len(self._verified) >= MEMO_LIMIT:
-                self._verified.clear()
-            self._verified[key] = kid
         return OK
 
 
