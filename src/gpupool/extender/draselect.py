@@ -53,7 +53,7 @@ def device_of_gpu(gpu: Gpu, memory_unit_mib: int) -> CelDevice:
     attrs: list[tuple[str, str, int | bool | str]] = [
         (dra.DRIVER, "model", gpu.model), (dra.DRIVER, "uuid", gpu.uuid),
         (dra.DRIVER, "index", gpu.index), (dra.DRIVER, "numaNode", gpu.numa_node)]
-    for key, value in gpu.labels:
+    for key, value in sorted(gpu.label_map().items()):  # gpupool.io/model, ... and its own
         where = dra.label_attribute(key)
         if where is not None and len(value) <= 64:
             attrs.append((*where, value))
