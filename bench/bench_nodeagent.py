@@ -336,6 +336,7 @@ def alternate(pods: int, rounds: int) -> tuple[list[float], list[float]]:
 def verification_cost(n: int = 2000) -> None:
     """One Ed25519 check of a decision, a remembered check, and decoding it (baseline)."""
     from gpupool.contract import annotations
+    from gpupool.kube.verifier import DecisionVerifier
     from gpupool.nodeagent.pods import pod_from_json
     from gpupool.nodeagent.verify import DecisionGate
     from gpupool.security.signing import claims_of
@@ -349,8 +350,7 @@ def verification_cost(n: int = 2000) -> None:
     for c, sig in claims:
         ring.verify(c, sig)
     check = (time.perf_counter() - start) / n
-    gate = DecisionGate(NODE, lambda u, ns, name, ann, sig: ring.verify(
-        claims_of(u, ns, name, ann), sig))
+    gate = DecisionGate(NODE, DecisionVerifier(lambda wanted: ring).verify)
     for p in pods:
         gate.check(p)
     start = time.perf_counter()
@@ -371,12 +371,12 @@ def monitor_sample(per_gpu: int = 100, rounds: int = 20) -> None:
     """One usage sample at GPUS x ``per_gpu`` processes; wall and CPU time."""
     from nodeagent.builders import cgroup_v2, container_id, pod_uid, running, write_cgroup
 
+    from gpupool.kube.verifier import DecisionVerifier
     from gpupool.nodeagent.monitor import MonitorConfig, UsageMonitor
     from gpupool.nodeagent.nodestate import holds_gpus
     from gpupool.nodeagent.overuse import OveruseConfig, OveruseTracker
     from gpupool.nodeagent.pods import pod_from_json
     from gpupool.nodeagent.verify import DecisionGate
-    from gpupool.security.signing import claims_of
 
     root = Path(tempfile.mkdtemp(prefix="gpm-", dir="/tmp"))
     backend = FakeGpuBackend(write_gpus(root / "gpus.yaml", GPUS, 81920))
@@ -397,8 +397,7 @@ def monitor_sample(per_gpu: int = 100, rounds: int = 20) -> None:
         backend.set_processes(uuid_of(g), procs)
     assert all(holds_gpus(p) for p in pods)
     ring = KEYS.public()
-    gate = DecisionGate(NODE, lambda u, ns, name, ann, sig: ring.verify(
-        claims_of(u, ns, name, ann), sig))
+    gate = DecisionGate(NODE, DecisionVerifier(lambda wanted: ring).verify)
     monitor = UsageMonitor(MonitorConfig(NODE, root / "proc"), backend.usage, lambda: pods,
                            gate, OveruseTracker(OveruseConfig()), lambda c, p: None)
     walls, cpus = [], []
