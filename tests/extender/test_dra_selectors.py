@@ -13,7 +13,9 @@ import pytest
 from lightkube.resources.core_v1 import Node
 
 from gpupool.contract import dra
+from gpupool.core.permissions import Permission
 from gpupool.core.request import PodRequest
+from gpupool.core.selector import Selector
 from gpupool.extender.app import verb_handlers
 from gpupool.extender.cache import ClusterCache
 from gpupool.extender.draasks import claim_asks
@@ -205,3 +207,36 @@ def test_a_selector_is_evaluated_once_per_kind_of_device_not_once_per_gpu() -> N
     assert evaluations <= 3  # one per model's reading, not one per each of the 200 GPUs
     scores(cache, claim_pod("p", ("gpu", "c")), sorted(models))
     assert device_masks(cache.dra).selectors.evaluations == evaluations  # the mask is kept
+
+
+def test_filter_claims_counts_only_the_permitted_gpus_the_claims_selectors_select() -> None:
+    """A tenant permitted only A100s whose claim selects H100s would be given an H100 by
+    the allocator: nodes where no permitted GPU is selected are refused, naming the
+    permission."""
+    cache = cluster({"mixed": ("A100", "H100"), "h": ("H100", "H100")})
+    a100 = Selector.from_spec({"matchLabels": {"gpupool.io/model": "A100"}})
+    cache.catalogue.permissions.put(Permission("a100-only", frozenset({"team-a"}), gpus=a100))
+    with cache.lock:
+        cache.dra.sync_claims(cache, [claim("picky", [with_selectors(ask(), H100)]),
+                                      claim("any", [ask()])])
+    ext = Extender(cache, Settings("best-fit"), Metrics())
+
+    def filtered(pod: dict[str, Any]) -> dict[str, Any]:
+        body = msgspec.json.encode({"Pod": pod, "NodeNames": ["mixed", "h"]})
+        answer: dict[str, Any] = msgspec.json.decode(verb_handlers(ext)["filter-claims"](body))
+        return answer
+
+    assert filtered(claim_pod("p", ("gpu", "any")))["NodeNames"] == ["mixed"]
+    picky = filtered(claim_pod("q", ("gpu", "picky")))
+    assert picky["NodeNames"] == []
+    assert "a100-only" in picky["FailedAndUnresolvableNodes"]["mixed"]
+
+
+def test_filter_claims_of_a_broken_selector_passes_what_tenancy_passes() -> None:
+    cache = cluster({"a": ("A100",)})
+    with cache.lock:
+        cache.dra.sync_claims(cache, [claim("bad", [with_selectors(ask(), "device.x ==")])])
+    ext = Extender(cache, Settings("best-fit"), Metrics())
+    body = msgspec.json.encode({"Pod": claim_pod("p", ("gpu", "bad")), "NodeNames": ["a"]})
+    answer = msgspec.json.decode(verb_handlers(ext)["filter-claims"](body))
+    assert answer["NodeNames"] == ["a"] and not answer.get("Error")

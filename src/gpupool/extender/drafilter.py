@@ -13,8 +13,10 @@ same tenancy checks filter applies to device-plugin pods — the core's
 * GPUPermission: a node with fewer permitted GPUs than the claims ask is refused, naming
   the permission (a tenant permitted no GPU at all is refused on every node).
 
-Only tenancy refuses here. Whether the claims fit a node (its free memory and compute,
-the claims' CEL selectors, ``firstAvailable`` alternatives) stays the DRA plugin's
+Only tenancy refuses here. A GPUPermission counts only the permitted GPUs the claims' CEL
+selectors select (any of a ``firstAvailable``'s alternatives): the allocator picks among
+the selected devices only. Whether the claims fit a node (its free memory and compute,
+the selectors themselves, ``firstAvailable`` alternatives) stays the DRA plugin's
 judgement; nodes without gpupool GPUs (and names the extender has no inventory of) are
 passed for it to judge. ResourceGroups do not apply to claims (docs/dra.md).
 
@@ -40,7 +42,9 @@ from gpupool.core.groups import GroupCatalog
 from gpupool.core.request import PodRequest
 from gpupool.core.state import BoolArray, ClusterState, IntArray
 from gpupool.extender import protocol
+from gpupool.extender.draasks import ClaimAsks, claim_asks
 from gpupool.extender.drapods import claims_request, has_claims
+from gpupool.extender.drascores import device_masks
 from gpupool.extender.nodenames import Matched
 from gpupool.extender.refusals import PREFIX, Refusals, member, members_json
 
@@ -52,7 +56,9 @@ VERB = "filter-claims"
 NO_GROUPS = GroupCatalog()  # claims belong to no ResourceGroup
 # Reason tables of claims requests, apart from filter's: a device-plugin request of the
 # same shape explains DRA nodes otherwise (they are out of its reach).
-_REFUSALS: weakref.WeakKeyDictionary[Extender, Refusals] = weakref.WeakKeyDictionary()
+_REFUSALS: weakref.WeakKeyDictionary[Extender, dict[frozenset[str], Refusals]] = \
+    weakref.WeakKeyDictionary()
+REFUSAL_TABLES = 16  # reason tables kept per extender (one per set of selectors in use)
 
 
 def claims_filter_json(ext: Extender, body: bytes) -> bytes:
@@ -67,11 +73,12 @@ def claims_filter_json(ext: Extender, body: bytes) -> bytes:
     cache = ext.cache
     with cache.lock:
         cache.flush()
-        request = claims_request(args.pod, base, cache.dra,
-                                 frozenset(cache.catalogue.classes.names()))
+        classes = frozenset(cache.catalogue.classes.names())
+        request = claims_request(args.pod, base, cache.dra, classes)
         if not request.gpus:
             return pass_all(args)
-        answer = _tenancy(ext, args, request)
+        asks = claim_asks(args.pod, base, cache.dra, classes)
+        answer = _tenancy(ext, args, request, asks)
     ext.metrics.decisions.labels("filter", "claims").inc()
     return answer
 
@@ -98,7 +105,28 @@ def permitted_nodes(state: ClusterState, request: PodRequest, c: Constraints) ->
     return allowed
 
 
-def _tenancy(ext: Extender, args: protocol.ExtenderArgs, request: PodRequest) -> bytes:
+def selected_permitted(ext: Extender, c: Constraints, asks: ClaimAsks) -> Constraints:
+    """``c`` with the permitted GPUs narrowed to those the claims' selectors select (with
+    several alternatives, any of them): kube-scheduler picks among the selected devices,
+    so a node whose permitted GPUs are not among them would give the pod a GPU its tenant
+    may not use."""
+    if c.gpu_mask is None or c.permission is None or not asks.expressions:
+        return c
+    state, cache = ext.cache.state, ext.cache
+    masks = device_masks(cache.dra)
+    dra_rows = cache.modes.dra_mask(state)
+    masks.refresh(state, cache.dra, dra_rows)
+    selected = np.zeros(state.present.shape, np.bool_)
+    for ask in asks.requests:
+        for choice in ask.choices:
+            selected |= masks.mask(state, cache.dra, dra_rows, choice.selectors, ask.claim) \
+                if choice.selectors else state.present
+    return replace(c, gpu_mask=c.gpu_mask & selected,
+                   permission=f"{c.permission} among the devices the claim's selectors select")
+
+
+def _tenancy(ext: Extender, args: protocol.ExtenderArgs, request: PodRequest,
+             asks: ClaimAsks) -> bytes:
     cache = ext.cache
     state = cache.state
     table = ext._table(state)
@@ -112,12 +140,16 @@ def _tenancy(ext: Extender, args: protocol.ExtenderArgs, request: PodRequest) ->
     ok = np.ones(len(rows), np.bool_)  # names without inventory: the DRA plugin judges
     known = rows >= 0
     has_gpus = state.present[rows[known]].any(axis=1)
+    c = selected_permitted(ext, c, asks)
     ok[known] = ~has_gpus | permitted_nodes(state, request, c)[rows[known]]
     if ok.all():
         return pass_all(args)
-    refusals = _REFUSALS.get(ext)
+    tables = _REFUSALS.setdefault(ext, {})
+    refusals = tables.get(asks.expressions)  # the sentences differ with the selectors
     if refusals is None:
-        refusals = _REFUSALS[ext] = Refusals(ext.metrics)
+        if len(tables) >= REFUSAL_TABLES:
+            tables.clear()
+        refusals = tables[asks.expressions] = Refusals(ext.metrics)
     failed, unresolvable = refusals.of(state, request, c, cache.catalogue_version,
                                        sent.names, rows, ok)
     passing = np.flatnonzero(ok)
