@@ -17,11 +17,13 @@ Each device request of gpupool's driver (its ``deviceClassName`` is ``gpu.gpupoo
   beside it: placed as a whole GPU.
 
 ``<class>.gpupool.io`` narrows the GPUs to that ResourceClass when the extender knows the
-class (several classes in one pod: the first). ``firstAvailable`` is scored by its first
-sub-request (kube-scheduler tries them in order), ``allocationMode: All`` and requests of
-other drivers are not scored, and a claim's own CEL selectors are not evaluated:
+class (several classes in one pod: the first). This request is the pod's quota amount
+(``firstAvailable`` counted as its first sub-request, ``allocationMode: All`` not counted)
+and its score when the claims ask plain GPUs; claims with CEL selectors, ``All``,
+alternatives or constraints are scored through ``draasks`` and ``draselect``.
 kube-scheduler's DRA plugin still filters and allocates; these scores only rank the nodes
-it finds feasible. Anything unreadable raises ``InvalidInput`` naming the pod and claim.
+it finds feasible. Requests of other drivers are not read. Anything unreadable raises
+``InvalidInput`` naming the pod and claim.
 """
 
 from __future__ import annotations

@@ -9,6 +9,12 @@ and the scores are the configured policy's — the very ``Placer.score`` the dev
 path uses — scaled to 0..10. Nodes that score 0, that are not DRA nodes, or where the
 claims do not fit are left out of the answer (kube-scheduler adds nothing for them).
 
+Claims with CEL selectors, ``allocationMode: All``, ``firstAvailable`` alternatives or
+``matchAttribute`` constraints (``draasks.ClaimAsks.plain`` is False) are read as the
+allocator reads them (``draselect.fitting``): only nodes where the selected devices can
+hold them are candidates, grouped by how they would be satisfied there, each group scored
+with its own request, and all scaled together.
+
 A pod without claims of gpupool's driver, or whose claims are all allocated already, gets
 an empty answer. kube-scheduler calls this only through an extender entry without
 ``managedResources`` (docs/dra.md says how to configure it).
