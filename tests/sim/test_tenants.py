@@ -134,8 +134,9 @@ def test_simulate_writes_the_tenant_table_csvs_and_plot(tmp_path: Path,
     assert "team-a" in printed and "tenants.png" in printed
     with (out / "tenants.csv").open() as handle:
         table = list(csv.DictReader(handle))
-    assert [(r["run"], r["group"]) for r in table] == [
+    assert [(r["run"], r["group"]) for r in table] == [  # its cohort shares fairly
         ("borrowing", "team-a"), ("borrowing", "team-b"),
+        ("borrowing, no fair sharing", "team-a"), ("borrowing, no fair sharing", "team-b"),
         ("no borrowing", "team-a"), ("no borrowing", "team-b")]
     assert table[0]["reclaims"] == "2" and table[1]["reclaimed"] == "2"
     with (out / "tenants_timeline.csv").open() as handle:

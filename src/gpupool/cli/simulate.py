@@ -269,10 +269,13 @@ def _tenanted(args: argparse.Namespace) -> tuple[Scenario, Tenancy] | None:
 
 def _simulate_tenants(args: argparse.Namespace, policies: Sequence[str], scenario: Scenario,
                       tenancy: Tenancy) -> int:
-    """One replay with the cohorts and one without (same quotas), per policy and seed."""
+    """One replay with the cohorts (and, sharing fairly, one first come first served) and
+    one without (same quotas), per policy and seed."""
     started = time.perf_counter()
     config = Campaign(scenario, tuple(policies), args.seeds, SimMode.TIMED).config()
     variants = (tenancy, tenancy.without_cohorts()) if tenancy.borrows else (tenancy,)
+    if tenancy.fair:  # and first come, first served, to show what fair sharing does
+        variants = (tenancy, tenancy.without_fair_sharing(), *variants[1:])
     runs = [run_tenants(scenario, t, p, s, config, args.eviction_grace)
             for p in policies for s in args.seeds for t in variants]
     try:

@@ -66,6 +66,7 @@ class Tenancy:
     priorities: Mapping[str, int] = field(default_factory=dict)  # pod key -> priority
     quotas: tuple[TenantQuota, ...] = ()  # tenant quotas (nominal and per class)
     permissions: tuple[Permission, ...] = ()  # which GPUs a tenant may use
+    variant: str = ""  # how its runs are labelled ("": borrowing, or no borrowing)
 
     def group_of(self, tenant: str | None) -> str | None:
         return None if tenant is None else self.groups_of.get(tenant)
@@ -74,6 +75,11 @@ class Tenancy:
         """The same quotas with no cohort: nobody borrows or lends (the baseline)."""
         return replace(self, members=tuple(replace(m, cohort=None) for m in self.members),
                        fair=frozenset())
+
+    def without_fair_sharing(self) -> Tenancy:
+        """The same cohorts, first come first served: no cap at a fair share, no reclaim
+        for fairness, no ordering by share (the baseline of fair sharing)."""
+        return replace(self, fair=frozenset(), variant="borrowing, no fair sharing")
 
     @property
     def borrows(self) -> bool:

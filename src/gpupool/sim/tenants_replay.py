@@ -22,6 +22,10 @@ run for ``deletion_s − creation_s`` seconds (no deletion time: until the end).
   checkpoint). While a group waits for its victims to leave, its pods that need an
   eviction are not planned again, and no pod of its cohort starts on borrowed capacity
   (it would take the room being made).
+* **Fair sharing** (a cohort with ``fairSharing``), as the running system does it
+  (``sim.tenants_fair``): a pod that would borrow beyond its group's fair share of what the
+  cohort lends waits while others' pods wait too, and a pod within its group's fair share
+  that the cohort cannot lend to reclaims borrowed pods of the groups beyond theirs.
 * **Tenant quotas and permissions** (``sim.tenants_limits``): a pod its tenant's quota or
   class quota refuses waits (no eviction is planned for it); placement stays on the GPUs
   its tenant is permitted.
@@ -54,6 +58,7 @@ from gpupool.core.tenants import PermissionBook
 from gpupool.core.victims import Candidate, Quota, Room, Selection, all_of, below, in_group, select
 from gpupool.sim.scenario import Scenario
 from gpupool.sim.tenants import Tenancy
+from gpupool.sim.tenants_fair import Waiting, capped, fairness_victims
 from gpupool.sim.tenants_limits import PermittedDecider, TenantLimits
 from gpupool.sim.tenants_run import Tally, TenantRun
 
@@ -121,6 +126,7 @@ class _Replay:
         self.curve_held: dict[str, list[int]] = {key: [] for key in self.keys}
         self.curve_borrowed: dict[str, list[int]] = {key: [] for key in self.keys}
         self.last_arrival = 0.0
+        self.waiting = Waiting()  # what each group's queued pods ask (fair sharing)
 
     def _pod(self, k: int, request: PodRequest, created: float | None, deleted: float | None,
              whole: int) -> _Pod:
@@ -170,6 +176,7 @@ class _Replay:
         """Into the queue of its group, counted size and GPU models (see ``_schedule``)."""
         shape = (p.group, p.tenant, self._counted(p), p.request.models, p.request.gpu_class)
         heapq.heappush(self.queues.setdefault(shape, []), (-p.priority, p.arrival, p.k))
+        self.waiting.add(p.group, p.lower_bound)
 
     def _counted(self, p: _Pod) -> Amount:
         """The pod's size in the dimensions its group's quota counts."""
@@ -202,6 +209,7 @@ class _Replay:
                                         if (q := self.pods[k]).lower_bound == head.lower_bound])
                 continue
             heapq.heappop(queue)
+            self.waiting.remove(head.group, head.lower_bound)
             if queue:
                 heapq.heappush(heads, (self._order(queue[0]), shape))
 
@@ -227,10 +235,12 @@ class _Replay:
             found = self._decide(p, now)
             return found is not None and self._admit_exact(p, now, found)
         first = admit(self.cohort, p.group, p.lower_bound)
-        if first.verdict is Verdict.BORROWS and self._evicting(p.group):
+        if first.verdict is Verdict.BORROWS and (self._evicting(p.group) or
+                                                 self._capped(p, p.lower_bound)):
             return False  # what the evictions free is for the pods they are made for
         if first.verdict is Verdict.REFUSED:
-            if self._may_evict(p.group):
+            if self._may_evict(p.group) and not (
+                    not first.permanent and self._reclaim_for_fairness(p, now)):
                 self._preempt_own(p, now)
             return False
         allocation = self._decide(p, now)
@@ -247,6 +257,8 @@ class _Replay:
         if p.group is None:
             return self._start(p, now, allocation)
         exact = admit(self.cohort, p.group, amount)
+        if exact.verdict is Verdict.BORROWS and self._capped(p, amount):
+            return False
         if exact.admitted:
             return self._start(p, now, allocation)
         if exact.verdict is Verdict.RECLAIMS and self._may_evict(p.group):
@@ -273,6 +285,28 @@ class _Replay:
         """Whether pods of ``group``'s cohort are leaving to make room for one of its
         members (borrowers wait, or they would take the room being made)."""
         return any(self.awaiting.get(m.name, 0) for m in self.cohort.peers(group))
+
+    def _fair(self, group: str) -> bool:
+        return self.cohort.member(group).cohort in self.tenancy.fair
+
+    def _capped(self, p: _Pod, amount: Amount) -> bool:
+        """Whether borrowing ``amount`` would take ``p``'s group beyond its fair share."""
+        assert p.group is not None
+        return self._fair(p.group) and capped(self.cohort, p.group, amount,
+                                              self.waiting.but(p.group, p.lower_bound))
+
+    def _reclaim_for_fairness(self, p: _Pod, now: float) -> bool:
+        """Evict borrowed pods of the groups beyond their fair share for ``p`` (within its
+        own, refused because the cohort lent everything out); False: not the case."""
+        assert p.group is not None
+        if not self._fair(p.group):
+            return False
+        victims = fairness_victims(self.cohort, p.group, p.lower_bound,
+                                   self.waiting.but(p.group, p.lower_bound), self._running(),
+                                   self.state)
+        if victims:
+            self._evict(victims, p, now, reclaim=True, fairness=True)
+        return bool(victims)
 
     def _preempt_own(self, p: _Pod, now: float) -> None:
         assert p.group is not None
@@ -334,16 +368,19 @@ class _Replay:
         del self.live[p.k]
 
     def _evict(self, victims: tuple[Candidate, ...], lender: _Pod, now: float,
-               reclaim: bool) -> None:
-        """Evict ``victims`` for ``lender``'s pod (a reclaim, or a preemption inside its
-        group's quota)."""
+               reclaim: bool, fairness: bool = False) -> None:
+        """Evict ``victims`` for ``lender``'s pod (a reclaim — of lent capacity, or for
+        fairness — or a preemption inside its group's quota)."""
         group = lender.group
         assert group is not None
         for c in victims:
             v = self.by_key[c.key]
             v.leaving, v.for_group = True, group
             tally = self.tallies[self._key(v)]
-            if reclaim:
+            if fairness:
+                tally.fair_reclaimed += 1
+                self.tallies[group].fair_reclaims += 1
+            elif reclaim:
                 tally.reclaimed += 1
                 self.tallies[group].reclaims += 1
             else:
@@ -379,4 +416,4 @@ class _Replay:
                          {k: tuple(v) for k, v in self.curve_held.items()},
                          {k: tuple(v) for k, v in self.curve_borrowed.items()},
                          waiting, self.last_arrival, round(wall_s, 3), self.limits.tallies,
-                         *self.limits.curves())
+                         *self.limits.curves(), variant=self.tenancy.variant)

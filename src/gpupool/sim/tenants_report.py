@@ -1,10 +1,12 @@
 """What a replay with tenants reports, per group (or tenant without a group):
 
-* ``tenants.csv`` — one row per run (with borrowing, and the same quotas without cohorts)
-  and group: nominal GPUs, pods, started, still waiting at the end, wait p50/p95 (s),
-  pods preempted inside the quota, pods reclaimed from it, reclaims it caused, the longest
-  time from a reclaim to its pod running, GPUs held (time-weighted mean and peak) and the
-  borrowed share (borrowed GPU-seconds over held GPU-seconds);
+* ``tenants.csv`` — one row per run (with borrowing; with a cohort that shares fairly, also
+  the same cohorts first come first served; and the same quotas without cohorts) and group:
+  nominal GPUs, pods, started, still waiting at the end, wait p50/p95 (s), pods preempted
+  inside the quota, pods reclaimed from it, reclaims it caused, the longest time from a
+  reclaim to its pod running, GPUs held (time-weighted mean and peak), the borrowed share
+  (borrowed GPU-seconds over held GPU-seconds), and its pods reclaimed for fairness and
+  the reclaims for fairness it caused;
 * ``tenants_timeline.csv`` — per run, instant and group: GPUs held and borrowed;
 * ``tenants.png`` — GPUs held per group over time, its nominal dashed, one panel per run;
 * ``tenants_limits.csv`` — per run and tenant with a tenant quota or a permission: pods,
@@ -54,6 +56,8 @@ class TenantRow:
     mean_gpus: float
     peak_gpus: int
     borrowed_share: float
+    fair_reclaimed: int = 0
+    fair_reclaims: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +121,7 @@ def limits_table(run: TenantRun, title: str) -> Table:
 
 
 def label(run: TenantRun) -> str:
-    return "borrowing" if run.borrowing else "no borrowing"
+    return run.variant or ("borrowing" if run.borrowing else "no borrowing")
 
 
 def rows(run: TenantRun) -> list[TenantRow]:
@@ -135,7 +139,8 @@ def rows(run: TenantRun) -> list[TenantRow]:
             round(time_integral(times, held, run.last_arrival) / _span(times, run), 3),
             int(held.max()) if held.size else 0,
             round(_ratio(time_integral(times, borrowed, run.last_arrival),
-                         time_integral(times, held, run.last_arrival)), 4)))
+                         time_integral(times, held, run.last_arrival)), 4),
+            t.fair_reclaimed, t.fair_reclaims))
     return out
 
 
@@ -229,12 +234,14 @@ def table(run: TenantRun, title: str) -> Table:
     width = max((len(k) for k in run.keys), default=5)
     out.add_column("group", no_wrap=True, min_width=width)
     for name in ("nominal", "pods", "queued", "wait p50/p95 s", "preempted", "reclaimed",
-                 "reclaims", "GPUs", "peak", "borrowed"):
+                 "reclaims", "fair: reclaimed/reclaims", "GPUs", "peak", "borrowed"):
         out.add_column(name, justify="right")
     for r in rows(run):
         out.add_row(r.group, "-" if r.nominal_gpus is None else str(r.nominal_gpus),
                     str(r.pods), str(r.waiting_at_end), f"{r.wait_p50_s:g} / {r.wait_p95_s:g}",
-                    str(r.preempted), str(r.reclaimed), str(r.reclaims), f"{r.mean_gpus:.2f}",
+                    str(r.preempted), str(r.reclaimed), str(r.reclaims),
+                    f"{r.fair_reclaimed}/{r.fair_reclaims}", f"{r.mean_gpus:.2f}",
                     str(r.peak_gpus), f"{100 * r.borrowed_share:.1f} %")
-    out.add_row("all groups", "", "", "", "", "", "", "", f"{total_mean_gpus(run):.2f}", "", "")
+    out.add_row("all groups", "", "", "", "", "", "", "", "", f"{total_mean_gpus(run):.2f}",
+                "", "")
     return out

@@ -19,6 +19,8 @@ class Tally:
     reclaimed: int = 0  # its borrowed pods taken back by lenders
     reclaims: int = 0  # evictions it caused to get its nominal back
     back_s: list[float] = field(default_factory=list)  # a reclaim -> the pod it was for runs
+    fair_reclaimed: int = 0  # its borrowed pods taken for a group within its fair share
+    fair_reclaims: int = 0  # evictions it caused, within its fair share, from groups beyond
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,3 +43,4 @@ class TenantRun:
     tenants: dict[str, TenantTally] = field(default_factory=dict)  # tenants with limits
     tenant_held: dict[str, tuple[int, ...]] = field(default_factory=dict)  # GPUs over time
     class_held: dict[tuple[str, str], tuple[int, ...]] = field(default_factory=dict)
+    variant: str = ""  # how the run is labelled ("": by ``borrowing``)
