@@ -4,9 +4,10 @@ Four pods of low priority hold the four GPUs of a node; a pod of high priority a
 MiB of one GPU. Filter finds no room and answers; the extender picks the victim with the
 core off the cache lock, holds the freed slices for the pod in the node's GPULedger, evicts
 the victim through the Eviction API and records Events; the retried pod's filter says room
-is being made, then the pod fits, and its bind replaces its hold. Then: disruption budgets (read, and a 429 from the Eviction API), two
-replicas that never make one room twice, a pod that goes away or a hold that expires,
-pods that may not preempt, and kube-scheduler's own preempt verb.
+is being made, then the pod fits, and its bind replaces its hold. Then: disruption budgets
+(read, and a 429 from the Eviction API), two replicas that never make one room twice, a
+pod that goes away or a hold that expires, pods that may not preempt, and
+kube-scheduler's own preempt verb.
 """
 
 from __future__ import annotations

@@ -155,10 +155,10 @@ class Preemptor:
                 if isinstance(found, Plan):
                     self._started(found)
                     return
-                self.metrics.stale_plans.labels("replanned" if again else "dropped").inc()
+                fresh = planner.retake(self.cache, ask) if again else None
+                self.metrics.stale_plans.labels("dropped" if fresh is None else "replanned").inc()
                 log.info("the preemption plan for %s/%s went stale: %s", ask.namespace,
                          ask.name, found)
-                fresh = planner.retake(self.cache, ask) if again else None
             if fresh is not None:
                 self._plan(fresh, again=False)
         except Exception:  # the planner must survive anything; the pod plans again later
