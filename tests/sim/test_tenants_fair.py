@@ -12,11 +12,13 @@ from pathlib import Path
 import pytest
 
 from gpupool.cli.main import main
-from gpupool.sim.campaign import Campaign
+from gpupool.sim.campaign import Campaign, SimMode
 from gpupool.sim.sources import scenario_from_files
+from gpupool.sim.synthetic import synthetic_scenario
 from gpupool.sim.tenants import tenancy_for
 from gpupool.sim.tenants_replay import GRACE_S, TenantRun, run_tenants
 from gpupool.sim.tenants_report import rows
+from tests.sim.paths import REPO
 from tests.sim.test_tenants import at
 
 LATE = textwrap.dedent("""
@@ -94,3 +96,22 @@ def test_simulate_reports_fair_sharing_on_and_off_with_reclaims_for_fairness(
     assert (table["borrowing", "early"]["fair_reclaimed"],
             table["borrowing", "late"]["fair_reclaims"]) == ("4", "4")
     assert table["borrowing, no fair sharing", "late"]["fair_reclaims"] == "0"
+
+
+def test_the_fair_share_example_serves_the_heavier_weight_sooner_on_the_builtin_workload(
+        ) -> None:
+    """examples/tenants-fairshare.yaml on the built-in synthetic workload (--tenants 3):
+    tenant-2 (weight 3) waits less with fair sharing than first come first served, and
+    tenant-1 (weight 1) more; reclaims for fairness happen, only from the borrowers."""
+    example = REPO / "examples" / "tenants-fairshare.yaml"
+    found = tenancy_for(synthetic_scenario(), None, example, "3")
+    assert found is not None
+    scenario, tenancy = found
+    config = Campaign(scenario, ("best-fit",), (42,), SimMode.TIMED).config()
+    fair, first = (
+        {r.group: r for r in rows(run_tenants(scenario, t, "best-fit", 42, config))}
+        for t in (tenancy, tenancy.without_fair_sharing()))
+    assert fair["tenant-2"].wait_p95_s < first["tenant-2"].wait_p95_s
+    assert fair["tenant-1"].wait_p95_s > first["tenant-1"].wait_p95_s
+    assert fair["tenant-2"].fair_reclaims > 0 and fair["tenant-0"].fair_reclaimed == 0
+    assert sum(r.fair_reclaims for r in first.values()) == 0
