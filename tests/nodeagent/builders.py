@@ -20,7 +20,7 @@ KEYS = SigningKeys().added(0.0)
 """The test cluster's decision signing key (what the extender signs with)."""
 
 
-def wait_for(predicate: Callable[[], object], timeout: float = 5.0) -> None:
+def wait_for(predicate: Callable[[], object], timeout: float = waiting.PATIENCE_S) -> None:
     """Wait until ``predicate()`` holds (the agent's watches run on threads of their own);
     fail the test if it does not within ``timeout`` seconds."""
     assert waiting.wait_for(predicate, timeout), "condition not reached"

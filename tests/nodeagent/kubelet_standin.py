@@ -35,6 +35,7 @@ from gpupool.nodeagent.proto import deviceplugin_pb2 as dp
 from gpupool.nodeagent.proto import deviceplugin_pb2_grpc as dp_grpc
 from gpupool.nodeagent.proto import podresources_pb2 as pr
 from gpupool.nodeagent.proto import podresources_pb2_grpc as pr_grpc
+from tests.waiting import PATIENCE_S
 
 RESOURCE = "gpupool.io/gpu"
 
@@ -172,7 +173,7 @@ class FakeKubelet:
         channel = grpc.insecure_channel(f"unix://{self.plugin_dir / endpoint}")
         stub = dp_grpc.DevicePluginStub(channel)
         try:
-            options = stub.GetDevicePluginOptions(dp.Empty(), timeout=5)
+            options = stub.GetDevicePluginOptions(dp.Empty(), timeout=PATIENCE_S)
         except grpc.RpcError:  # the plugin went away again; kubelet waits for a new Register
             channel.close()
             return
@@ -192,16 +193,16 @@ class FakeKubelet:
 
     def stub(self) -> Any:
         with self.lock:
-            self.lock.wait_for(lambda: self._channel is not None, 5)
+            self.lock.wait_for(lambda: self._channel is not None, PATIENCE_S)
             assert self._channel is not None, "the plugin never registered"
             return dp_grpc.DevicePluginStub(self._channel)
 
-    def wait_registrations(self, n: int, timeout: float = 5.0) -> None:
+    def wait_registrations(self, n: int, timeout: float = PATIENCE_S) -> None:
         with self.lock:
             ok = self.lock.wait_for(lambda: len(self.registrations) >= n and self.updates, timeout)
         assert ok, f"expected {n} registrations, saw {len(self.registrations)}"
 
-    def wait_update(self, predicate: Any, timeout: float = 5.0) -> Update:
+    def wait_update(self, predicate: Any, timeout: float = PATIENCE_S) -> Update:
         """The first ListAndWatch update (old or new) whose devices satisfy ``predicate``."""
         with self.lock:
             found: list[Update] = []
@@ -236,7 +237,7 @@ class FakeKubelet:
             ids = self._pick(stub, count, rng or random.Random(0), prefer)
             start = time.perf_counter()
             resp = stub.Allocate(dp.AllocateRequest(container_requests=[
-                dp.ContainerAllocateRequest(devices_ids=ids)]), timeout=5)
+                dp.ContainerAllocateRequest(devices_ids=ids)]), timeout=PATIENCE_S)
             self.allocate_seconds.append(time.perf_counter() - start)
             with self.lock:
                 self.pod_manager[ref][name] = ids
@@ -248,7 +249,7 @@ class FakeKubelet:
             out.cdi[name] = [d.name for d in c.cdi_devices]
         for name, _ in gpu:
             stub.PreStartContainer(dp.PreStartContainerRequest(devices_ids=out.devices[name]),
-                                   timeout=5)
+                                   timeout=PATIENCE_S)
         return out
 
     def _pick(self, stub: Any, count: int, rng: random.Random, prefer: bool) -> list[str]:
@@ -261,7 +262,7 @@ class FakeKubelet:
             return rng.sample(free, count)
         resp = stub.GetPreferredAllocation(dp.PreferredAllocationRequest(container_requests=[
             dp.ContainerPreferredAllocationRequest(available_deviceIDs=free,
-                                                   allocation_size=count)]), timeout=5)
+                                                   allocation_size=count)]), timeout=PATIENCE_S)
         return list(resp.container_responses[0].deviceIDs)
 
     def forget(self, ref: str) -> None:

@@ -33,6 +33,7 @@ from gpupool.nodeagent.proto import (
 )
 from gpupool.nodeagent.proto import pluginregistration_pb2 as reg
 from gpupool.nodeagent.proto import pluginregistration_pb2_grpc as reg_grpc
+from tests.waiting import PATIENCE_S
 
 KNOWN_SERVICES = {"v1.DRAPlugin": (dra_v1_pb2, dra_v1_pb2_grpc),
                   "v1beta1.DRAPlugin": (dra_v1beta1_pb2, dra_v1beta1_pb2_grpc)}
@@ -63,7 +64,7 @@ class FakeDraKubelet:
         self._stub: Any = None
         self._pb: Any = None
 
-    def discover(self, timeout_s: float = 5.0, accept: bool = True) -> Any:
+    def discover(self, timeout_s: float = PATIENCE_S, accept: bool = True) -> Any:
         """Register the plugin whose socket appears in plugins_registry/; its PluginInfo."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -76,12 +77,12 @@ class FakeDraKubelet:
     def _register(self, sock: Path, accept: bool) -> Any:
         with grpc.insecure_channel(f"unix://{sock}") as channel:
             stub = reg_grpc.RegistrationStub(channel)
-            info = stub.GetInfo(reg.InfoRequest(), timeout=5)
+            info = stub.GetInfo(reg.InfoRequest(), timeout=PATIENCE_S)
             error = self._validate(info)
             ok = accept and not error
             stub.NotifyRegistrationStatus(reg.RegistrationStatus(
                 plugin_registered=ok, error=error or ("" if accept else "refused by test")),
-                timeout=5)
+                timeout=PATIENCE_S)
         if ok:
             self.info = info
             self.connect()
@@ -116,14 +117,14 @@ class FakeDraKubelet:
 
     def prepare(self, *claims: Claim) -> dict[str, Prepared]:
         answer = self._stub.NodePrepareResources(
-            self._pb.NodePrepareResourcesRequest(claims=self._claims(claims)), timeout=10)
+            self._pb.NodePrepareResourcesRequest(claims=self._claims(claims)), timeout=PATIENCE_S)
         return {uid: Prepared([(tuple(d.request_names), d.pool_name, d.device_name,
                                 tuple(d.cdi_device_ids)) for d in r.devices], r.error)
                 for uid, r in answer.claims.items()}
 
     def unprepare(self, *claims: Claim) -> dict[str, str]:
         answer = self._stub.NodeUnprepareResources(
-            self._pb.NodeUnprepareResourcesRequest(claims=self._claims(claims)), timeout=10)
+            self._pb.NodeUnprepareResourcesRequest(claims=self._claims(claims)), timeout=PATIENCE_S)
         return {uid: r.error for uid, r in answer.claims.items()}
 
 
