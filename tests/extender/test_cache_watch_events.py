@@ -79,16 +79,16 @@ class LockHolder:
     def _hold(self, cache: ClusterCache) -> None:
         with cache.lock:
             self.held.set()
-            self.release.wait(5)
+            self.release.wait(30)
 
     def __enter__(self) -> LockHolder:
         self.thread.start()
-        assert self.held.wait(5)
+        assert self.held.wait(30)
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.release.set()
-        self.thread.join(5)
+        self.thread.join(30)
 
 
 def test_a_pod_event_never_waits_for_the_lock_and_the_next_flush_applies_it() -> None:
@@ -101,7 +101,7 @@ def test_a_pod_event_never_waits_for_the_lock_and_the_next_flush_applies_it() ->
         threading.Thread(target=lambda: (cache.pod_event("MODIFIED", running),
                                          cache.pod_event("MODIFIED", finished),
                                          done.set())).start()
-        assert done.wait(5)  # neither event waited for the decision's lock
+        assert done.wait(30)  # neither event waited for the decision's lock
         assert "u1" in cache.state.allocations and len(cache.pending) == 1  # running: no news
     assert "u1" in cache.state.allocations  # queued until the state is next read
     with cache.lock:

@@ -59,7 +59,7 @@ def test_any_other_listing_failure_keeps_the_replica_unready_until_a_listing_suc
     ext, feeds, api = started(fake)
     try:
         assert kind not in ext.cache.synced and not ext.ready()
-        assert wait_for(ext.ready, timeout_s=10.0)  # the informer lists again, and succeeds
+        assert wait_for(ext.ready, timeout_s=30.0)  # the informer lists again, and succeeds
     finally:
         ext.close()
         feeds.stop(timeout_s=0.0)

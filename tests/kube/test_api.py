@@ -144,7 +144,7 @@ def test_an_informer_syncs_then_follows_and_stops(fake: FakeApiServer, api: Kube
 
     feed = Feed("nodes", lambda a: a.list_nodes(), lambda a, rv, t: a.watch_nodes(rv, t))
     informer = Informer(api, feed, on_sync, on_event, watch_timeout_s=1).start()
-    assert informer.synced.wait(5)
+    assert informer.synced.wait(30)
     fake.seed("nodes", {"metadata": {"name": "n2"}})
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline and len(seen) < 2:

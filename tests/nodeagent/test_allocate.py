@@ -270,7 +270,7 @@ def test_a_pod_the_cache_has_not_seen_yet_is_served_from_a_fresh_list(
     assert informer is not None and informer.synced.is_set()
     # the watch ends but the cache stays in use: it lags, it never sees p1
     threading.Thread(target=informer.stop, daemon=True).start()
-    assert informer._stopping.wait(5)
+    assert informer._stopping.wait(30)
     p = pod("p1", [("main", 1, 1024, 10)], ann=decision("p1", [(uuid_of(1), 1, 1024, 10, "main")]))
     apiserver.seed("pods", p)
     assert cache.node_pods("node-a", fresh=False) == []

@@ -76,7 +76,7 @@ def test_mutual_tls_handshake_with_issued_certificates(tmp_path: Path) -> None:
     with socket.create_connection(("127.0.0.1", port)) as raw, \
             cctx.wrap_socket(raw, server_hostname="localhost") as tls:
         assert tls.recv(2) == b"ok"
-    t.join(5)
+    t.join(30)
     listener.close()
     subject = dict(x[0] for x in seen[0]["subject"])  # type: ignore[index]
     assert subject["commonName"] == certs.CLIENT_SCHEDULER

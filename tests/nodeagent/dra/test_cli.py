@@ -31,7 +31,7 @@ def test_a_node_labelled_dra_gets_the_dra_plugin_and_its_slice(
     try:
         info = kubelet.discover(timeout_s=30)
         assert info.name == dra.DRIVER
-        wait_for(lambda: apiserver.get("resourceslices", dra.slice_name(NODE)), timeout=10)
+        wait_for(lambda: apiserver.get("resourceslices", dra.slice_name(NODE)), timeout=30)
         assert not (short_dir / "kubelet" / "device-plugins" / "gpupool.sock").exists()
     finally:
         kubelet.close()

@@ -35,7 +35,7 @@ def test_kubelet_registers_the_driver_and_chooses_v1(make_dra: DraFactory,
     assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
     assert info.endpoint == str(agent.config.dra_socket) and Path(info.endpoint).is_socket()
     assert dra_kubelet.service == "v1.DRAPlugin"
-    assert agent.registration.registered.wait(2)
+    assert agent.registration.registered.wait(30)
 
 
 def test_a_kubelet_that_refuses_is_remembered(make_dra: DraFactory,

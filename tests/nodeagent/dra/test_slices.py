@@ -40,7 +40,7 @@ def shape(value: Any) -> Any:
 def test_the_slice_has_the_shape_of_the_recorded_v1_36_slice(
         make_dra: DraFactory, apiserver: FakeApiServer) -> None:
     agent = make_dra(gpus=2)
-    assert agent.published.wait(5)
+    assert agent.published.wait(30)
     ours = published(apiserver)
     theirs = json.loads((FIXTURES / "resourceslice-consumable-capacity.json").read_text())
     assert ours["apiVersion"] == theirs["apiVersion"] and ours["kind"] == theirs["kind"]
@@ -67,7 +67,7 @@ def test_the_slice_has_the_shape_of_the_recorded_v1_36_slice(
 def test_devices_offer_gpupool_units_and_every_class_label(
         make_dra: DraFactory, apiserver: FakeApiServer) -> None:
     agent = make_dra(gpus=1, memory_mib=16000)
-    assert agent.published.wait(5)
+    assert agent.published.wait(30)
     device = published(apiserver)["spec"]["devices"][0]
     assert device["name"] == "gpu-0" and device["allowMultipleAllocations"] is True
     assert device["capacity"]["memory"] == {"value": "15872Mi", "requestPolicy": {
@@ -89,7 +89,7 @@ def test_devices_offer_gpupool_units_and_every_class_label(
 def test_an_unhealthy_gpu_is_tainted_in_a_new_generation_and_untainted_when_it_recovers(
         make_dra: DraFactory, apiserver: FakeApiServer) -> None:
     agent = make_dra(gpus=2)
-    assert agent.published.wait(5)
+    assert agent.published.wait(30)
     agent.backend.set_health(uuid_of(1), False, "XID 79: fell off the bus")  # type: ignore
     wait_for(lambda: published(apiserver)["spec"]["pool"]["generation"] == 2)
     devices = published(apiserver)["spec"]["devices"]
@@ -107,13 +107,13 @@ def test_an_unhealthy_gpu_is_tainted_in_a_new_generation_and_untainted_when_it_r
 def test_an_unchanged_node_writes_nothing_and_a_restart_keeps_the_generation(
         make_dra: DraFactory, apiserver: FakeApiServer) -> None:
     first = make_dra(gpus=2, resync_s=0.05)
-    assert first.published.wait(5)
+    assert first.published.wait(30)
     first.published.clear()
-    assert first.published.wait(5)
+    assert first.published.wait(30)
     assert first.publisher.writes == 1
     first.stop()
     second = make_dra(gpus=2, write=False)
-    assert second.published.wait(5)
+    assert second.published.wait(30)
     assert second.publisher.writes == 0 and second.publisher.generation == 1
 
 
@@ -125,7 +125,7 @@ def test_other_slices_of_the_node_are_removed_and_other_nodes_left_alone(
                                                              "resourceSliceCount": 1},
             "devices": []}})
     agent = make_dra(gpus=1)
-    assert agent.published.wait(5)
+    assert agent.published.wait(30)
     names = sorted(o["metadata"]["name"] for o in apiserver.objects("resourceslices"))
     assert names == ["node-a-gpu.gpupool.io", "node-b-gpu.gpupool.io"]
 
@@ -149,7 +149,7 @@ class DroppingTaints(KubeDraCluster):
 def test_without_device_taints_an_unhealthy_gpu_leaves_the_slice(
         make_dra: DraFactory, apiserver: FakeApiServer) -> None:
     agent = make_dra(gpus=2)
-    assert agent.published.wait(5)
+    assert agent.published.wait(30)
     agent.publisher.api = DroppingTaints(agent.publisher.api.api)  # type: ignore[attr-defined]
     agent.backend.set_health(uuid_of(0), False, "XID 48")  # type: ignore[attr-defined]
     wait_for(lambda: [d["name"] for d in published(apiserver)["spec"]["devices"]] == ["gpu-1"])
