@@ -179,8 +179,9 @@ def test_injected_over_use_reaches_event_annotation_metric_and_isolation_then_cl
     start = time.monotonic()
     backend.set_processes(uuid_of(0), [(PID, 9000, 10)])
     wait_for(lambda: events(apiserver, "GpupoolOverUse"))
-    took = time.monotonic() - start
-    assert took <= PERIOD_S + GRACE_S + 1.0  # one sample period + the grace (+ API latency)
+    # never before the grace; how soon after it is the tracker's rule, checked on a fake clock
+    # above (a loaded machine delays the agent's threads and the API, not the rule)
+    assert time.monotonic() - start >= GRACE_S
     assert "uses 9000 MiB of GPU memory (slice 4096 MiB)" in events(apiserver,
                                                                    "GpupoolOverUse")[0]
     wait_for(lambda: over_use(apiserver) is not None)

@@ -175,7 +175,9 @@ def test_injected_over_use_of_a_claim_reaches_event_annotation_metric_and_isolat
     start = time.monotonic()
     backend.set_processes(uuid_of(0), [(4242, 9000, 10)])
     wait_for(lambda: events(apiserver, "GpupoolOverUse", "p1"))
-    assert time.monotonic() - start <= PERIOD_S + GRACE_S + 1.0  # a sample + the grace
+    # never before the grace; how soon after it is the tracker's rule, checked on a fake clock
+    # in tests/nodeagent/test_monitor.py (a loaded machine delays threads, not the rule)
+    assert time.monotonic() - start >= GRACE_S
     assert "uses 9000 MiB of GPU memory (slice 4096 MiB)" in events(
         apiserver, "GpupoolOverUse", "p1")[0]
     wait_for(lambda: over_use(apiserver, "p1") is not None)
