@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
@@ -56,13 +56,22 @@ _ROOT_LEAVES = ("driver", "allowMultipleAllocations")
 
 @dataclass(frozen=True, slots=True)
 class CelDevice:
-    """One device as a selector sees it (hashable: it is a memo key)."""
+    """One device as a selector sees it (hashable: it is a memo key; the hash is worked
+    out once). Capacity values are ints when whole (cheaper to hash than fractions)."""
 
     driver: str
     attributes: tuple[tuple[str, str, AttrValue], ...] = ()  # (domain, name, value), sorted
-    capacity: tuple[tuple[str, str, Fraction], ...] = ()  # (domain, name, value), sorted
+    capacity: tuple[tuple[str, str, int | Fraction], ...] = ()  # (domain, name, value), sorted
     allow_multiple: bool = False
     problem: str = ""  # why the device cannot be evaluated (a version that does not parse)
+    digest: int = field(default=0, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "digest", hash((self.driver, self.attributes, self.capacity,
+                                                 self.allow_multiple, self.problem)))
+
+    def __hash__(self) -> int:
+        return self.digest
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,13 +111,14 @@ def device_of(raw: Mapping[str, Any], driver: str) -> CelDevice:
                 attrs.append((domain, ident, parse_semver(value["version"])))
             except ValueError as exc:
                 problem = problem or f"attribute {name}: {exc}"
-    caps: list[tuple[str, str, Fraction]] = []
+    caps: list[tuple[str, str, int | Fraction]] = []
     for name, value in _items(raw.get("capacity")):
         domain, ident = _qualified(name, driver)
         try:
-            caps.append((domain, ident, parse_quantity(_items_map(value).get("value", ""))))
+            q = parse_quantity(_items_map(value).get("value", ""))
         except QuantityError:
             continue
+        caps.append((domain, ident, q.numerator if q.denominator == 1 else q))
     return CelDevice(driver, tuple(sorted(attrs, key=lambda a: a[:2])), tuple(sorted(caps)),
                      raw.get("allowMultipleAllocations") is True, problem)
 
@@ -121,27 +131,39 @@ def _items_map(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
-def _cel(value: AttrValue | Fraction) -> Any:
+def _cel(value: AttrValue) -> Any:
     if isinstance(value, bool):
         return celtypes.BoolType(value)
     if isinstance(value, int):
         return celtypes.IntType(value)
     if isinstance(value, str):
         return celtypes.StringType(value)
-    if isinstance(value, Fraction):
-        return Quantity(value)
+    return value  # Semver
+
+
+def _native(value: Any) -> Any:
+    """A CEL value as the plain value readings are compared by (cheap to build)."""
+    if isinstance(value, celtypes.BoolType):
+        return bool(value)
+    if isinstance(value, celtypes.IntType):
+        return int(value)
+    if isinstance(value, celtypes.StringType):
+        return str(value)
+    if isinstance(value, Quantity):
+        return ("quantity", value.value)
     return value  # Semver
 
 
 def flat(device: CelDevice) -> dict[Path, Any]:
-    """Every path a selector can read of ``device`` -> its CEL value."""
-    out: dict[Path, Any] = {("driver",): celtypes.StringType(device.driver),
-                            ("allowMultipleAllocations",): celtypes.BoolType(
-                                device.allow_multiple)}
-    for kind, entries in (("attributes", device.attributes), ("capacity", device.capacity)):
-        for domain, ident, value in entries:
-            out[(kind, domain)] = _DOMAIN
-            out[(kind, domain, ident)] = _cel(value)
+    """Every path a selector can read of ``device`` -> its value (as ``_native`` gives)."""
+    out: dict[Path, Any] = {("driver",): device.driver,
+                            ("allowMultipleAllocations",): device.allow_multiple}
+    for domain, ident, value in device.attributes:
+        out[("attributes", domain)] = _DOMAIN
+        out[("attributes", domain, ident)] = value
+    for domain, ident, amount in device.capacity:
+        out[("capacity", domain)] = _DOMAIN
+        out[("capacity", domain, ident)] = ("quantity", amount)
     return out
 
 
@@ -170,7 +192,7 @@ class _Map(celtypes.MapType):
         if dict.__contains__(self, key):
             value = dict.__getitem__(self, key)
             if not isinstance(value, _Map):
-                self.probe.seen[path] = value
+                self.probe.seen[path] = _native(value)
             return value
         if self.empty_default:
             return _Map({}, self.probe, path)
@@ -181,7 +203,7 @@ class _Map(celtypes.MapType):
         path = (*self.path, str(key))
         found = dict.__contains__(self, key)
         value = dict.__getitem__(self, key) if found else _ABSENT
-        self.probe.seen[path] = _DOMAIN if isinstance(value, _Map) else value
+        self.probe.seen[path] = _DOMAIN if isinstance(value, _Map) else _native(value)
         return found
 
     def _whole(self) -> None:
@@ -233,9 +255,10 @@ _FUNCTIONS = {**FUNCTIONS, "_in_": _in}
 
 def _activation(device: CelDevice, probe: _Probe) -> dict[str, Any]:
     maps: dict[str, dict[str, dict[str, Any]]] = {"attributes": {}, "capacity": {}}
-    for kind, entries in (("attributes", device.attributes), ("capacity", device.capacity)):
-        for domain, ident, value in entries:
-            maps[kind].setdefault(domain, {})[ident] = _cel(value)
+    for domain, ident, value in device.attributes:
+        maps["attributes"].setdefault(domain, {})[ident] = _cel(value)
+    for domain, ident, amount in device.capacity:
+        maps["capacity"].setdefault(domain, {})[ident] = Quantity(Fraction(amount))
     root = {"driver": celtypes.StringType(device.driver),
             "allowMultipleAllocations": celtypes.BoolType(device.allow_multiple)}
     for kind, domains in maps.items():
@@ -245,13 +268,23 @@ def _activation(device: CelDevice, probe: _Probe) -> dict[str, Any]:
     return {"device": _Map({celtypes.StringType(k): v for k, v in root.items()}, probe, ())}
 
 
+_ENVIRONMENT: list[celpy.Environment] = []
+
+
+def environment() -> celpy.Environment:
+    """cel-python's environment, built once per process (building its parser takes about
+    a second; every ``DeviceSelectors`` shares it)."""
+    if not _ENVIRONMENT:
+        _ENVIRONMENT.append(celpy.Environment())
+    return _ENVIRONMENT[0]
+
+
 class DeviceSelectors:
     """Compiles and evaluates selectors, remembering programs and verdicts (bounded)."""
 
     TRACES_PER_EXPRESSION = 64
 
     def __init__(self, programs: int = 256, results: int = 100_000) -> None:
-        self._env = celpy.Environment()
         self._programs: OrderedDict[str, Any] = OrderedDict()  # expression -> program | error
         self._limit, self._results_limit = programs, results
         self._exact: dict[tuple[str, CelDevice], Verdict] = {}
@@ -270,7 +303,8 @@ class DeviceSelectors:
             program = f"the expression is longer than {MAX_EXPRESSION_LENGTH} characters"
         else:
             try:
-                program = self._env.program(self._env.compile(expression), functions=_FUNCTIONS)
+                env = environment()
+                program = env.program(env.compile(expression), functions=_FUNCTIONS)
             except Exception as exc:  # any parser failure: no match
                 program = f"does not compile: {_parse_message(exc)}"
         self._programs[expression] = program
