@@ -240,3 +240,13 @@ def test_filter_claims_of_a_broken_selector_passes_what_tenancy_passes() -> None
     body = msgspec.json.encode({"Pod": claim_pod("p", ("gpu", "bad")), "NodeNames": ["a"]})
     answer = msgspec.json.decode(verb_handlers(ext)["filter-claims"](body))
     assert answer["NodeNames"] == ["a"] and not answer.get("Error")
+
+
+def test_a_claim_of_many_selective_requests_is_grouped_and_scored() -> None:
+    cache = cluster({"a": ("A100",) * 8, "h": ("H100",) * 8})
+    requests = [with_selectors(ask(f"r{k}"), H100) for k in range(7)]
+    with cache.lock:
+        cache.dra.sync_claims(cache, [claim("many", requests)])
+    pod = claim_pod("p", ("gpu", "many"))
+    assert fits(cache, pod) == {"h": (1,) * 7}
+    assert set(scores(cache, pod, ["a", "h"])) <= {"h"}

@@ -73,10 +73,15 @@ def claim_priorities(ext: Extender, args: protocol.ExtenderArgs, base: PodReques
         rows = sent.rows if sent.all_known else sent.rows[sent.rows >= 0]
         keep = np.zeros(len(state.nodes), np.bool_)
         keep[rows] = True
-        if asks.plain:
-            indices, values = _plain(ext, request, keep)
-        else:
-            indices, values = _selective(ext, asks, base, keep)
+        try:
+            if asks.plain:
+                indices, values = _plain(ext, request, keep)
+            else:
+                indices, values = _selective(ext, asks, base, keep)
+        except GpupoolError as exc:  # e.g. an All request past the GPUs a pod may ask
+            log.info("prioritize: pod %s: %s", base.key, exc)
+            ext.metrics.decisions.labels("prioritize", "error").inc()
+            return protocol.NO_PRIORITIES
         if indices.size == 0:
             return protocol.NO_PRIORITIES
         full = np.zeros(len(state.nodes), np.int64)

@@ -38,13 +38,14 @@ from gpupool.core.classes import ClassCatalog
 from gpupool.core.deviceselectors import CelDevice, DeviceSelectors
 from gpupool.core.fit import gpu_fit_mask
 from gpupool.core.model import CORE_UNITS_PER_GPU, Gpu
-from gpupool.core.request import PodRequest
+from gpupool.core.request import MAX_GPUS_PER_POD, PodRequest
 from gpupool.core.state import BoolArray, ClusterState, IntArray
 from gpupool.extender.draasks import ClaimAsks, DeviceChoice, SameAttribute
 from gpupool.extender.draclaims import DraClaims
 
 log = logging.getLogger(__name__)
 KEPT_MASKS = 256  # selector masks kept per layout
+VARIANTS = 16 * (MAX_GPUS_PER_POD + 1)  # (alternative, count) codes of one request
 LOGGED_KEPT = 4096  # (claim, expression) pairs remembered as logged
 
 
@@ -72,6 +73,8 @@ class DeviceMasks:
         self._grid: list[list[CelDevice]] = []
         self._masks: dict[tuple[str, ...], tuple[BoolArray, tuple[str, str] | None]] = {}
         self._values: dict[tuple[str, str], IntArray] = {}
+        self._allowed: dict[tuple[tuple[str, ...], int],
+                            tuple[BoolArray | None, BoolArray | None, BoolArray]] = {}
         self._logged: set[tuple[str, str]] = set()
         self.problems: dict[str, str] = {}  # claim -> its last selector problem (sentence)
 
@@ -85,7 +88,7 @@ class DeviceMasks:
         self._grid = [[published.get((node.name, g.uuid)) or device_of_gpu(g, unit)
                        for g in node.gpus] if dra_rows[i] else []
                       for i, node in enumerate(state.nodes)]
-        self._masks, self._values, self._stamp = {}, {}, stamp
+        self._masks, self._values, self._allowed, self._stamp = {}, {}, {}, stamp
 
     def mask(self, state: ClusterState, claims: DraClaims, dra_rows: BoolArray,
              expressions: tuple[str, ...], claim: str) -> BoolArray:
@@ -101,6 +104,28 @@ class DeviceMasks:
         if problem is not None:
             self._report(claim, *problem)
         return mask
+
+    def allowed(self, state: ClusterState, claims: DraClaims, dra_rows: BoolArray,
+                expressions: tuple[str, ...], cls: BoolArray | None, claim: str
+                ) -> BoolArray:
+        """[node, gpu] -> a present GPU of a DRA node, selected, of the class ``cls``: the
+        same object while nothing it depends on changes (the policies' caches key on it)."""
+        selected = self.mask(state, claims, dra_rows, expressions, claim) if expressions \
+            else None
+        key = (expressions, id(cls))
+        found = self._allowed.get(key)
+        if found is not None and found[0] is cls and found[1] is selected:
+            return found[2]
+        out = state.present & dra_rows[:, None]
+        if selected is not None:
+            out &= selected
+        if cls is not None:
+            out &= cls
+        out.flags.writeable = False
+        if len(self._allowed) >= KEPT_MASKS:
+            self._allowed.clear()
+        self._allowed[key] = (cls, selected, out)
+        return out
 
     def _evaluate(self, state: ClusterState, expressions: tuple[str, ...]
                   ) -> tuple[BoolArray, tuple[str, str] | None]:
@@ -158,7 +183,7 @@ class Group:
 
     request: PodRequest
     nodes: BoolArray  # [node]
-    gpus: BoolArray  # [node, gpu]: the devices the chosen alternatives may take
+    gpus: BoolArray  # [node, gpu]: the devices the chosen alternatives may take (any node)
 
 
 @dataclass(slots=True)
@@ -193,16 +218,12 @@ def _choose(state: ClusterState, choices: tuple[DeviceChoice, ...], claim: str,
     n = len(state.nodes)
     out = _Chosen(np.full(n, -1, np.int64), np.zeros(n, np.int64), [], [])
     for k, choice in enumerate(choices):
-        allowed = state.present & dra_rows[:, None]
-        if choice.selectors:
-            allowed = allowed & masks.mask(state, claims, dra_rows, choice.selectors, claim)
         cls = classes.request_mask(state, choice.gpu_class, None) if choice.gpu_class else None
-        if cls is not None:
-            allowed = allowed & cls
+        allowed = masks.allowed(state, claims, dra_rows, choice.selectors, cls, claim)
         fit = gpu_fit_mask(state, choice.demand, allowed)
         if choice.all_devices:
             count = (allowed & state.healthy).sum(axis=1)
-            good = (count > 0) & (fit.sum(axis=1) == count)
+            good = (count > 0) & (count <= MAX_GPUS_PER_POD) & (fit.sum(axis=1) == count)
         else:
             count = np.full(n, choice.demand.count, np.int64)
             good = fit.sum(axis=1) >= count
@@ -254,18 +275,27 @@ def _groups(asks: ClaimAsks, base: PodRequest, chosen: list[_Chosen], ok: BoolAr
     rows = np.flatnonzero(ok)
     if rows.size == 0 or not chosen:
         return []
-    keys = np.stack([a for c in chosen for a in (c.choice[rows], c.count[rows])], axis=1)
-    variants, which = np.unique(keys, axis=0, return_inverse=True)
+    if len(chosen) <= 6:  # (alternative, count) of every request as one int64
+        code = np.zeros(rows.size, np.int64)
+        for c in chosen:
+            code = code * VARIANTS + c.choice[rows] * (MAX_GPUS_PER_POD + 1) + c.count[rows]
+        variants, which = np.unique(code, return_inverse=True)
+    else:
+        keys = np.stack([a for c in chosen for a in (c.choice[rows], c.count[rows])], axis=1)
+        variants, which = np.unique(keys, axis=0, return_inverse=True)
     groups = []
-    for g, variant in enumerate(variants.tolist()):
+    for g in range(len(variants)):
         nodes = np.zeros(ok.shape[0], np.bool_)
-        nodes[rows[np.asarray(which).reshape(-1) == g]] = True
-        demands, gpus = [], np.zeros_like(chosen[0].allowed[0])
+        nodes[rows[which.reshape(-1) == g]] = True
+        first = int(np.flatnonzero(which.reshape(-1) == g)[0])
+        row = int(rows[first])
+        demands, masks = [], []
         for r, c in enumerate(chosen):
-            k, count = int(variant[2 * r]), int(variant[2 * r + 1])
+            k, count = int(c.choice[row]), int(c.count[row])
             demands.append(replace(asks.requests[r].choices[k].demand, count=count))
-            allowed = c.allowed[k] if c.narrow is None else c.allowed[k] & c.narrow
-            gpus |= allowed
-        gpus &= nodes[:, None]
+            masks.append(c.allowed[k] if c.narrow is None else c.allowed[k] & c.narrow)
+        gpus = masks[0]
+        for m in masks[1:]:
+            gpus = gpus | m
         groups.append(Group(replace(base, gpus=tuple(demands), gpu_class=None), nodes, gpus))
     return groups
