@@ -348,7 +348,9 @@ class ClusterState:
         snap.models, snap._model_ids = list(self.models), dict(self._model_ids)
         names = self.index if rows is None else [self.nodes[i].name for i in rows]
         snap._by_node = {n: dict(self._by_node[n]) for n in names if n in self._by_node}
-        snap.allocations = {k: a for held in snap._by_node.values() for k, a in held.items()}
+        snap.allocations = {}
+        for held in snap._by_node.values():
+            snap.allocations.update(held)
         snap._deferred = None
         for i in sorted(self._deferred or ()):  # rows whose derived values still lag
             snap._refresh_row(i)

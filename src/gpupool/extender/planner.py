@@ -30,6 +30,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from itertools import chain, repeat
+from operator import contains
 from typing import Any
 
 import numpy as np
@@ -61,7 +63,10 @@ class Ask:
     sent: tuple[str, ...]  # the nodes kube-scheduler sent, in its order
     rows: tuple[int, ...]  # their rows, in ``state``
     state: ClusterState  # a snapshot
-    placed: tuple[tuple[PodFacts, Allocation], ...]  # pods gpupool placed there, by node
+    uids: tuple[str, ...]  # the pods on the sent nodes,
+    facts: tuple[PodFacts | None, ...]  # ... their facts,
+    counted: tuple[bool, ...]  # ... and whether the state holds their decisions
+    displaced: frozenset[str]  # pods live holds displace
     budgets: Budgets  # a copy
     limits: Limits
 
@@ -97,29 +102,34 @@ def retake(cache: ClusterCache, ask: Ask) -> Ask | None:
 
 def _take(cache: ClusterCache, request: PodRequest, namespace: str, name: str, priority: int,
           constraints: Constraints, rows: Sequence[int], limits: Limits) -> Ask:
-    state, key = cache.state, request.key
-    displaced = cache.displaced()
+    state = cache.state
     names = tuple(state.nodes[i].name for i in rows)
-    placed = []
-    for node in names:
-        for uid in cache.pods_on.get(node, ()):
-            f = cache.pods.get(uid)
-            alloc = state.allocations.get(uid)
-            if f is None or f.decision is None or alloc is None or uid in displaced or \
-                    uid == key or "pod" not in cache.sources.get(uid, ()):
-                continue
-            placed.append((f, alloc))
+    # what the candidates are made of, gathered in bulk (no Python code runs per pod while
+    # the lock is held, and no object is made per pod); ``candidates`` sorts it out after
+    uids = list(chain.from_iterable(cache.pods_on.get(n, ()) for n in names))
+    facts = list(map(cache.pods.get, uids))
+    counted = list(map(contains, map(cache.sources.get, uids, repeat(())), repeat("pod")))
     budgets = Budgets()
     budgets.by_name = dict(cache.budgets.by_name)
-    return Ask(request, namespace, name, priority, constraints, names,
-               tuple(rows), state.snapshot(rows), tuple(placed), budgets, limits)
+    return Ask(request, namespace, name, priority, constraints, names, tuple(rows),
+               state.snapshot(rows), tuple(uids), tuple(facts), tuple(counted),
+               frozenset(cache.displaced()), budgets, limits)
 
 
 def candidates(ask: Ask) -> list[Candidate]:
-    """The ask's pods as the core's candidates: node by node in the sent order, each node's
-    by UID (the order ``select`` breaks its last ties in)."""
+    """The pods gpupool placed on the sent nodes and holds (a counted decision, not
+    displaced by a live hold, not the pod itself) as the core's candidates: node by node in
+    the sent order, each node's by UID (the order ``select`` breaks its last ties in)."""
+    held = ask.state.allocations
+    placed = []
+    for uid, f, counted in zip(ask.uids, ask.facts, ask.counted, strict=True):
+        alloc = held.get(uid)
+        if f is None or f.decision is None or alloc is None or not counted or \
+                uid in ask.displaced or uid == ask.key:
+            continue
+        placed.append((f, alloc))
     order = {name: k for k, name in enumerate(ask.sent)}
-    placed = sorted(ask.placed, key=lambda p: (order.get(p[1].node, 0), p[0].uid))
+    placed.sort(key=lambda p: (order.get(p[1].node, 0), p[0].uid))
     return [Candidate(alloc, f.priority, f.charge(), ask.budgets.covering(f.namespace, f.labels),
                       f.leaving, f.bound_s) for f, alloc in placed]
 
