@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -19,16 +18,15 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpupool.kube.keystore import PUBLIC_CONFIG_MAP
 from tests.controller.builders import GIB, RING, device, group, placed_pod, slices
+from tests.ports import free_port
 from tests.waiting import wait_for
 
 NS = "gpupool-system"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+TIMING = ["--lease-duration-seconds", "15", "--renew-deadline-seconds", "10",
+          "--retry-period-seconds", "1"]
+"""Lease calls time out after a retry period and a leader stops after a renew deadline
+without a renewal: a loaded machine reaches neither (the takeover under test is the one
+that follows a leader's release, on the follower's next try, not the Lease's expiry)."""
 
 
 def scrape(port: int) -> dict[str, float]:
@@ -71,8 +69,7 @@ def controller(fake: FakeApiServer, name: str, port: int, log: Path
         return subprocess.Popen(
             [sys.executable, "-m", "gpupool.cli.main", "controller", "--server", fake.url,
              "--metrics-port", str(port), "--metrics-address", "127.0.0.1",
-             "--lease-duration-seconds", "2", "--renew-deadline-seconds", "1.2",
-             "--retry-period-seconds", "0.25", "--no-device-classes", "--log-level", "INFO"],
+             *TIMING, "--no-device-classes", "--log-level", "INFO"],
             env=env, stdout=subprocess.DEVNULL, stderr=out)
 
 
@@ -84,11 +81,11 @@ def test_two_controllers_one_leads_and_exports_the_other_takes_over_when_it_stop
         def leading() -> list[str]:
             return [n for n, p in ports.items() if scrape(p).get("gpupool_controller_is_leader")]
         assert wait_for(lambda: len(leading()) == 1 and all(
-            "gpupool_controller_is_leader" in scrape(p) for p in ports.values()), 30)
+            "gpupool_controller_is_leader" in scrape(p) for p in ports.values()))
         (leader,) = leading()
         (follower,) = set(ports) - {leader}
         assert wait_for(lambda: "gpupool_controller_gpus{model=\"A100-SXM4-80GB\","
-                                "pool=\"train\"}" in scrape(ports[leader]), 15)
+                                "pool=\"train\"}" in scrape(ports[leader]))
         got = scrape(ports[leader])
         assert got['gpupool_controller_quota_used_gpus{name="team",scope="group"}'] == 1
         assert got['gpupool_controller_quota_limit_gpus{name="team",scope="group"}'] == 2
@@ -100,7 +97,7 @@ def test_two_controllers_one_leads_and_exports_the_other_takes_over_when_it_stop
         # The follower learns the holder on its next read of the Lease, which may
         # come a retry period after the leader's first export.
         info = f'gpupool_controller_leader_info{{holder="{holder}"}}'
-        assert wait_for(lambda: scrape(ports[follower]).get(info) == 1, 10)
+        assert wait_for(lambda: scrape(ports[follower]).get(info) == 1)
         seen = scrape(ports[follower])
         assert seen["gpupool_controller_is_leader"] == 0
         assert seen[info] == 1
@@ -109,11 +106,11 @@ def test_two_controllers_one_leads_and_exports_the_other_takes_over_when_it_stop
         assert healthz(ports[follower]) == healthz(ports[leader]) == 200
 
         procs[leader].send_signal(signal.SIGTERM)
-        assert procs[leader].wait(15) == 0
+        assert procs[leader].wait(30) == 0
         assert wait_for(lambda: scrape(ports[follower]).get("gpupool_controller_is_leader")
-                        == 1, 10)
+                        == 1)
         assert wait_for(lambda: 'gpupool_controller_quota_used_gpus{name="team",'
-                                'scope="group"}' in scrape(ports[follower]), 10)
+                                'scope="group"}' in scrape(ports[follower]))
         spec = (fake.get("leases", "gpupool-controller", NS) or {})["spec"]
         assert spec["holderIdentity"].startswith(follower + "_")
         assert spec["leaseTransitions"] == 1
@@ -125,6 +122,6 @@ def test_two_controllers_one_leads_and_exports_the_other_takes_over_when_it_stop
                 p.send_signal(signal.SIGTERM)
         for p in procs.values():
             try:
-                p.wait(15)
+                p.wait(30)
             except subprocess.TimeoutExpired:
                 p.kill()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import socket
 import ssl
 import subprocess
 import sys
@@ -15,14 +14,9 @@ import pytest
 from gpupool_testing.fake_apiserver import FakeApiServer
 
 from gpupool.extender.tls import CLIENT_SECRET
+from tests.ports import free_port
 
 from .builders import NAMESPACE, pod_obj
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_the_extender_command_serves_decisions_over_mutual_tls(
@@ -58,7 +52,7 @@ def test_the_extender_command_serves_decisions_over_mutual_tls(
             anon.post("/bind", json={}, extensions=sni)
     finally:
         proc.terminate()
-        proc.wait(timeout=15)
+        proc.wait(timeout=30)
     stored = fake.get("pods", "a", "default")
     assert stored["spec"]["nodeName"] == nodes[1]
     assert stored["metadata"]["annotations"]["gpupool.io/signature"].startswith("v1.")
