@@ -28,6 +28,7 @@ where they only just fit; that node then gets no score, kube-scheduler still jud
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from fractions import Fraction
 
@@ -73,6 +74,7 @@ class DeviceMasks:
         self._grid: list[list[CelDevice]] = []
         self._masks: dict[tuple[str, ...], tuple[BoolArray, tuple[str, str] | None]] = {}
         self._values: dict[tuple[str, str], IntArray] = {}
+        self._stable: dict[tuple[tuple[int, ...], int], BoolArray] = {}
         self._allowed: dict[tuple[tuple[str, ...], int],
                             tuple[BoolArray | None, BoolArray | None, BoolArray]] = {}
         self._logged: set[tuple[str, str]] = set()
@@ -89,6 +91,7 @@ class DeviceMasks:
                        for g in node.gpus] if dra_rows[i] else []
                       for i, node in enumerate(state.nodes)]
         self._masks, self._values, self._allowed, self._stamp = {}, {}, {}, stamp
+        self._stable = {}
 
     def mask(self, state: ClusterState, claims: DraClaims, dra_rows: BoolArray,
              expressions: tuple[str, ...], claim: str) -> BoolArray:
@@ -126,6 +129,19 @@ class DeviceMasks:
             self._allowed.clear()
         self._allowed[key] = (cls, selected, out)
         return out
+
+    def stable(self, mask: BoolArray) -> BoolArray:
+        """An array equal to ``mask``: the one returned before when the content is the same
+        (so the policies' caches, keyed on a mask's identity, keep hitting)."""
+        key = (mask.shape, hash(mask.tobytes()))
+        found = self._stable.get(key)
+        if found is not None and np.array_equal(found, mask):
+            return found
+        if len(self._stable) >= KEPT_MASKS:
+            self._stable.clear()
+        mask.flags.writeable = False
+        self._stable[key] = mask
+        return mask
 
     def _evaluate(self, state: ClusterState, expressions: tuple[str, ...]
                   ) -> tuple[BoolArray, tuple[str, str] | None]:
@@ -209,7 +225,7 @@ def fitting(state: ClusterState, asks: ClaimAsks, base: PodRequest, masks: Devic
     names = [r.name for r in asks.requests]
     for constraint in asks.constraints:
         ok &= _constrain(state, constraint, names, chosen, masks)
-    return _groups(asks, base, chosen, ok)
+    return _groups(asks, base, chosen, ok, masks.stable)
 
 
 def _choose(state: ClusterState, choices: tuple[DeviceChoice, ...], claim: str,
@@ -270,8 +286,8 @@ def _constrain(state: ClusterState, constraint: SameAttribute, names: list[str],
     return ok
 
 
-def _groups(asks: ClaimAsks, base: PodRequest, chosen: list[_Chosen], ok: BoolArray
-            ) -> list[Group]:
+def _groups(asks: ClaimAsks, base: PodRequest, chosen: list[_Chosen], ok: BoolArray,
+            stable: Callable[[BoolArray], BoolArray]) -> list[Group]:
     rows = np.flatnonzero(ok)
     if rows.size == 0 or not chosen:
         return []
@@ -297,5 +313,7 @@ def _groups(asks: ClaimAsks, base: PodRequest, chosen: list[_Chosen], ok: BoolAr
         gpus = masks[0]
         for m in masks[1:]:
             gpus = gpus | m
+        if len(masks) > 1 or chosen[0].narrow is not None:
+            gpus = stable(gpus)
         groups.append(Group(replace(base, gpus=tuple(demands), gpu_class=None), nodes, gpus))
     return groups
