@@ -99,39 +99,44 @@ def test_without_published_keys_every_decision_is_refused(api: KubeApi) -> None:
         source.verify("uid-1", "team-a", "web", _notes(), "v1.0123456789abcdef.AA")
 
 
+class Reader:
+    """A ``KeyRingSource`` on a clock the test moves, and one pod's decision, signed with
+    the key the extender signs with at ``NOW``."""
+
+    def __init__(self, api: KubeApi):
+        self.clock = NOW
+        self.keys = keystore.ensure_signing_keys(api, NS, NOW)
+        self.source = keystore.KeyRingSource(api, NS, lambda: self.clock, refresh_s=10,
+                                             max_age_s=60)
+        self.notes = _notes()
+        self.signature = self.keys.active(NOW).sign(claims_of("uid-1", "team-a", "web",
+                                                              self.notes))
+
+    def verify_at(self, t: float) -> str:
+        self.clock = NOW + t
+        return self.source.verify("uid-1", "team-a", "web", self.notes, self.signature)
+
+
 def test_a_retired_key_stops_verifying_once_the_ring_is_older_than_its_max_age(
         api: KubeApi) -> None:
-    clock = [NOW]
-    keys = keystore.ensure_signing_keys(api, NS, NOW)
-    source = keystore.KeyRingSource(api, NS, lambda: clock[0], refresh_s=10, max_age_s=60)
-    notes = _notes()
-    signature = keys.active(NOW).sign(claims_of("uid-1", "team-a", "web", notes))
-    assert source.verify("uid-1", "team-a", "web", notes, signature)
+    reader = Reader(api)
+    assert reader.verify_at(0)
     keystore.rotate(api, NS, NOW, delay_s=1)
-    keystore.retire(api, NS, keys.active(NOW).kid, NOW + 2)  # a leaked key, say
-    clock[0] = NOW + 59
-    assert source.verify("uid-1", "team-a", "web", notes, signature)  # not read again yet
-    clock[0] = NOW + 60
+    keystore.retire(api, NS, reader.keys.active(NOW).kid, NOW + 2)  # a leaked key, say
+    assert reader.verify_at(59)  # not read again yet
     with pytest.raises(SignatureError, match="not one of gpupool's published") as err:
-        source.verify("uid-1", "team-a", "web", notes, signature)
+        reader.verify_at(60)
     assert err.value.code == SignatureError.UNKNOWN_KEY
-    assert source.stats().forgotten == 1
+    assert reader.source.stats().forgotten == 1
 
 
 def test_a_ring_that_cannot_be_read_again_is_kept_and_read_again_later(
         api: KubeApi, fake: FakeApiServer) -> None:
-    clock = [NOW]
-    keys = keystore.ensure_signing_keys(api, NS, NOW)
-    source = keystore.KeyRingSource(api, NS, lambda: clock[0], refresh_s=10, max_age_s=60)
-    notes = _notes()
-    signature = keys.active(NOW).sign(claims_of("uid-1", "team-a", "web", notes))
-    assert source.verify("uid-1", "team-a", "web", notes, signature)
+    reader = Reader(api)
+    assert reader.verify_at(0)
     fake.delete("configmaps", keystore.PUBLIC_CONFIG_MAP, NS)
-    clock[0] = NOW + 61
-    assert source.verify("uid-1", "team-a", "web", notes, signature)  # the last ring read
+    assert reader.verify_at(61)  # the last ring read
     keystore.publish(api, NS, keystore.SigningKeys().added(NOW))  # another key only
-    clock[0] = NOW + 65
-    assert source.verify("uid-1", "team-a", "web", notes, signature)  # tried at most every 10 s
-    clock[0] = NOW + 71
+    assert reader.verify_at(65)  # read again at most every 10 s
     with pytest.raises(SignatureError, match="not one of gpupool's published"):
-        source.verify("uid-1", "team-a", "web", notes, signature)
+        reader.verify_at(71)
