@@ -13,6 +13,7 @@ import pytest
 from lightkube.resources.core_v1 import Node
 
 from gpupool.contract import dra
+from gpupool.core.classes import ResourceClass
 from gpupool.core.permissions import Permission
 from gpupool.core.request import PodRequest
 from gpupool.core.selector import Selector
@@ -250,3 +251,15 @@ def test_a_claim_of_many_selective_requests_is_grouped_and_scored() -> None:
     pod = claim_pod("p", ("gpu", "many"))
     assert fits(cache, pod) == {"h": (1,) * 7}
     assert set(scores(cache, pod, ["a", "h"])) <= {"h"}
+
+
+def test_requests_of_two_resource_classes_are_each_scored_on_their_own_class() -> None:
+    cache = cluster({"a": ("A100", "A100"), "h": ("H100", "H100"), "mix": ("A100", "H100")})
+    for name, model in (("a100s", "A100"), ("h100s", "H100")):
+        cache.catalogue.classes.put(ResourceClass(name, Selector.from_spec(
+            {"matchLabels": {"gpupool.io/model": model}})))
+    both = claim("both", [ask("x", device_class="a100s.gpupool.io"),
+                          ask("y", device_class="h100s.gpupool.io")])
+    with cache.lock:
+        cache.dra.sync_claims(cache, [both])
+    assert set(fits(cache, claim_pod("p", ("gpu", "both")))) == {"mix"}

@@ -66,9 +66,10 @@ class ClaimAsks:
 
     @property
     def plain(self) -> bool:
-        """Nothing ``claims_request`` cannot say: no selector, All, alternative or
-        constraint."""
-        return not self.constraints and all(
+        """Nothing ``claims_request`` cannot say: no selector, All, alternative,
+        constraint, or several ResourceClasses."""
+        classes = {c.gpu_class for r in self.requests for c in r.choices}
+        return not self.constraints and len(classes) <= 1 and all(
             len(r.choices) == 1 and not r.choices[0].selectors and not r.choices[0].all_devices
             for r in self.requests)
 
