@@ -130,12 +130,14 @@ def test_the_controllers_rbac_covers_its_leader_election_on_its_own_lease_only()
             thread.start()
             runs.append((api, elector, stop, thread))
         try:
-            assert wait_for(lambda: any(e.is_leader() for _, e, _, _ in runs), 5)
-            time.sleep(3 * timing.retry_period_s)  # renewals, and the other one trying
+            assert wait_for(lambda: any(e.is_leader() for _, e, _, _ in runs))
+            # renewals, and the other one trying
+            assert wait_for(lambda: {("leases", v) for v in ("create", "get", "update")} <=
+                            {(c.resource, c.verb) for c in needed(list(fake.requests))})
         finally:
             for api, _, stop, thread in runs:  # the leader releases the lease on stop
                 stop.set()
-                thread.join(5)
+                thread.join(30)
                 api.close()
         calls = needed(fake.requests)
     rules = grants(manifest("controller", "rbac.yaml"), "gpupool-controller")
