@@ -78,7 +78,7 @@ class DeviceMasks:
         self._allowed: dict[tuple[tuple[str, ...], int],
                             tuple[BoolArray | None, BoolArray | None, BoolArray]] = {}
         self._logged: set[tuple[str, str]] = set()
-        self.problems: dict[str, str] = {}  # claim -> its last selector problem (sentence)
+        self.problems: dict[str, str] = {}  # claim -> its last selector problem (bounded)
 
     def refresh(self, state: ClusterState, claims: DraClaims, dra_rows: BoolArray) -> None:
         """Read the devices again when the layout or a slice changed."""
@@ -164,6 +164,8 @@ class DeviceMasks:
         sentence = (f"ResourceClaim {claim}: selector {expression[:120]!r}: {error}; the "
                     "devices where it fails do not match (kube-scheduler cannot allocate "
                     "them to it either)")
+        if len(self.problems) >= LOGGED_KEPT:
+            self.problems.clear()
         self.problems[claim] = sentence
         if (claim, expression) not in self._logged:
             if len(self._logged) >= LOGGED_KEPT:
