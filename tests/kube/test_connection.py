@@ -246,18 +246,24 @@ def test_the_environment_names_the_proxy_unless_no_proxy_exempts_the_server(
     assert proxy_for("https://api.example.org") == "http://proxy.example:3128"
 
 
+def nobody_listening() -> int:
+    """A port on 127.0.0.1 that nothing listens on (connecting is refused at once)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def test_calls_go_through_the_environments_proxy_unless_told_not_to_trust_it(
         monkeypatch: pytest.MonkeyPatch) -> None:
     clear_proxies(monkeypatch)
+    server = f"http://127.0.0.1:{nobody_listening()}"  # no name to resolve: no DNS read
     with RawServer(lambda r: Answer()) as proxy:
         monkeypatch.setenv("HTTP_PROXY", proxy.url)
-        api = KubeApi(config_for("http://api.cluster.invalid:6443"), timeout_s=2)
+        api = KubeApi(config_for(server), timeout_s=2)
         api.get_ledger("n1")
         api.close()
-        assert proxy.requests[0].path == \
-            "http://api.cluster.invalid:6443/apis/gpupool.io/v1alpha1/gpuledgers/n1"
-        direct = KubeApi(config_for("http://api.cluster.invalid:6443"), timeout_s=2,
-                         trust_env=False)
+        assert proxy.requests[0].path == f"{server}/apis/gpupool.io/v1alpha1/gpuledgers/n1"
+        direct = KubeApi(config_for(server), timeout_s=2, trust_env=False)
         with pytest.raises(KubeError, match=r"^get GPULedger n1: ConnectError"):
             direct.get_ledger("n1")
         direct.close()
