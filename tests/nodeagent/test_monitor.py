@@ -261,4 +261,4 @@ def test_nvml_errors_and_unreadable_processes_skip_the_sample_and_never_crash(
     wait_for(lambda: (gauge(agent.metrics, skipped, reason="gpu-sample-failed") or 0) >= 2)
     time.sleep(GRACE_S + PERIOD_S)
     assert not events(apiserver, "GpupoolOverUse")  # nothing was attributed to p1
-    assert agent._threads[1].is_alive()  # the monitor thread is still sampling
+    assert agent.workers.alive("usage-monitor")  # the monitor thread is still sampling

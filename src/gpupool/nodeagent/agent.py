@@ -43,6 +43,7 @@ from gpupool.nodeagent.pods import Pod
 from gpupool.nodeagent.refusals import RefusalRecorder, audit
 from gpupool.nodeagent.server import KUBELET_SOCKET, DevicePluginService, PluginSocket, register
 from gpupool.nodeagent.verify import DecisionGate, Verifier
+from gpupool.nodeagent.workers import Workers
 
 log = logging.getLogger(__name__)
 VANISHED = "vanished"
@@ -115,12 +116,12 @@ class NodeAgent:
                                                   config.monitor_s),
                                     backend.usage, self._cached_pods, self.gate,
                                     OveruseTracker(g.overuse), self.actions, g.metrics)
-        self._stop = threading.Event()
+        self.workers = Workers()
+        self._stop = self.workers.stopping
         self._changed = threading.Event()
         self.service = DevicePluginService(self.pool, self.allocator, self._stop, g.metrics)
         self.socket = PluginSocket(config.plugin_dir, self.service)
         self.registrations = 0
-        self._threads: list[threading.Thread] = []
 
     def known_gpus(self) -> list[GpuInfo]:
         """Every GPU seen since start (vanished ones and those the isolation provider cannot
@@ -148,25 +149,19 @@ class NodeAgent:
         self._restore()
         self.config.plugin_dir.mkdir(parents=True, exist_ok=True)
         self.backend.watch(self._on_gpus)
-        self._spawn(self._supervise, "kubelet-watch")
-        self._spawn(self._watch_usage, "usage-monitor")
+        self.workers.spawn(self._supervise, "kubelet-watch")
+        self.workers.every(self.config.monitor_s, self.check_once, "usage-monitor",
+                           "usage sample")
         if self.inventory is not None:
-            self._spawn(self._heartbeat, "inventory")
+            self.workers.spawn(self._heartbeat, "inventory")
 
     def stop(self) -> None:
-        self._stop.set()
-        self._changed.set()
+        self.workers.signal(self._changed)
         self.backend.close()
-        for t in self._threads:
-            t.join(timeout=3)
+        self.workers.join()
         self.socket.stop()
         self.kubelet.close()
         self.provider.stop()
-
-    def _spawn(self, target: Callable[[], None], name: str) -> None:
-        t = threading.Thread(target=target, name=name, daemon=True)
-        t.start()
-        self._threads.append(t)
 
     def _restore(self) -> None:
         """Re-apply the logical-device assignments recorded on the pods that hold GPUs."""
@@ -234,17 +229,6 @@ class NodeAgent:
         return True
 
     # -- monitor ---------------------------------------------------------------------------------
-    def _watch_usage(self) -> None:
-        while not self._stop.wait(self.config.monitor_s):
-            try:
-                self.check_once()
-            except GpupoolError as exc:
-                log.warning("usage sample failed (next one in %.0f s): %s",
-                            self.config.monitor_s, exc)
-            except Exception:  # a bug must not end monitoring for the agent's lifetime
-                log.exception("usage sample failed unexpectedly (next one in %.0f s)",
-                              self.config.monitor_s)
-
     def check_once(self) -> None:
         """One round of the monitor thread: audit, usage sample, provider sync, gauges."""
         pods = self._cached_pods()

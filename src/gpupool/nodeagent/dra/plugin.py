@@ -42,6 +42,7 @@ from gpupool.nodeagent.inventory import Inventory, device_object
 from gpupool.nodeagent.isolation.none import NoIsolation
 from gpupool.nodeagent.isolation.provider import NODE_LABEL, IsolationProvider
 from gpupool.nodeagent.unixserver import UnixServer
+from gpupool.nodeagent.workers import Workers
 
 log = logging.getLogger(__name__)
 VANISHED = "vanished"
@@ -114,10 +115,10 @@ class DraAgent:
             lambda s: reg_grpc.add_RegistrationServicer_to_server(self.registration, s),
             workers=2, name="dra-registration")
         self.published = threading.Event()  # set after each successful publication round
-        self._stop = threading.Event()
+        self.workers = Workers()
+        self._stop = self.workers.stopping
         self._changed = threading.Event()
         self._isolation = threading.Event()  # the GPUDevice objects are written again
-        self._threads: list[threading.Thread] = []
 
     def known_gpus(self) -> list[GpuInfo]:
         """Every GPU seen since start (vanished ones, and those the isolation provider cannot
@@ -149,30 +150,22 @@ class DraAgent:
         self.dra_server.start()
         self.reg_server.start()
         self.backend.watch(self._on_gpus)
-        self._spawn(self._publish_loop, "resource-slice")
-        self._spawn(self._supervise, "dra-sockets")
+        self.workers.spawn(self._publish_loop, "resource-slice")
+        self.workers.spawn(self._supervise, "dra-sockets")
         if self.inventory is not None:
-            self._spawn(self._heartbeat, "inventory")
+            self.workers.spawn(self._heartbeat, "inventory")
         if self.watch is not None:
             self.watch.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        self._changed.set()
-        self._isolation.set()
+        self.workers.signal(self._changed, self._isolation)
         self.backend.close()
         if self.watch is not None:
             self.watch.stop()
-        for t in self._threads:
-            t.join(timeout=3)
+        self.workers.join()
         self.reg_server.stop()
         self.dra_server.stop()
         self.provider.stop()
-
-    def _spawn(self, target: Callable[[], None], name: str) -> None:
-        t = threading.Thread(target=target, name=name, daemon=True)
-        t.start()
-        self._threads.append(t)
 
     # -- health ----------------------------------------------------------------------------
     def _on_gpus(self, present: Sequence[GpuInfo]) -> None:

@@ -10,13 +10,10 @@ new claims by the preparer and shown in its ``GPUDevice``'s ``status.isolation``
 
 from __future__ import annotations
 
-import logging
-import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from gpupool.core.errors import GpupoolError
 from gpupool.nodeagent.actions import Actions, OveruseAction
 from gpupool.nodeagent.cluster import EventApi, EvictionApi
 from gpupool.nodeagent.dra.checkpoint import PreparedClaim, PreparedDevice
@@ -27,8 +24,7 @@ from gpupool.nodeagent.metrics import NodeMetrics
 from gpupool.nodeagent.monitor import MonitorConfig, UsageMonitor
 from gpupool.nodeagent.overuse import OveruseConfig, OveruseTracker
 from gpupool.nodeagent.verify import DecisionGate
-
-log = logging.getLogger(__name__)
+from gpupool.nodeagent.workers import Workers
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,17 +56,14 @@ class ClaimWatch:
             g.monitor, usage, lambda: g.pods.node_pods(node, fresh=False),
             DecisionGate(node, None), OveruseTracker(g.overuse), self.actions, g.metrics,
             attribution=attribution(g.monitor.proc_root, claims, g.pods.uses))
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self.workers = Workers()
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="usage-monitor", daemon=True)
-        self._thread.start()
+        self.workers.every(self.guards.monitor.period_s, self.sample_once, "usage-monitor",
+                           "usage sample")
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=3)
+        self.workers.stop()
 
     def sample_once(self) -> None:
         """One round: a usage sample and its actions, then the GPU gauges."""
@@ -92,13 +85,3 @@ class ClaimWatch:
             m.gpu_slices.labels(gpu.uuid).set(len(mine))
             m.gpu_healthy.labels(gpu.uuid).set(1 if gpu.healthy else 0)
             m.gpu_isolated.labels(gpu.uuid).set(1 if gpu.uuid in isolated else 0)
-
-    def _loop(self) -> None:
-        period = self.guards.monitor.period_s
-        while not self._stop.wait(period):
-            try:
-                self.sample_once()
-            except GpupoolError as exc:
-                log.warning("usage sample failed (next one in %.0f s): %s", period, exc)
-            except Exception:  # a bug must not end monitoring for the agent's lifetime
-                log.exception("usage sample failed unexpectedly (next one in %.0f s)", period)
