@@ -16,6 +16,7 @@ given here as cel-python functions (a method call ``x.f(y)`` is the function ``f
 
 A function given something it cannot take raises ``ValueError`` or ``TypeError``, which
 cel-python turns into an evaluation error, as cel-go's library returns an error value.
+``parse_message`` and ``eval_message`` turn cel-python's errors into one sentence.
 """
 
 from __future__ import annotations
@@ -175,3 +176,26 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "major": _part("major"), "minor": _part("minor"), "patch": _part("patch"),
 }
 """The Kubernetes library functions of DRA's CEL environment, by name."""
+
+
+def parse_message(exc: BaseException) -> str:
+    """cel-python's parse error is the expression with a caret: say where."""
+    lines = str(exc).splitlines()
+    if len(lines) >= 2 and lines[1].strip() == "^":
+        return f"syntax error at character {len(lines[1]) - 1}"
+    return first_line(exc)
+
+
+def eval_message(exc: BaseException) -> str:
+    """cel-python's evaluation error as one sentence (its args: text, class, args)."""
+    args = exc.args
+    text = str(args[0]) if args else type(exc).__name__
+    cause = args[2] if len(args) > 2 else None
+    if isinstance(cause, tuple) and cause and str(cause[0]) != text:
+        text = str(cause[0]) if text == "return error for overflow" else f"{text}: {cause[0]}"
+    return text[:200]
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:200] if text else type(exc).__name__

@@ -42,7 +42,15 @@ import celpy
 from celpy import celtypes
 from celpy.evaluation import CELEvalError, operator_in
 
-from gpupool.core.celkube import FUNCTIONS, Quantity, Semver, parse_semver
+from gpupool.core.celkube import (
+    FUNCTIONS,
+    Quantity,
+    Semver,
+    eval_message,
+    first_line,
+    parse_message,
+    parse_semver,
+)
 from gpupool.core.errors import QuantityError
 from gpupool.core.quantity import parse_quantity
 
@@ -209,6 +217,15 @@ class _Map(celtypes.MapType):
     def _whole(self) -> None:
         self.probe.opaque = True
 
+    def __contains__(self, key: object) -> bool:
+        return self.has(key)
+
+    def __repr__(self) -> str:
+        self._whole()
+        return super().__repr__()
+
+    __str__ = __repr__
+
     def __iter__(self) -> Any:
         self._whole()
         return super().__iter__()
@@ -306,7 +323,7 @@ class DeviceSelectors:
                 env = environment()
                 program = env.program(env.compile(expression), functions=_FUNCTIONS)
             except Exception as exc:  # any parser failure: no match
-                program = f"does not compile: {_parse_message(exc)}"
+                program = f"does not compile: {parse_message(exc)}"
         self._programs[expression] = program
         if len(self._programs) > self._limit:
             dropped, _ = self._programs.popitem(last=False)
@@ -357,9 +374,9 @@ class DeviceSelectors:
         try:
             value = program.evaluate(_activation(device, probe))
         except CELEvalError as exc:
-            result = Verdict(False, f"runtime error: {_eval_message(exc)}")
+            result = Verdict(False, f"runtime error: {eval_message(exc)}")
         except Exception as exc:  # no match, never a crash
-            result = Verdict(False, f"runtime error: {type(exc).__name__}: {_first_line(exc)}")
+            result = Verdict(False, f"runtime error: {type(exc).__name__}: {first_line(exc)}")
         else:
             result = Verdict(bool(value)) if isinstance(value, celtypes.BoolType) else Verdict(
                 False, f"must evaluate to bool, not {type(value).__name__}")
@@ -373,26 +390,3 @@ def _same(a: Any, b: Any) -> bool:
     if a is _ABSENT or b is _ABSENT or a is _DOMAIN or b is _DOMAIN:
         return a is b
     return type(a) is type(b) and bool(a == b)
-
-
-def _parse_message(exc: BaseException) -> str:
-    """cel-python's parse error is the expression with a caret: say where."""
-    lines = str(exc).splitlines()
-    if len(lines) >= 2 and lines[1].strip() == "^":
-        return f"syntax error at character {len(lines[1]) - 1}"
-    return _first_line(exc)
-
-
-def _eval_message(exc: BaseException) -> str:
-    """cel-python's evaluation error as one sentence (its args: text, class, args)."""
-    args = exc.args
-    text = str(args[0]) if args else type(exc).__name__
-    cause = args[2] if len(args) > 2 else None
-    if isinstance(cause, tuple) and cause and str(cause[0]) != text:
-        text = str(cause[0]) if text == "return error for overflow" else f"{text}: {cause[0]}"
-    return text[:200]
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:200] if text else type(exc).__name__
