@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpupool.core.cohort import DIMS, CohortMember, CohortState, fair_shares
+from gpupool.core.cohort import DIMS, CohortMember, CohortState
 from gpupool.core.quota import Amount, Limit
-from gpupool.core.tenantshare import entitlements, wants
+from gpupool.core.tenantshare import divided, entitlements, lent, wants
 
 from .test_cohort_properties import asks, members, replay
 from .test_tenantshare_properties import waiting_of
@@ -78,10 +78,11 @@ def test_entitlements_are_the_enforced_division_within_what_the_cohort_lends(
     assert set(got) == {m.name for m in inside}
     if not inside:
         return
-    enforced = fair_shares(state, "research", wants(state, inside[0].name, Amount(), waiting))
-    lent = state.borrowable(inside[0].name)
+    enforced = divided(state, inside[0].name, wants(state, inside[0].name, Amount(), waiting),
+                       waiting)
+    lends = lent(state, inside[0].name, waiting)
     for d in DIMS:
-        assert sum(getattr(e.share, d) for e in got.values()) <= getattr(lent, d)
+        assert sum(getattr(e.share, d) for e in got.values()) <= getattr(lends, d)
     for m in inside:
         e = got[m.name]
         assert e.share == enforced[m.name]

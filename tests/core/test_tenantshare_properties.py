@@ -7,10 +7,11 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpupool.core.cohort import DIMS, Verdict, admit, fair_shares
+from gpupool.core.cohort import DIMS, Verdict, admit
 from gpupool.core.quota import Amount
 from gpupool.core.tenantshare import (
     beyond_fair_share,
+    divided,
     fairness_reclaim,
     surely_within,
     wants,
@@ -43,7 +44,7 @@ def test_the_shortcut_admits_only_what_the_division_admits(data: st.DataObject) 
             assert refused is None
         if refused is not None:
             after = state.charged(m.name, amount)
-            shares = fair_shares(after, m.cohort or "", wants(state, m.name, amount, waiting))
+            shares = divided(after, m.name, wants(state, m.name, amount, waiting), waiting)
             d = refused.dim
             assert getattr(after.borrowed(m.name), d) > getattr(shares[m.name], d)
             assert refused.share == getattr(shares[m.name], d)
@@ -65,7 +66,7 @@ def test_reclaim_for_fairness_takes_only_from_members_beyond_their_share(
         assert m.name not in over and need != Amount()
         assert beyond_fair_share(state, m.name, amount, waiting) is None
         after = state.charged(m.name, amount)
-        shares = fair_shares(after, m.cohort or "", wants(state, m.name, amount, waiting))
+        shares = divided(after, m.name, wants(state, m.name, amount, waiting), waiting)
         for name in over:
             assert any(getattr(state.borrowed(name), d) > getattr(shares[name], d)
                        for d in DIMS)

@@ -303,16 +303,17 @@ def _plan(m: CohortMember, need: Amount, chosen: list[Candidate], restored: bool
 
 
 # -- fair share ---------------------------------------------------------------------------------
-def fair_shares(state: CohortState, cohort: str, wants: Mapping[str, Amount]
-                ) -> dict[str, Amount]:
+def fair_shares(state: CohortState, cohort: str, wants: Mapping[str, Amount],
+                lent: Amount | None = None) -> dict[str, Amount]:
     """How much each member of ``cohort`` that wants to borrow (``wants``: beyond its
     nominal, what it borrows now plus what waits) is entitled to borrow: what the cohort
-    lends in all (``borrowable``), divided by weight in each counted dimension, capped by
-    each member's want and borrowing limit. Never more in all than the cohort lends."""
+    lends in all (``lent``; None: ``borrowable``), divided by weight in each counted
+    dimension, capped by each member's want and borrowing limit. Never more in all than
+    the cohort lends."""
     members = [m for m in state.members.values() if m.cohort == cohort]
     if not members:
         raise UnknownName(f"cohort {cohort} has no members")
-    idle = state.borrowable(members[0].name)
+    idle = state.borrowable(members[0].name) if lent is None else lent
     weights = {m.name: m.weight for m in members}
     out: dict[str, dict[str, int]] = {m.name: {} for m in members}
     for d in DIMS:

@@ -5,8 +5,10 @@ A cohort *shares fairly* when one of its members asks for it. Then a member may 
 up to its weighted fair share of what the cohort lends (``cohort.fair_shares``, weighted
 max-min), where each member's *want* is what it would borrow if it held what it holds now
 plus everything of its that waits: ``borrowed(used + waiting)`` (the asking member's ask
-included). A member nobody competes with gets everything it wants that the cohort lends
-(work-conserving): the division only binds while others wait too.
+included). What the cohort lends counts each member's waiting pods as taking their part of
+its idle nominal back first (``lent``): borrowers get no share of capacity a lender's pods
+are about to reclaim. A member nobody competes with gets everything it wants that the
+cohort lends (work-conserving): the division only binds while others wait too.
 
 Only the arithmetic of ``core.cohort`` is used; this module decides nothing else. Pure.
 """
@@ -113,6 +115,29 @@ def wants(state: CohortState, member: str, amount: Amount,
     return out
 
 
+def lent(state: CohortState, member: str, waiting: Mapping[str, Amount]) -> Amount:
+    """What ``member``'s cohort lends, each member's waiting pods (``waiting``, by member)
+    counted as taking back their part of its idle nominal first: per member
+    ``min(lendable, max(0, nominal − used − waiting))``, summed. Never more than
+    ``borrowable`` (nothing waiting: equal to it), never a member's lending limit."""
+    total = {d: 0 for d in DIMS}
+    for p in state.peers(member):
+        used, asks = state.used_by(p.name), waiting.get(p.name, Amount())
+        for d in DIMS:
+            gap = (p.nominal_of(d) or 0) - getattr(used, d) - getattr(asks, d)
+            total[d] += min(p.lendable(d), max(0, gap))
+    return Amount(**total)
+
+
+def divided(state: CohortState, member: str, wanted: Mapping[str, Amount],
+            waiting: Mapping[str, Amount]) -> dict[str, Amount]:
+    """The fair shares of ``member``'s cohort: ``cohort.fair_shares`` of what it ``lent``
+    (lenders' own waiting pods within their nominal counted out) among the ``wanted``."""
+    cohort = state.member(member).cohort
+    assert cohort is not None
+    return fair_shares(state, cohort, wanted, lent(state, member, waiting))
+
+
 def surely_within(state: CohortState, member: str, amount: Amount, waiting: Amount) -> bool:
     """A cheap sufficient condition for ``beyond_fair_share`` being None: even if every
     member wanted all it borrows plus everything that waits (``waiting``: an upper bound of
@@ -140,7 +165,7 @@ def beyond_fair_share(state: CohortState, member: str, amount: Amount,
         return None
     wanted = wants(state, member, amount, waiting)
     after = state.charged(member, amount)
-    shares = fair_shares(after, m.cohort, wanted)
+    shares = divided(after, member, wanted, waiting)
     now, then = state.borrowed(member), after.borrowed(member)
     for dim in DIMS:
         grows = getattr(then, dim) > getattr(now, dim)
@@ -167,7 +192,7 @@ def fairness_reclaim(state: CohortState, member: str, amount: Amount,
     if m.cohort is None or beyond_fair_share(state, member, amount, waiting) is not None:
         return None
     after = state.charged(member, amount)
-    shares = fair_shares(after, m.cohort, wants(state, member, amount, waiting))
+    shares = divided(after, member, wants(state, member, amount, waiting), waiting)
     over = frozenset(p.name for p in state.peers(member) if p.name != member and any(
         getattr(state.borrowed(p.name), d) > getattr(shares[p.name], d) for d in DIMS))
     need = Amount(**{d: max(0, after.pool(member, d)[1] - after.pool(member, d)[0])
@@ -224,13 +249,13 @@ class Entitlement:
 def entitlements(state: CohortState, cohort: str, waiting: Mapping[str, Amount]
                  ) -> dict[str, Entitlement]:
     """Every member of ``cohort``'s fair share now, by the arithmetic ``beyond_fair_share``
-    enforces (``wants`` with nothing more asked, then ``cohort.fair_shares``); ``waiting``:
-    what each member's waiting pods ask."""
+    enforces (``wants`` with nothing more asked, then ``divided``); ``waiting``: what each
+    member's waiting pods ask."""
     members = [m for _, m in sorted(state.members.items()) if m.cohort == cohort]
     if not members:
         return {}
     wanted = wants(state, members[0].name, Amount(), waiting)
-    shares = fair_shares(state, cohort, wanted)
+    shares = divided(state, members[0].name, wanted, waiting)
     out = {}
     for m in members:
         share = shares[m.name]
