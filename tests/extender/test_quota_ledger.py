@@ -66,7 +66,7 @@ def test_two_replicas_racing_over_40_pods_of_a_tenant_never_exceed_its_quota(
     try:
         for r in replicas:
             assert wait_for(lambda r=r: ready(r, 1, 40))
-            r.feeds.stop(timeout_s=5.0)  # the worst watch lag: neither sees the other's binds
+            r.feeds.stop(timeout_s=30.0)  # the worst watch lag: neither sees the other's binds
         threads = [threading.Thread(target=run, args=(r, pods[k::2], nodes[k::2]))
                    for k, r in enumerate(replicas)]  # each replica binds on its own nodes
         for t in threads:
@@ -94,7 +94,7 @@ def test_a_charge_the_quota_refuses_leaves_no_entry_in_the_nodes_gpu_ledger(
     try:
         for r in (a, b):
             assert wait_for(lambda r=r: ready(r, 1, 2))
-        b.feeds.stop(timeout_s=5.0)  # b has not seen a's bind
+        b.feeds.stop(timeout_s=30.0)  # b has not seen a's bind
         assert schedule(a.extender, one, nodes[:1])[1] == ""
         error = schedule(b.extender, two, nodes[1:])[1]
     finally:
@@ -189,7 +189,7 @@ def test_a_cohort_is_exact_across_replicas_too(fake: FakeApiServer) -> None:
     try:
         for r in (x, y):
             assert wait_for(lambda r=r: ready(r, 2, 3))
-        y.feeds.stop(timeout_s=5.0)  # y has not seen x's binds
+        y.feeds.stop(timeout_s=30.0)  # y has not seen x's binds
         assert schedule(x.extender, a1, nodes[:1])[1] == ""
         assert schedule(x.extender, a2, nodes[:1])[1] == ""  # borrows b's idle GPU
         error = schedule(y.extender, b1, nodes[1:])[1]

@@ -38,7 +38,7 @@ def test_a_losing_bind_of_a_pod_already_bound_leaves_the_winners_ledger_entries(
         for r in (a, b):
             assert wait_for(lambda r=r: len(r.cache.catalogue.tenants) == 1 and
                             uid in r.cache.unbound)
-        b.feeds.stop(timeout_s=5.0)  # b still sees the pod pending (a retried bind)
+        b.feeds.stop(timeout_s=30.0)  # b still sees the pod pending (a retried bind)
         assert schedule(a.extender, pod, nodes)[1] == ""
         late = schedule(b.extender, pod, nodes)[1]
     finally:

@@ -38,7 +38,7 @@ def test_two_replicas_binding_at_once_never_exceed_a_tenant_quota(fake: FakeApiS
             assert wait_for(lambda r=r: len(r.cache.catalogue.tenants) == 1
                             and {"t/one", "t/two"} <= {f"{f.namespace}/{f.name}"
                                                        for f in r.cache.pods.values()})
-        b.feeds.stop(timeout_s=5.0)  # b has not yet seen what a is about to write
+        b.feeds.stop(timeout_s=30.0)  # b has not yet seen what a is about to write
         first = schedule(a.extender, one, nodes[:1])
         second = schedule(b.extender, two, nodes[1:])
         assert first[1] == ""
