@@ -84,10 +84,15 @@ class Claims:
     def message(self) -> bytes:
         fields = (DOMAIN, self.uid, self.namespace, self.name, self.node, self.bind_time,
                   self.group, self.allocation)
-        if any("\0" in f for f in fields):
+        joined = "\0".join(fields)
+        if joined.count("\0") != len(fields) - 1:  # a field holds one itself
             raise SignatureError(f"pod {self.namespace}/{self.name}: a decision field holds a "
                                  "NUL character")
-        return "\0".join(fields).encode()
+        try:
+            return joined.encode()
+        except UnicodeEncodeError:  # a lone surrogate, from a JSON "\ud800" escape
+            raise SignatureError(f"pod {self.namespace}/{self.name}: a decision field is not "
+                                 "valid text") from None
 
 
 def claims_of(uid: str, namespace: str, name: str, annotations: Mapping[str, str]) -> Claims:
