@@ -25,17 +25,19 @@ def test_victims_chosen_on_a_snapshot_are_those_chosen_on_the_state() -> None:
     cands = [Candidate(a, prio[a.key]) for a in s.allocations.values()]
     request = pod("p", whole())
     on_state = select(Room(s, request, rows=[0, 1, 2]), cands, below(10))
-    on_snapshot = select(Room(s.snapshot([0, 1, 2]), request, rows=[0, 1, 2]), cands,
+    on_snapshot = select(Room(s.snapshot().state(), request, rows=[0, 1, 2]), cands,
                          below(10))
     assert isinstance(on_state, Selection) and on_state.keys == ("c1",)
     assert on_snapshot == on_state
 
 
-def test_a_snapshot_holds_only_the_allocations_of_its_rows_but_counts_every_row() -> None:
+def test_a_snapshot_holds_every_allocation_node_by_node() -> None:
     s = full()
-    snap = s.snapshot([1])
-    assert set(snap.allocations) == {"b0", "b1"}
-    assert [a.key for a in snap.allocations_on("a")] == []
+    hold(s, "cpu-only", "b", cpu=1000)
+    snap = s.snapshot().state()
+    assert snap.allocations == s.allocations
+    for name in ("a", "b", "c"):
+        assert list(snap.allocations_on(name)) == list(s.allocations_on(name))
     assert np.array_equal(snap.unit_free, s.unit_free)
     assert np.array_equal(snap.free_milli, s.free_milli)
 
@@ -43,7 +45,7 @@ def test_a_snapshot_holds_only_the_allocations_of_its_rows_but_counts_every_row(
 def test_changes_to_the_state_do_not_show_in_a_snapshot_nor_the_other_way() -> None:
     s = cluster(node("a", gpus=2))
     hold(s, "x", "a", (0, 10240, 50))
-    snap = s.snapshot()
+    snap = s.snapshot().state()
     s.release("x")
     hold_whole(s, "y", "a", 1)
     assert set(snap.allocations) == {"x"} and set(s.allocations) == {"y"}
@@ -56,7 +58,7 @@ def test_changes_to_the_state_do_not_show_in_a_snapshot_nor_the_other_way() -> N
 
 def test_a_snapshot_has_a_layout_of_its_own() -> None:
     s = full()
-    snap = s.snapshot()
+    snap = s.snapshot().state()
     assert snap.layout is not s.layout and snap.index == s.index
     assert snap.nodes == s.nodes and snap.nodes is not s.nodes
 
@@ -65,6 +67,6 @@ def test_a_snapshot_taken_while_changes_are_deferred_has_its_rows_up_to_date() -
     s = cluster(node("a", gpus=2))
     with s.deferred():
         hold_whole(s, "x", "a", 0)
-        snap = s.snapshot()
+        snap = s.snapshot().state()
     assert snap.free_milli[0, 0] == 0 and snap.free_milli[0, 1] == 1000
     assert np.array_equal(snap.free_milli, s.free_milli)

@@ -333,12 +333,13 @@ class ClusterState:
         return Usage(int(np.where(ok, used, 0).sum()), gpus * MILLI, gpus, idle)
 
     # -- snapshots ------------------------------------------------------------------
-    def snapshot(self, rows: Iterable[int] | None = None) -> ClusterState:
-        """A copy to read and change apart from this state (another thread may, while this
-        one goes on changing): every row's capacities and free room, and the allocations on
-        node ``rows`` (None: every node; others are absent from the copy, though their room
-        is counted). It has its own ``layout``, so no cache keyed by layout mistakes one
-        for the other. Costs a copy of the arrays and of those rows' allocations."""
+    def snapshot(self) -> StateCopy:
+        """A copy of this state, taken cheaply enough for its owner's lock: the arrays and
+        the allocations are copied whole, without Python code per allocation.
+        ``StateCopy.state`` makes it a ``ClusterState`` of its own (its index of
+        allocations by node is built then, by the thread that uses it, and it has a
+        ``layout`` of its own so no cache keyed by layout mistakes one for the other): read
+        it or change it apart from this state, which goes on changing meanwhile."""
         snap = copy.copy(self)
         for name, value in vars(self).items():
             if isinstance(value, np.ndarray):
@@ -346,12 +347,29 @@ class ClusterState:
         snap.layout = object()
         snap.nodes, snap.index = list(self.nodes), dict(self.index)
         snap.models, snap._model_ids = list(self.models), dict(self._model_ids)
-        names = self.index if rows is None else [self.nodes[i].name for i in rows]
-        snap._by_node = {n: dict(self._by_node[n]) for n in names if n in self._by_node}
-        snap.allocations = {}
-        for held in snap._by_node.values():
-            snap.allocations.update(held)
+        snap.allocations = self.allocations.copy()
+        snap._by_node = {}
         snap._deferred = None
         for i in sorted(self._deferred or ()):  # rows whose derived values still lag
             snap._refresh_row(i)
-        return snap
+        return StateCopy(snap)
+
+
+class StateCopy:
+    """A ``ClusterState.snapshot``; ``state()`` finishes it into a ``ClusterState`` the
+    first time (one thread at a time)."""
+
+    __slots__ = ("_ready", "_state")
+
+    def __init__(self, state: ClusterState):
+        self._state = state
+        self._ready = False
+
+    def state(self) -> ClusterState:
+        if not self._ready:
+            by_node: dict[str, dict[str, Allocation]] = {}
+            for key, alloc in self._state.allocations.items():
+                by_node.setdefault(alloc.node, {})[key] = alloc
+            self._state._by_node = by_node
+            self._ready = True
+        return self._state

@@ -5,10 +5,10 @@ Choosing victims is the slow part of a preemption (tens to hundreds of milliseco
 thousands of nodes, ``bench/bench_preemption.py``); every other call of the extender
 waits for the cache lock, so the choice is made without it, in three steps:
 
-1. ``take`` (under the lock, cheap): an ``Ask`` — a snapshot of the state
-   (``ClusterState.snapshot``: the arrays, and the allocations on the sent nodes), the
-   facts of the pods gpupool placed there that no live hold displaces, the
-   PodDisruptionBudgets, the pod's request, constraints and priority.
+1. ``take`` (under the lock, cheap: whole copies, no Python code per pod): an ``Ask`` — a
+   snapshot of the state (``ClusterState.snapshot``), a copy of the cache's pod facts,
+   the pods live holds displace, the PodDisruptionBudgets, the pod's request, constraints
+   and priority.
 2. ``choose`` (no lock, pure): the core's chooser (``core.victims.select`` with ``Room``)
    over the ask alone. Nothing it reads changes while it runs.
 3. ``recheck`` (under the lock again, cheap): the plan counts only if it still holds on
@@ -30,8 +30,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from itertools import chain, repeat
-from operator import contains
 from typing import Any
 
 import numpy as np
@@ -39,7 +37,7 @@ import numpy as np
 from gpupool.core.allocation import Allocation
 from gpupool.core.fit import Constraints, feasible_rows
 from gpupool.core.request import PodRequest
-from gpupool.core.state import ClusterState
+from gpupool.core.state import StateCopy
 from gpupool.core.victims import Candidate, Limits, NoVictims, Room, Selection, below, select
 from gpupool.extender.budgets import Budgets
 from gpupool.extender.cache import ClusterCache
@@ -62,10 +60,8 @@ class Ask:
     constraints: Constraints
     sent: tuple[str, ...]  # the nodes kube-scheduler sent, in its order
     rows: tuple[int, ...]  # their rows, in ``state``
-    state: ClusterState  # a snapshot
-    uids: tuple[str, ...]  # the pods on the sent nodes,
-    facts: tuple[PodFacts | None, ...]  # ... their facts,
-    counted: tuple[bool, ...]  # ... and whether the state holds their decisions
+    state: StateCopy  # a snapshot
+    pods: Mapping[str, PodFacts]  # a copy of the cache's
     displaced: frozenset[str]  # pods live holds displace
     budgets: Budgets  # a copy
     limits: Limits
@@ -103,42 +99,51 @@ def retake(cache: ClusterCache, ask: Ask) -> Ask | None:
 def _take(cache: ClusterCache, request: PodRequest, namespace: str, name: str, priority: int,
           constraints: Constraints, rows: Sequence[int], limits: Limits) -> Ask:
     state = cache.state
-    names = tuple(state.nodes[i].name for i in rows)
-    # what the candidates are made of, gathered in bulk (no Python code runs per pod while
-    # the lock is held, and no object is made per pod); ``candidates`` sorts it out after
-    uids = list(chain.from_iterable(cache.pods_on.get(n, ()) for n in names))
-    facts = list(map(cache.pods.get, uids))
-    counted = list(map(contains, map(cache.sources.get, uids, repeat(())), repeat("pod")))
     budgets = Budgets()
     budgets.by_name = dict(cache.budgets.by_name)
-    return Ask(request, namespace, name, priority, constraints, names, tuple(rows),
-               state.snapshot(rows), tuple(uids), tuple(facts), tuple(counted),
-               frozenset(cache.displaced()), budgets, limits)
+    # whole copies: no Python code runs per pod while the lock is held (``candidates``
+    # sorts the pods out after)
+    return Ask(request, namespace, name, priority, constraints,
+               tuple(state.nodes[i].name for i in rows), tuple(rows), state.snapshot(),
+               cache.pods.copy(), frozenset(cache.displaced()), budgets, limits)
 
 
 def candidates(ask: Ask) -> list[Candidate]:
-    """The pods gpupool placed on the sent nodes and holds (a counted decision, not
-    displaced by a live hold, not the pod itself) as the core's candidates: node by node in
-    the sent order, each node's by UID (the order ``select`` breaks its last ties in)."""
-    held = ask.state.allocations
-    placed = []
-    for uid, f, counted in zip(ask.uids, ask.facts, ask.counted, strict=True):
-        alloc = held.get(uid)
-        if f is None or f.decision is None or alloc is None or not counted or \
-                uid in ask.displaced or uid == ask.key:
-            continue
-        placed.append((f, alloc))
-    order = {name: k for k, name in enumerate(ask.sent)}
-    placed.sort(key=lambda p: (order.get(p[1].node, 0), p[0].uid))
-    return [Candidate(alloc, f.priority, f.charge(), ask.budgets.covering(f.namespace, f.labels),
-                      f.leaving, f.bound_s) for f, alloc in placed]
+    """The pods gpupool placed on the sent nodes, whose decisions the state holds, not
+    displaced by a live hold, other than the pod itself, as the core's candidates: node by
+    node in the sent order, each node's by UID (the order ``select`` breaks its last ties
+    in)."""
+    state, out = ask.state.state(), []
+    for node in ask.sent:
+        for alloc in sorted(state.allocations_on(node), key=lambda a: a.key):
+            f = ask.pods.get(alloc.key)
+            if f is None or f.decision is None or f.node != node or \
+                    alloc.key in ask.displaced or alloc.key == ask.key or \
+                    not _same(alloc, f.decision):
+                continue
+            out.append(Candidate(alloc, f.priority, f.charge(),
+                                 ask.budgets.covering(f.namespace, f.labels), f.leaving,
+                                 f.bound_s))
+    return out
+
+
+def _same(held: Allocation, decision: Allocation) -> bool:
+    """Whether the state holds the pod's decision (not a ledger entry's or a bind's other
+    allocation under its UID): equal, GPU positions aside (they may be looked up again)."""
+    if held == decision:
+        return True
+    return held.node == decision.node and _slices(held) == _slices(decision)
+
+
+def _slices(alloc: Allocation) -> list[tuple[str, int, int, str]]:
+    return [(s.gpu_uuid, s.memory_mib, s.core_pct, s.container) for s in alloc.slices]
 
 
 def choose(ask: Ask) -> Selection | NoVictims:
     """The fewest pods of lower priority whose eviction makes room for the pod on one sent
     node (``core.victims.select``), from the ask alone."""
-    return select(Room(ask.state, ask.request, ask.constraints, ask.rows), candidates(ask),
-                  below(ask.priority), ask.budgets.allowed(), ask.limits)
+    return select(Room(ask.state.state(), ask.request, ask.constraints, ask.rows),
+                  candidates(ask), below(ask.priority), ask.budgets.allowed(), ask.limits)
 
 
 def placed_on(cache: ClusterCache, key: str, rows: Sequence[int]) -> list[Candidate]:
