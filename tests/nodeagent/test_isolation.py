@@ -44,7 +44,7 @@ def mps(short_dir: Path) -> Any:
     made: list[MpsProvider] = []
 
     def make(backend: FakeGpuBackend, exe: str = str(control)) -> MpsProvider:
-        provider = MpsProvider(layout, backend, exe, health_s=0.05, timeout_s=5)
+        provider = MpsProvider(layout, backend, exe, health_s=0.05, timeout_s=30)
         made.append(provider)
         return provider
     make.layout = layout  # type: ignore[attr-defined]
