@@ -266,7 +266,7 @@ def _node_agent_calls(fake: FakeApiServer, root: Path, published: str, *extra: s
         time.sleep(0.5)  # its informers list and watch
     finally:
         proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=20)
+        out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, out
     return needed(fake.requests)
 

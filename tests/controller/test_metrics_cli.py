@@ -32,7 +32,7 @@ that follows a leader's release, on the follower's next try, not the Lease's exp
 def scrape(port: int) -> dict[str, float]:
     """``name{a="b"}`` -> value (labels sorted), or {} while nothing answers."""
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
             text = r.read().decode()
     except OSError:
         return {}
@@ -45,7 +45,7 @@ def scrape(port: int) -> dict[str, float]:
 
 
 def healthz(port: int) -> int:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=30) as r:
         return int(r.status)
 
 

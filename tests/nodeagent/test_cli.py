@@ -44,7 +44,7 @@ def test_the_command_registers_with_kubelet_and_stops_on_sigterm(
         kubelet.wait_update(lambda d: len(d) == 6)
     finally:
         proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=20)
+        out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, out
     assert "registered gpupool.io/gpu with kubelet" in out
 

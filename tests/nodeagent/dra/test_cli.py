@@ -36,6 +36,6 @@ def test_a_node_labelled_dra_gets_the_dra_plugin_and_its_slice(
     finally:
         kubelet.close()
         proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=20)
+        out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, out
     assert "serves GPUs through DRA" in out
