@@ -123,6 +123,10 @@ class ApiTransport(httpx2.BaseTransport):
             response = self._inner.handle_request(request)
         except httpx2.ReadTimeout as exc:
             raise _silent(exc, silence) from None
+        except httpx2.TransportError:
+            if self.closed:  # closed while this request or its answer's head was on its way
+                raise httpx2.ReadError("the client was closed") from None
+            raise
         stream = response.extensions.get("network_stream")
         sock = stream.get_extra_info("socket") if stream is not None else None
         if not isinstance(sock, socket.socket):
