@@ -56,13 +56,14 @@ def capped(cohort: CohortState, group: str, amount: Amount, waiting: Mapping[str
 
 def fairness_victims(cohort: CohortState, group: str, amount: Amount,
                      waiting: Mapping[str, Amount], running: Sequence[Candidate],
-                     cluster: ClusterState) -> tuple[Candidate, ...]:
+                     cluster: ClusterState) -> tuple[Candidate, ...] | None:
     """The borrowed pods to evict for ``group``'s pod of ``amount`` (within its fair share,
-    refused because the cohort lent everything out); none when that is not the case or the
-    borrowed pods of the members beyond their shares cannot give enough back."""
+    refused because the cohort lent everything out); none when the borrowed pods of the
+    members beyond their shares cannot give enough back; None when it is not the case (as
+    in the extender, a pod for which reclaim for fairness applies preempts nothing else)."""
     found = fairness_reclaim(cohort, group, amount, waiting)
     if found is None:
-        return ()
+        return None
     need, over = found
     plan = reclaim(cohort, group, need, running, cluster,
                    lambda c: None if c.charge is None or c.charge.group not in over

@@ -239,8 +239,8 @@ class _Replay:
                                                  self._capped(p, p.lower_bound)):
             return False  # what the evictions free is for the pods they are made for
         if first.verdict is Verdict.REFUSED:
-            if self._may_evict(p.group) and not (
-                    not first.permanent and self._reclaim_for_fairness(p, now)):
+            if self._may_evict(p.group) and (first.permanent or
+                                             not self._reclaim_for_fairness(p, now)):
                 self._preempt_own(p, now)
             return False
         allocation = self._decide(p, now)
@@ -306,7 +306,7 @@ class _Replay:
                                    self.state)
         if victims:
             self._evict(victims, p, now, reclaim=True, fairness=True)
-        return bool(victims)
+        return victims is not None
 
     def _preempt_own(self, p: _Pod, now: float) -> None:
         assert p.group is not None
