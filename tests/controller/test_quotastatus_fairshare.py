@@ -141,3 +141,13 @@ def test_a_cohort_without_fair_sharing_has_no_fair_share_in_status(
     seed_lab(fake, fair=False)
     out = Controller(api, verify=verify).reconcile_once()
     assert out.fair_shares == () and "fairShare" not in status_of(fake, "team-b")
+
+
+def test_a_lenders_waiting_pod_within_its_nominal_lowers_what_the_others_share(
+        fake: FakeApiServer, api: ControllerApi) -> None:
+    seed_lab(fake)
+    fake.seed("pods", pending_pod("a1", "a"))  # team-a takes 1 of its idle 4 back soon
+    Controller(api, verify=verify).reconcile_once()
+    b, c = (status_of(fake, f"team-{t}")["fairShare"] for t in "bc")
+    assert (b["share"], c["share"]) == ({"gpus": 1}, {"gpus": 2})  # 3 lent, not 4
+    assert status_of(fake, "team-a")["fairShare"]["wanted"] == {"gpus": 0}
