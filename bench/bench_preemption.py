@@ -132,8 +132,10 @@ class Bench:
         return chosen
 
     def take(self) -> planner.Ask:
-        return planner.take(self.cache, self.pod, self.request, self.constraints, self.rows,
-                            Limits())
+        ask = planner.take(self.cache, planner.want_of(self.pod, self.request, self.names,
+                                                       Limits()))
+        assert ask is not None
+        return ask
 
     def recheck(self, ask: planner.Ask, chosen: object) -> object:
         if not isinstance(chosen, Selection):

@@ -5,10 +5,11 @@ Choosing victims is the slow part of a preemption (tens to hundreds of milliseco
 thousands of nodes, ``bench/bench_preemption.py``); every other call of the extender
 waits for the cache lock, so the choice is made without it, in three steps:
 
-1. ``take`` (under the lock, cheap: whole copies, no Python code per pod): an ``Ask`` — a
+1. ``take`` (under the lock, cheap: whole copies, no Python code per pod): the ``Ask`` of
+   a ``Want`` (the pod's request, priority and sent nodes, which filter hands over) — a
    snapshot of the state (``ClusterState.snapshot``), a copy of the cache's pod facts,
-   the pods live holds displace, the PodDisruptionBudgets, the pod's request, constraints
-   and priority.
+   the pods live holds displace, the PodDisruptionBudgets, the pod's constraints. It is
+   taken when the planner thread gets to the pod, so that waiting pods hold no copies.
 2. ``choose`` (no lock, pure): the core's chooser (``core.victims.select`` with ``Room``)
    over the ask alone. Nothing it reads changes while it runs.
 3. ``recheck`` (under the lock again, cheap): the plan counts only if it still holds on
@@ -50,20 +51,15 @@ Decide = Callable[[PodRequest, Constraints, int], Allocation | None]
 
 
 @dataclass(frozen=True, slots=True)
-class Ask:
-    """What one plan is made from, taken under the cache lock; nothing in it changes."""
+class Want:
+    """A pod to plan for: its request, name and priority, and the nodes kube-scheduler
+    sent, in its order."""
 
     request: PodRequest
     namespace: str
     name: str
     priority: int
-    constraints: Constraints
-    sent: tuple[str, ...]  # the nodes kube-scheduler sent, in its order
-    rows: tuple[int, ...]  # their rows, in ``state``
-    state: StateCopy  # a snapshot
-    pods: Mapping[str, PodFacts]  # a copy of the cache's
-    displaced: frozenset[str]  # pods live holds displace
-    budgets: Budgets  # a copy
+    sent: tuple[str, ...]
     limits: Limits
 
     @property
@@ -71,41 +67,56 @@ class Ask:
         return self.request.key
 
 
+def want_of(pod: Mapping[str, Any], request: PodRequest, sent: Sequence[str],
+            limits: Limits) -> Want:
+    ident = pod_id(pod)
+    return Want(request, ident.namespace, ident.name, pod_priority(pod), tuple(sent), limits)
+
+
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """What one plan is made from, taken under the cache lock; nothing in it changes."""
+
+    want: Want
+    constraints: Constraints
+    sent: tuple[str, ...]  # the sent nodes the state has, in kube-scheduler's order
+    rows: tuple[int, ...]  # their rows in ``state``
+    state: StateCopy  # a snapshot
+    pods: Mapping[str, PodFacts]  # a copy of the cache's
+    displaced: frozenset[str]  # pods live holds displace
+    budgets: Budgets  # a copy
+
+    @property
+    def key(self) -> str:
+        return self.want.key
+
+
 Choose = Callable[[Ask], Selection | NoVictims]
 """The planner: the victims an ask calls for (pure; ``choose`` unless a test slows it)."""
 
 
-def take(cache: ClusterCache, pod: Mapping[str, Any], request: PodRequest,
-         constraints: Constraints, rows: Sequence[int], limits: Limits) -> Ask:
-    """The ask of a pod (under the cache lock, the pod's own tentative hold set aside)."""
-    ident = pod_id(pod)
-    return _take(cache, request, ident.namespace, ident.name, pod_priority(pod), constraints,
-                 rows, limits)
+def pending(cache: ClusterCache, key: str) -> bool:
+    """Whether pod ``key`` is still to be placed (under the cache lock)."""
+    f = cache.pods.get(key)
+    return key not in cache.finished and not (f is not None and f.node)
 
 
-def retake(cache: ClusterCache, ask: Ask) -> Ask | None:
-    """A fresh ask for the same pod and sent nodes (under the cache lock); None when the
-    pod is no longer pending or no sent node is left."""
+def take(cache: ClusterCache, want: Want) -> Ask | None:
+    """The ask of a pod, on the state as it is now (under the cache lock, after
+    ``flush``); None when the pod is no longer pending or no sent node is left. Whole
+    copies: no Python code runs per pod while the lock is held (``candidates`` sorts the
+    pods out after)."""
     state = cache.state
-    rows = [state.index[n] for n in ask.sent if n in state.index]
-    if not rows or ask.key not in cache.unbound:
+    sent = tuple(n for n in want.sent if n in state.index)
+    if not sent or not pending(cache, want.key):
         return None
-    with cache.without(ask.key):
-        c = cache.modes.constraints(state, ask.request, cache.catalogue)
-        return _take(cache, ask.request, ask.namespace, ask.name, ask.priority, c, rows,
-                     ask.limits)
-
-
-def _take(cache: ClusterCache, request: PodRequest, namespace: str, name: str, priority: int,
-          constraints: Constraints, rows: Sequence[int], limits: Limits) -> Ask:
-    state = cache.state
     budgets = Budgets()
     budgets.by_name = dict(cache.budgets.by_name)
-    # whole copies: no Python code runs per pod while the lock is held (``candidates``
-    # sorts the pods out after)
-    return Ask(request, namespace, name, priority, constraints,
-               tuple(state.nodes[i].name for i in rows), tuple(rows), state.snapshot(),
-               cache.pods.copy(), frozenset(cache.displaced()), budgets, limits)
+    with cache.without(want.key):  # the pod's own leftover hold is no one's room
+        c = cache.modes.constraints(state, want.request, cache.catalogue)
+        return Ask(want, c, sent, tuple(state.index[n] for n in sent), state.snapshot(),
+                   cache.pods.copy(),
+                   frozenset(cache.displaced()), budgets)
 
 
 def candidates(ask: Ask) -> list[Candidate]:
@@ -142,8 +153,9 @@ def _slices(alloc: Allocation) -> list[tuple[str, int, int, str]]:
 def choose(ask: Ask) -> Selection | NoVictims:
     """The fewest pods of lower priority whose eviction makes room for the pod on one sent
     node (``core.victims.select``), from the ask alone."""
-    return select(Room(ask.state.state(), ask.request, ask.constraints, ask.rows),
-                  candidates(ask), below(ask.priority), ask.budgets.allowed(), ask.limits)
+    w = ask.want
+    return select(Room(ask.state.state(), w.request, ask.constraints, ask.rows),
+                  candidates(ask), below(w.priority), ask.budgets.allowed(), w.limits)
 
 
 def placed_on(cache: ClusterCache, key: str, rows: Sequence[int]) -> list[Candidate]:
@@ -185,8 +197,7 @@ def recheck(cache: ClusterCache, decide: Decide, ask: Ask, chosen: Selection) ->
     """The plan ``chosen`` makes for ``ask`` if it still holds on the live state, else why
     not (under the cache lock, after ``flush``; see the module)."""
     key, state, node = ask.key, cache.state, chosen.node or ""
-    f = cache.pods.get(key)
-    if key in cache.finished or (f is not None and f.node):
+    if not pending(cache, key):
         return "the pod is gone or bound"
     held = cache.live_hold(key)
     if held is not None:
@@ -199,7 +210,7 @@ def recheck(cache: ClusterCache, decide: Decide, ask: Ask, chosen: Selection) ->
         c = here.get(v.key)
         if c is None or c.allocation != v.allocation or c.leaving:
             return f"pod {_named(cache, v.key)} is gone, leaving, moved or displaced"
-        if c.priority >= ask.priority:
+        if c.priority >= ask.want.priority:
             return f"pod {_named(cache, v.key)} is no longer of lower priority"
     over = _over_budget([here[v.key] for v in chosen.victims], cache.budgets.allowed())
     if over:
@@ -212,7 +223,8 @@ def recheck(cache: ClusterCache, decide: Decide, ask: Ask, chosen: Selection) ->
 def _placed(cache: ClusterCache, decide: Decide, ask: Ask, chosen: Selection,
             here: list[Candidate]) -> Plan | str:
     """The plan, once the pod's place on the node is decided again on the live state."""
-    state, request, node = cache.state, ask.request, chosen.node or ""
+    w, state, node = ask.want, cache.state, chosen.node or ""
+    request = w.request
     c = cache.modes.constraints(state, request, cache.catalogue)
     if c.blocked is not None:
         return c.blocked.message
@@ -224,8 +236,8 @@ def _placed(cache: ClusterCache, decide: Decide, ask: Ask, chosen: Selection,
         return f"the policy finds no place on {node} once the victims are gone"
     victims = tuple(Victim(v.key, *_where(cache, v.key), v.priority) for v in chosen.victims)
     leaving = tuple(x.key for x in here if x.leaving)
-    return Plan(ask.key, ask.namespace, ask.name, ask.priority, node, hold, victims, leaving,
-                request, c.group)
+    return Plan(w.key, w.namespace, w.name, w.priority, node, hold, victims, leaving, request,
+                c.group)
 
 
 def _over_budget(victims: Sequence[Candidate], allowed: Mapping[str, int]) -> str:

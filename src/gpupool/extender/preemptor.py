@@ -5,11 +5,11 @@ and the extender's preempt verb is never called (docs/design/preemption.md). The
 preempts by itself. When filter finds no node for a GPU pod that may preempt
 (``spec.preemptionPolicy`` is not ``Never``):
 
-1. **Plan** (``planner``): filter (``consider``, under the cache lock) takes what the plan
-   needs (an ``Ask``: a snapshot of the sent nodes, the facts of the pods there, the
-   PodDisruptionBudgets) and answers at once with the plain reasons; the planner thread
-   has the core choose, without the lock (``core.victims.select`` with ``Room``), among
-   the nodes kube-scheduler sent. Candidates are the pods gpupool placed there (counted
+1. **Plan** (``planner``): filter (``consider``, under the cache lock) hands the pod to
+   the planner thread and answers at once with the plain reasons. That thread takes what
+   the plan needs under the lock (an ``Ask``: whole copies of the state and of the pod
+   facts, the PodDisruptionBudgets), then has the core choose without it
+   (``core.victims.select`` with ``Room``) among the nodes kube-scheduler sent. Candidates are the pods gpupool placed there (counted
    decisions), eligible when of strictly lower priority and not displaced by another
    preemption already; pods being deleted count as free. Then, under the lock again, the
    plan counts only if it still holds on the live state (``planner.recheck``: the victims
@@ -121,9 +121,10 @@ class Preemptor:
         if self._quota_full(request, constraints):
             found = self._plan_for_quota(pod, request, rows)
             return self._started(found) if isinstance(found, Plan) else self._none(key, found)
-        ask = planner.take(self.cache, pod, request, constraints, rows, self.settings.limits)
+        sent = [self.cache.state.nodes[i].name for i in rows]
         self.planning.add(key)
-        self.planners.submit(self._plan, ask)
+        self.planners.submit(self._plan, planner.want_of(pod, request, sent,
+                                                         self.settings.limits))
         return {}
 
     def _started(self, plan: Plan) -> dict[str, str]:
@@ -140,35 +141,40 @@ class Preemptor:
         return {}
 
     # -- planning (the planner thread, off the cache lock) --------------------------------------
-    def _plan(self, ask: planner.Ask, again: bool = True) -> None:
-        """Choose the victims without the lock, then commit the plan under it if it still
-        holds (``planner.recheck``); a stale plan is made once more from a fresh ask, then
-        left to the pod's next filter."""
+    def _plan(self, want: planner.Want, first: bool = True) -> None:
+        """Take an ask under the lock, choose the victims without it, then commit the plan
+        under it if it still holds (``planner.recheck``); a stale plan is made once more
+        from a fresh ask, then left to the pod's next filter."""
         try:
+            with self.cache.lock:
+                self.cache.flush()
+                ask = planner.take(self.cache, want)
+            if ask is None:
+                return
             chosen = self.choose(ask)
             with self.cache.lock:
                 self.cache.flush()
                 if isinstance(chosen, NoVictims):
-                    self._none(ask.key, chosen)
+                    self._none(want.key, chosen)
                     return
                 found = planner.recheck(self.cache, self.decide, ask, chosen)
                 if isinstance(found, Plan):
                     self._started(found)
                     return
-                fresh = planner.retake(self.cache, ask) if again else None
-                self.metrics.stale_plans.labels("dropped" if fresh is None else "replanned").inc()
-                log.info("the preemption plan for %s/%s went stale: %s", ask.namespace,
-                         ask.name, found)
-            if fresh is not None:
-                self._plan(fresh, again=False)
-        except Exception:  # the planner must survive anything; the pod plans again later
-            log.exception("planning a preemption for %s/%s", ask.namespace, ask.name)
-            with self.cache.lock:
-                self._retry_later(ask.key, self.clock())
-        finally:
+                again = first and planner.pending(self.cache, want.key)
+                self.metrics.stale_plans.labels("replanned" if again else "dropped").inc()
+                log.info("the preemption plan for %s/%s went stale: %s", want.namespace,
+                         want.name, found)
             if again:
+                self._plan(want, first=False)
+        except Exception:  # the planner must survive anything; the pod plans again later
+            log.exception("planning a preemption for %s/%s", want.namespace, want.name)
+            with self.cache.lock:
+                self._retry_later(want.key, self.clock())
+        finally:
+            if first:
                 with self.cache.lock:
-                    self.planning.discard(ask.key)
+                    self.planning.discard(want.key)
 
     def _redrive(self, pod: Mapping[str, Any], request: PodRequest, node: str, entry: Entry,
                  now: float) -> None:
