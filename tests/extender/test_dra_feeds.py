@@ -56,8 +56,9 @@ def test_claims_served_by_the_api_server_are_counted_and_a_deleted_one_is_let_go
     cache = ClusterCache(decisions=DecisionCheck(local_keys()))
     feeds = start_feeds(api, cache, watch_timeout_s=2)
     try:
-        assert wait_for(lambda: held(cache, CLAIM_A) and held(cache, CLAIM_B))
-        assert cache.dra.synced == {"resourceslices", "resourceclaims"}
+        # slices and claims come on two feeds: wait for both, not for one then assert the other
+        assert wait_for(lambda: held(cache, CLAIM_A) and held(cache, CLAIM_B)
+                        and cache.dra.synced == {"resourceslices", "resourceclaims"})
         assert len(cache.dra.slices["gpu-node-1-gpu.gpupool.io"]) == 2
         i = cache.state.index[DRA_NODE]
         assert int(cache.state.core_free[i, cache.state.gpu_position(DRA_NODE, A100)]) == 40
