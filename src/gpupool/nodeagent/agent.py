@@ -16,7 +16,7 @@ import os
 import threading
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -41,12 +41,12 @@ from gpupool.nodeagent.overuse import OveruseConfig, OveruseTracker
 from gpupool.nodeagent.podresources import PodResourcesClient
 from gpupool.nodeagent.pods import Pod
 from gpupool.nodeagent.refusals import RefusalRecorder, audit
+from gpupool.nodeagent.roster import GpuRoster
 from gpupool.nodeagent.server import KUBELET_SOCKET, DevicePluginService, PluginSocket, register
 from gpupool.nodeagent.verify import DecisionGate, Verifier
 from gpupool.nodeagent.workers import Workers
 
 log = logging.getLogger(__name__)
-VANISHED = "vanished"
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,9 +104,8 @@ class NodeAgent:
                                self._isolation_changed)
         self.inventory = Inventory(config.node, inventory, {NODE_LABEL: str(g.provider.name)},
                                    self._device_status) if inventory is not None else None
-        self._present = {g.uuid: g for g in backend.discover()}
-        self._known = dict(self._present)
-        self.pool = LogicalPool(list(self._known.values()), config.split)
+        self.roster = GpuRoster(backend.discover())
+        self.pool = LogicalPool(list(self.roster.known.values()), config.split)
         self.kubelet = PodResourcesClient(config.pod_resources_socket, "gpupool.io/gpu")
         safety = Safety(self.gate, g.exposure, g.provider, self.recorder, self.actions.isolated)
         self.allocator = Allocator(AllocatorConfig(config.node, config.memory_unit_mib,
@@ -126,14 +125,7 @@ class NodeAgent:
     def known_gpus(self) -> list[GpuInfo]:
         """Every GPU seen since start (vanished ones and those the isolation provider cannot
         serve unhealthy), by index."""
-        problems = self.provider.problems()
-        everywhere = problems.get("*", "")
-        out = []
-        for gpu in self._known.values():
-            problem = problems.get(gpu.uuid, everywhere)
-            out.append(replace(gpu, healthy=False, reason=problem)
-                       if problem and gpu.healthy else gpu)
-        return sorted(out, key=lambda g: g.index)
+        return self.roster.served(self.provider.problems())
 
     # -- lifecycle --------------------------------------------------------------------
     def start(self) -> None:
@@ -145,7 +137,7 @@ class NodeAgent:
         if self.metrics is not None:
             self.metrics.provider.labels(str(self.provider.name),
                                          str(self.provider.enforced).lower()).set(1)
-        self.provider.start(list(self._present.values()), self._provider_changed)
+        self.provider.start(list(self.roster.present.values()), self._provider_changed)
         self._restore()
         self.config.plugin_dir.mkdir(parents=True, exist_ok=True)
         self.backend.watch(self._on_gpus)
@@ -180,12 +172,7 @@ class NodeAgent:
 
     # -- health ---------------------------------------------------------------------------
     def _on_gpus(self, present: Sequence[GpuInfo]) -> None:
-        now = {g.uuid: g for g in present}
-        for uuid, gpu in self._known.items():
-            if uuid not in now:
-                now[uuid] = replace(gpu, healthy=False, reason=VANISHED)
-        self._present = {g.uuid: g for g in present}
-        self._known = now
+        self.roster.update(present)
         self._refresh_pool()
 
     def _provider_changed(self) -> None:
@@ -193,7 +180,7 @@ class NodeAgent:
 
     def _refresh_pool(self) -> None:
         effective = {g.uuid: g for g in self.known_gpus()}
-        self.pool.update_gpus([effective[u] for u in self._present if u in effective])
+        self.pool.update_gpus([effective[u] for u in self.roster.present if u in effective])
         self._changed.set()
 
     def _isolation_changed(self) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -41,11 +41,11 @@ from gpupool.nodeagent.gpu import GpuBackend, GpuInfo
 from gpupool.nodeagent.inventory import Inventory, device_object
 from gpupool.nodeagent.isolation.none import NoIsolation
 from gpupool.nodeagent.isolation.provider import NODE_LABEL, IsolationProvider
+from gpupool.nodeagent.roster import GpuRoster
 from gpupool.nodeagent.unixserver import UnixServer
 from gpupool.nodeagent.workers import Workers
 
 log = logging.getLogger(__name__)
-VANISHED = "vanished"
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,8 +91,7 @@ class DraAgent:
         self.clock = clock
         self.provider = provider or NoIsolation()
         self.exposure = exposure or Exposure()
-        self._present = {g.uuid: g for g in backend.discover()}
-        self._known = dict(self._present)
+        self.roster = GpuRoster(backend.discover())
         self.labels = {NODE_LABEL: str(self.provider.name), dra.NODE_MODE_LABEL: dra.MODE_DRA}
         self.watch = ClaimWatch(guards, backend.usage, lambda: self.preparer.prepared(),
                                 self._isolation_changed, self.known_gpus) \
@@ -123,14 +122,7 @@ class DraAgent:
     def known_gpus(self) -> list[GpuInfo]:
         """Every GPU seen since start (vanished ones, and those the isolation provider cannot
         serve, unhealthy), by index."""
-        problems = self.provider.problems()
-        everywhere = problems.get("*", "")
-        out = []
-        for gpu in self._known.values():
-            problem = problems.get(gpu.uuid, everywhere)
-            out.append(replace(gpu, healthy=False, reason=problem)
-                       if problem and gpu.healthy else gpu)
-        return sorted(out, key=lambda g: g.index)
+        return self.roster.served(self.provider.problems())
 
     def selector_labels(self, gpu: GpuInfo) -> Mapping[str, str]:
         """The labels a resource class selects this GPU by — read back from the GPUDevice
@@ -143,7 +135,7 @@ class DraAgent:
         log.info("node %s: DRA driver %s; GPUs exposed by %s; isolation %s%s",
                  self.config.node, dra.DRIVER, self.exposure.strategy, self.provider.name,
                  "" if self.provider.enforced else " (advisory)")
-        self.provider.start(list(self._present.values()), self._refresh)
+        self.provider.start(list(self.roster.present.values()), self._refresh)
         restored = self.preparer.restore()
         if restored:
             log.info("%d prepared claims taken back from %s", restored, self.config.checkpoint)
@@ -169,12 +161,7 @@ class DraAgent:
 
     # -- health ----------------------------------------------------------------------------
     def _on_gpus(self, present: Sequence[GpuInfo]) -> None:
-        now = {g.uuid: g for g in present}
-        for uuid, gpu in self._known.items():
-            if uuid not in now:
-                now[uuid] = replace(gpu, healthy=False, reason=VANISHED)
-        self._present = {g.uuid: g for g in present}
-        self._known = now
+        self.roster.update(present)
         self._refresh()
 
     def _refresh(self) -> None:
