@@ -132,8 +132,8 @@ class Bench:
         return chosen
 
     def take(self) -> planner.Ask:
-        ask = planner.take(self.cache, planner.want_of(self.pod, self.request, self.names,
-                                                       Limits()))
+        ask = planner.take(self.cache, planner.want_of(
+            self.pod, self.request, self.constraints, self.cache.state, self.rows, Limits()))
         assert ask is not None
         return ask
 

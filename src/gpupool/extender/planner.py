@@ -6,10 +6,11 @@ thousands of nodes, ``bench/bench_preemption.py``); every other call of the exte
 waits for the cache lock, so the choice is made without it, in three steps:
 
 1. ``take`` (under the lock, cheap: whole copies, no Python code per pod): the ``Ask`` of
-   a ``Want`` (the pod's request, priority and sent nodes, which filter hands over) — a
-   snapshot of the state (``ClusterState.snapshot``), a copy of the cache's pod facts,
-   the pods live holds displace, the PodDisruptionBudgets, the pod's constraints. It is
-   taken when the planner thread gets to the pod, so that waiting pods hold no copies.
+   a ``Want`` (the pod's request, priority, sent nodes and the constraints filter worked
+   out, which filter hands over) — a snapshot of the state (``ClusterState.snapshot``), a
+   copy of the cache's pod facts, the pods live holds displace, the PodDisruptionBudgets.
+   It is taken when the planner thread gets to the pod, so that waiting pods hold no
+   copies.
 2. ``choose`` (no lock, pure): the core's chooser (``core.victims.select`` with ``Room``)
    over the ask alone. Nothing it reads changes while it runs.
 3. ``recheck`` (under the lock again, cheap): the plan counts only if it still holds on
@@ -18,7 +19,8 @@ waits for the cache lock, so the choice is made without it, in three steps:
    displaced by another hold, and within its disruption budgets; the pod still fits no
    sent node without preemption; and the placement policy still finds the pod a place on
    that node once the victims and the pods leaving it are gone (the core's own fit, on the
-   live state: whatever a bind or another hold took meanwhile is counted). Otherwise it
+   live state: whatever a bind or another hold took meanwhile is counted), on the layout
+   filter worked the constraints out on. Otherwise it
    says why (a sentence), and the preemptor plans once more or leaves it to the pod's
    next filter.
 
@@ -38,7 +40,7 @@ import numpy as np
 from gpupool.core.allocation import Allocation
 from gpupool.core.fit import Constraints, feasible_rows
 from gpupool.core.request import PodRequest
-from gpupool.core.state import StateCopy
+from gpupool.core.state import ClusterState, StateCopy
 from gpupool.core.victims import Candidate, Limits, NoVictims, Room, Selection, below, select
 from gpupool.extender.budgets import Budgets
 from gpupool.extender.cache import ClusterCache
@@ -52,14 +54,17 @@ Decide = Callable[[PodRequest, Constraints, int], Allocation | None]
 
 @dataclass(frozen=True, slots=True)
 class Want:
-    """A pod to plan for: its request, name and priority, and the nodes kube-scheduler
-    sent, in its order."""
+    """A pod to plan for: its request, name and priority, the nodes kube-scheduler sent (in
+    its order), and the constraints filter worked out on the state's ``layout`` (computing
+    them again would note the pod as waiting for fair share once more)."""
 
     request: PodRequest
     namespace: str
     name: str
     priority: int
     sent: tuple[str, ...]
+    constraints: Constraints
+    layout: object
     limits: Limits
 
     @property
@@ -67,10 +72,12 @@ class Want:
         return self.request.key
 
 
-def want_of(pod: Mapping[str, Any], request: PodRequest, sent: Sequence[str],
-            limits: Limits) -> Want:
+def want_of(pod: Mapping[str, Any], request: PodRequest, constraints: Constraints,
+            state: ClusterState, rows: Sequence[int], limits: Limits) -> Want:
+    """The want of a pod filter found no node for among ``rows`` of ``state``."""
     ident = pod_id(pod)
-    return Want(request, ident.namespace, ident.name, pod_priority(pod), tuple(sent), limits)
+    return Want(request, ident.namespace, ident.name, pod_priority(pod),
+                tuple(state.nodes[i].name for i in rows), constraints, state.layout, limits)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +85,6 @@ class Ask:
     """What one plan is made from, taken under the cache lock; nothing in it changes."""
 
     want: Want
-    constraints: Constraints
     sent: tuple[str, ...]  # the sent nodes the state has, in kube-scheduler's order
     rows: tuple[int, ...]  # their rows in ``state``
     state: StateCopy  # a snapshot
@@ -103,18 +109,18 @@ def pending(cache: ClusterCache, key: str) -> bool:
 
 def take(cache: ClusterCache, want: Want) -> Ask | None:
     """The ask of a pod, on the state as it is now (under the cache lock, after
-    ``flush``); None when the pod is no longer pending or no sent node is left. Whole
+    ``flush``); None when the pod is no longer pending, no sent node is left or the nodes
+    were laid out again since filter (its constraints are of that layout). Whole
     copies: no Python code runs per pod while the lock is held (``candidates`` sorts the
     pods out after)."""
     state = cache.state
     sent = tuple(n for n in want.sent if n in state.index)
-    if not sent or not pending(cache, want.key):
+    if not sent or not pending(cache, want.key) or state.layout is not want.layout:
         return None
     budgets = Budgets()
     budgets.by_name = dict(cache.budgets.by_name)
     with cache.without(want.key):  # the pod's own leftover hold is no one's room
-        c = cache.modes.constraints(state, want.request, cache.catalogue)
-        return Ask(want, c, sent, tuple(state.index[n] for n in sent), state.snapshot(),
+        return Ask(want, sent, tuple(state.index[n] for n in sent), state.snapshot(),
                    cache.pods.copy(),
                    frozenset(cache.displaced()), budgets)
 
@@ -154,7 +160,7 @@ def choose(ask: Ask) -> Selection | NoVictims:
     """The fewest pods of lower priority whose eviction makes room for the pod on one sent
     node (``core.victims.select``), from the ask alone."""
     w = ask.want
-    return select(Room(ask.state.state(), w.request, ask.constraints, ask.rows),
+    return select(Room(ask.state.state(), w.request, w.constraints, ask.rows),
                   candidates(ask), below(w.priority), ask.budgets.allowed(), w.limits)
 
 
@@ -199,6 +205,8 @@ def recheck(cache: ClusterCache, decide: Decide, ask: Ask, chosen: Selection) ->
     key, state, node = ask.key, cache.state, chosen.node or ""
     if not pending(cache, key):
         return "the pod is gone or bound"
+    if state.layout is not ask.want.layout:
+        return "the nodes were laid out again"
     held = cache.live_hold(key)
     if held is not None:
         return f"room is being made for it on {held[0]} already"
@@ -225,9 +233,7 @@ def _placed(cache: ClusterCache, decide: Decide, ask: Ask, chosen: Selection,
     """The plan, once the pod's place on the node is decided again on the live state."""
     w, state, node = ask.want, cache.state, chosen.node or ""
     request = w.request
-    c = cache.modes.constraints(state, request, cache.catalogue)
-    if c.blocked is not None:
-        return c.blocked.message
+    c = w.constraints
     rows = np.array([state.index[n] for n in ask.sent if n in state.index], np.int64)
     if rows.size and bool(feasible_rows(state, request, c, rows)[0].any()):
         return "it fits a sent node without preemption now"

@@ -9,7 +9,8 @@ preempts by itself. When filter finds no node for a GPU pod that may preempt
    the planner thread and answers at once with the plain reasons. That thread takes what
    the plan needs under the lock (an ``Ask``: whole copies of the state and of the pod
    facts, the PodDisruptionBudgets), then has the core choose without it
-   (``core.victims.select`` with ``Room``) among the nodes kube-scheduler sent. Candidates are the pods gpupool placed there (counted
+   (``core.victims.select`` with ``Room``) among the nodes kube-scheduler sent, with the
+   constraints filter worked out. Candidates are the pods gpupool placed there (counted
    decisions), eligible when of strictly lower priority and not displaced by another
    preemption already; pods being deleted count as free. Then, under the lock again, the
    plan counts only if it still holds on the live state (``planner.recheck``: the victims
@@ -121,10 +122,9 @@ class Preemptor:
         if self._quota_full(request, constraints):
             found = self._plan_for_quota(pod, request, rows)
             return self._started(found) if isinstance(found, Plan) else self._none(key, found)
-        sent = [self.cache.state.nodes[i].name for i in rows]
         self.planning.add(key)
-        self.planners.submit(self._plan, planner.want_of(pod, request, sent,
-                                                         self.settings.limits))
+        self.planners.submit(self._plan, planner.want_of(
+            pod, request, constraints, self.cache.state, rows, self.settings.limits))
         return {}
 
     def _started(self, plan: Plan) -> dict[str, str]:
