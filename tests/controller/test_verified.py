@@ -129,13 +129,18 @@ def test_the_controller_leaves_a_forged_pod_out_of_the_groups_numbers() -> None:
         api = ControllerApi.open(server=fake.url)
         try:
             source = KeyRingSource(api, "gpupool-system", time.time)
-            out = Controller(api, clock=lambda: NOW, verify=source.verify).reconcile_once()
+            controller = Controller(api, clock=lambda: NOW, verify=source.verify)
+            out = controller.reconcile_once()
+            again = controller.reconcile_once()  # the next round: outcomes remembered
         finally:
             api.close()
         status = (fake.get("resourcegroups", "team") or {})["status"]
     assert status["pods"] == 1
     assert status["quota"]["allocated"]["gpus"] == 1
-    assert any(n.startswith("Pod lab/forged: its decision is not counted") for n in out.notes)
+    for outcome in (out, again):
+        assert any(n.startswith("Pod lab/forged: its decision is not counted")
+                   for n in outcome.notes)
+    assert (source.stats().checked, source.stats().remembered) == (2, 2)
 
 
 def test_while_the_keys_cannot_be_read_no_decision_counts() -> None:
