@@ -34,6 +34,7 @@ from .test_preemption import (
     node,
     replica,
     settled,
+    start,
     with_priority,
 )
 
@@ -121,6 +122,34 @@ def test_a_bind_that_takes_the_room_while_the_plan_is_made_makes_it_plan_again(
     hold = ledger_entries(fake, node)[uid(pod)]
     assert hold["kind"] == "hold" and hold["displaces"] == [uid(rival)]
     assert preemptor.inflight == {}
+
+
+def test_a_hold_another_replica_writes_while_the_plan_is_made_makes_it_plan_again(
+        fake: FakeApiServer, replica: Replica, node: str, clock: Clock) -> None:
+    low = fill(fake, replica, node, [1, 2, 3, 4])
+    other = start(fake, clock)
+    try:
+        gate = Gate()
+        with_planner(replica, clock, gate)
+        pod, rival = high(fake, replica, "urgent"), high(fake, replica, "urgent-too")
+        assert wait_for(lambda: uid(rival) in other.cache.unbound)
+        filtered(replica, pod, node)
+        assert gate.choosing.wait(WAIT_S)  # it will choose low0, the lowest priority
+        filtered(other, rival, node)  # the other replica holds low0's room and evicts it
+        assert settled(other) and len(evictions(fake)) == 1
+        assert wait_for(lambda: replica.cache.live_hold(uid(rival)) is not None)
+        gate.go.set()
+        assert settled(replica)
+        assert len(gate.asks) == 2
+        assert replica.extender.metrics.stale_plans.labels("replanned")._value.get() == 1
+        assert len(evictions(fake)) == 2  # low0 once, for the rival; low1 for this pod
+        assert [fake.get("pods", p["metadata"]["name"], "default") is None for p in low] == \
+            [True, True, False, False]
+        holds = ledger_entries(fake, node)
+        assert holds[uid(rival)]["displaces"] == [uid(low[0])]
+        assert holds[uid(pod)]["displaces"] == [uid(low[1])]
+    finally:
+        other.close()
 
 
 def test_a_pod_deleted_while_its_plan_is_made_evicts_nobody(
