@@ -121,8 +121,7 @@ def take(cache: ClusterCache, want: Want) -> Ask | None:
     budgets.by_name = dict(cache.budgets.by_name)
     with cache.without(want.key):  # the pod's own leftover hold is no one's room
         return Ask(want, sent, tuple(state.index[n] for n in sent), state.snapshot(),
-                   cache.pods.copy(),
-                   frozenset(cache.displaced()), budgets)
+                   cache.pods.copy(), frozenset(cache.displaced()), budgets)
 
 
 def candidates(ask: Ask) -> list[Candidate]:
