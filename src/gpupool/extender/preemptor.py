@@ -46,13 +46,13 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
-from gpupool.core.allocation import Allocation
 from gpupool.core.errors import OverCommit
 from gpupool.core.fit import Constraints
 from gpupool.core.request import PodRequest
-from gpupool.core.victims import Candidate, NoVictims, Selection
+from gpupool.core.victims import NoVictims
 from gpupool.extender import planner, tenantpreempt
 from gpupool.extender.cache import ClusterCache
 from gpupool.extender.ledger import HOLD, Entry, FitCheck, Ledgers, View, counted
@@ -68,7 +68,6 @@ COMPONENT = "gpupool-extender"
 ELSEWHERE_CYCLES = 3
 REDRIVE_S = 30.0  # a hold this old whose victims do not leave lost its evictions
 REMEMBERED = 4096
-Decide = planner.Decide
 
 
 class Preemptor:
@@ -76,7 +75,7 @@ class Preemptor:
     its worker thread."""
 
     def __init__(self, cache: ClusterCache, kube: KubeApi, metrics: Metrics,
-                 settings: PreemptionSettings, clock: Callable[[], float], decide: Decide,
+                 settings: PreemptionSettings, clock: Callable[[], float], decide: planner.Decide,
                  choose: planner.Choose = planner.choose):
         self.cache = cache
         self.kube = kube
@@ -231,20 +230,14 @@ class Preemptor:
                         rows: Sequence[int]) -> Plan | NoVictims:
         """Preemption inside the tenant's quota, or reclaim from its cohort
         (``tenantpreempt``)."""
-        found = tenantpreempt.plan(self.cache, pod, request, rows, self._candidates,
-                                   self._hold_of, self.settings.limits)
+        found = tenantpreempt.plan(self.cache, pod, request, rows,
+                                   partial(planner.placed_on, self.cache),
+                                   partial(planner.hold_on, self.cache, self.decide),
+                                   self.settings.limits)
         if not isinstance(found, NoVictims):
             tenant = self.cache.catalogue.tenants.tenant_of(request.tenant) or ""
             self.metrics.tenant_preemptions.labels(tenant, tenantpreempt.kind_of(found)).inc()
         return found
-
-    def _candidates(self, key: str, rows: Sequence[int]) -> list[Candidate]:
-        return planner.placed_on(self.cache, key, rows)
-
-    def _hold_of(self, request: PodRequest, constraints: Constraints, node: str,
-                 chosen: Selection, candidates: list[Candidate]) -> Allocation | None:
-        return planner.hold_on(self.cache, self.decide, request, constraints, node, chosen,
-                               candidates)
 
     # -- carrying out (the worker thread) ----------------------------------------------------
     def carry_out(self, plan: Plan) -> None:
