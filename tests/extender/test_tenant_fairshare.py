@@ -120,6 +120,13 @@ def test_without_fair_sharing_borrowing_is_first_come_first_served(
         assert schedule(r.extender, pod, nodes)[1] == ""
 
 
+def settled(r: Replica) -> bool:
+    """No plan is being made (on the planner thread) or carried out."""
+    preemptor = r.extender.preemptor
+    assert preemptor is not None
+    return wait_for(lambda: not preemptor.planning and not preemptor.inflight)
+
+
 def test_a_tenant_under_its_fair_share_reclaims_from_one_beyond_it(
         fake: FakeApiServer, nodes: list[str]) -> None:
     r = Replica(fake, preemption=PreemptionSettings(hold_s=60.0, retry_s=0.0))
@@ -139,7 +146,7 @@ def test_a_tenant_under_its_fair_share_reclaims_from_one_beyond_it(
         assert notes == {"gpupool: making room here: taking back capacity from tenants beyond "
                          "their fair share of cohort research for tenant team-c"}
         assert r.extender.preemptor is not None
-        assert wait_for(lambda: not r.extender.preemptor.inflight)  # type: ignore[union-attr]
+        assert settled(r)
         evicted = [p for p in b if fake.get("pods", p["metadata"]["name"], "b") is None]
         assert len(evicted) == 1  # one GPU was short: one borrowed pod of team-b goes
         assert wait_for(lambda: evicted[0]["metadata"]["uid"] not in r.cache.pods)
@@ -148,7 +155,7 @@ def test_a_tenant_under_its_fair_share_reclaims_from_one_beyond_it(
         assert wait_for(lambda: back["metadata"]["uid"] in r.cache.unbound)
         (why,) = reasons(r.extender.filter({"Pod": back, "NodeNames": nodes}))
         assert why.startswith("tenant team-b (cohort research) cannot borrow")
-        assert wait_for(lambda: not r.extender.preemptor.inflight)  # type: ignore[union-attr]
+        assert settled(r)
         assert fake.get("pods", "c0", "c") is not None  # beyond its share: it takes nothing
     finally:
         r.close()

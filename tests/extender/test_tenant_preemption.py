@@ -59,8 +59,10 @@ def pending(fake: FakeApiServer, r: Replica, name: str, ns: str, priority: int
 
 
 def settled(r: Replica) -> bool:
-    assert r.extender.preemptor is not None
-    return wait_for(lambda: not r.extender.preemptor.inflight)  # type: ignore[union-attr]
+    """No plan is being made (on the planner thread) or carried out."""
+    preemptor = r.extender.preemptor
+    assert preemptor is not None
+    return wait_for(lambda: not preemptor.planning and not preemptor.inflight)
 
 
 def alive(fake: FakeApiServer, pod: dict[str, Any]) -> bool:
