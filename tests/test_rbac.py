@@ -67,7 +67,7 @@ def test_the_controllers_rbac_covers_what_it_does_and_it_writes_only_statuses_an
             thread.start()
             time.sleep(1.0)
             stop.set()
-            thread.join(5)
+            thread.join(30)
         finally:
             api.close()
         calls = needed(fake.requests)
