@@ -10,7 +10,7 @@ import pytest
 from gpupool_testing.fake_apiserver import FakeApiServer
 
 from gpupool.extender.cache import ClusterCache
-from gpupool.extender.feeds import Feeds, start_feeds
+from gpupool.extender.feeds import LENIENT_SYNC_S, Feeds, start_feeds
 from gpupool.extender.metrics import Metrics
 from gpupool.extender.service import Extender, Settings
 from gpupool.extender.signatures import DecisionCheck
@@ -29,7 +29,9 @@ def started(fake: FakeApiServer) -> tuple[Extender, Feeds, KubeApi]:
     api = KubeApi.connect(server=fake.url)
     keys = decision_keys(api)
     cache = ClusterCache(decisions=DecisionCheck(keys))
-    feeds = start_feeds(api, cache, watch_timeout_s=2, sync_timeout_s=2)
+    # each listing may take a loaded machine seconds (start_feeds raises past the timeout);
+    # the lenient kinds are waited for LENIENT_SYNC_S at most
+    feeds = start_feeds(api, cache, watch_timeout_s=2, sync_timeout_s=30)
     return Extender(cache, Settings("best-fit"), Metrics(), api, keys), feeds, api
 
 
@@ -54,7 +56,9 @@ def test_an_absent_crd_counts_as_none_and_the_replica_serves(fake: FakeApiServer
 def test_any_other_listing_failure_keeps_the_replica_unready_until_a_listing_succeeds(
         fake: FakeApiServer, kind: str, code: int) -> None:
     seed_cluster(fake, 1, 2)
-    for _ in range(4):  # the start waits 2 s for them; the informer retries every second
+    # the start waits LENIENT_SYNC_S (10 s) for them; the informer retries every second, so
+    # they are still refused when it returns, and listed a few seconds later
+    for _ in range(int(LENIENT_SYNC_S) + 4):
         fake.fail_next("GET", kind, code, "refused")
     ext, feeds, api = started(fake)
     try:
