@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -42,6 +43,7 @@ from gpupool.core.fit import Constraints, feasible_rows
 from gpupool.core.request import PodRequest
 from gpupool.core.state import ClusterState, StateCopy
 from gpupool.core.victims import Candidate, Limits, NoVictims, Room, Selection, below, select
+from gpupool.extender import tenantpreempt
 from gpupool.extender.budgets import Budgets
 from gpupool.extender.cache import ClusterCache
 from gpupool.extender.plans import Plan, Victim
@@ -66,6 +68,7 @@ class Want:
     constraints: Constraints
     layout: object
     limits: Limits
+    quota: bool = False  # refused by a tenant quota its own pods could satisfy
 
     @property
     def key(self) -> str:
@@ -73,11 +76,14 @@ class Want:
 
 
 def want_of(pod: Mapping[str, Any], request: PodRequest, constraints: Constraints,
-            state: ClusterState, rows: Sequence[int], limits: Limits) -> Want:
-    """The want of a pod filter found no node for among ``rows`` of ``state``."""
+            state: ClusterState, rows: Sequence[int], limits: Limits, quota: bool = False
+            ) -> Want:
+    """The want of a pod filter found no node for among ``rows`` of ``state`` (``quota``:
+    a tenant quota refused it, which its own pods going would satisfy)."""
     ident = pod_id(pod)
     return Want(request, ident.namespace, ident.name, pod_priority(pod),
-                tuple(state.nodes[i].name for i in rows), constraints, state.layout, limits)
+                tuple(state.nodes[i].name for i in rows), constraints, state.layout, limits,
+                quota)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,13 +97,14 @@ class Ask:
     pods: Mapping[str, PodFacts]  # a copy of the cache's
     displaced: frozenset[str]  # pods live holds displace
     budgets: Budgets  # a copy
+    needs: tenantpreempt.Needs | None = None  # a quota's (``tenantpreempt.needs``)
 
     @property
     def key(self) -> str:
         return self.want.key
 
 
-Choose = Callable[[Ask], Selection | NoVictims]
+Choose = Callable[[Ask], "Selection | tenantpreempt.Chosen | NoVictims"]
 """The planner: the victims an ask calls for (pure; ``choose`` unless a test slows it)."""
 
 
@@ -107,30 +114,34 @@ def pending(cache: ClusterCache, key: str) -> bool:
     return key not in cache.finished and not (f is not None and f.node)
 
 
-def take(cache: ClusterCache, want: Want) -> Ask | None:
+def take(cache: ClusterCache, want: Want) -> Ask | NoVictims | None:
     """The ask of a pod, on the state as it is now (under the cache lock, after
     ``flush``); None when the pod is no longer pending, no sent node is left or the nodes
     were laid out again since filter (its constraints are of that layout). Whole
     copies: no Python code runs per pod while the lock is held (``candidates`` sorts the
-    pods out after)."""
+    pods out after). A quota's want also takes what each quota is short of
+    (``tenantpreempt.needs``, values; NoVictims when nothing can be)."""
     state = cache.state
     sent = tuple(n for n in want.sent if n in state.index)
     if not sent or not pending(cache, want.key) or state.layout is not want.layout:
         return None
     budgets = Budgets()
     budgets.by_name = dict(cache.budgets.by_name)
+    wanted = tenantpreempt.needs(cache, want.request, want.priority) if want.quota else None
+    if isinstance(wanted, NoVictims):
+        return wanted
     with cache.without(want.key):  # the pod's own leftover hold is no one's room
         return Ask(want, sent, tuple(state.index[n] for n in sent), state.snapshot(),
-                   cache.pods.copy(), frozenset(cache.displaced()), budgets)
+                   cache.pods.copy(), frozenset(cache.displaced()), budgets, wanted)
 
 
-def candidates(ask: Ask) -> list[Candidate]:
-    """The pods gpupool placed on the sent nodes, whose decisions the state holds, not
-    displaced by a live hold, other than the pod itself, as the core's candidates: node by
-    node in the sent order, each node's by UID (the order ``select`` breaks its last ties
-    in)."""
+def candidates(ask: Ask, nodes: Sequence[str] | None = None) -> list[Candidate]:
+    """The pods gpupool placed on the sent nodes (or ``nodes``), whose decisions the state
+    holds, not displaced by a live hold, other than the pod itself, as the core's
+    candidates: node by node in the sent order, each node's by UID (the order ``select``
+    breaks its last ties in)."""
     state, out = ask.state.state(), []
-    for node in ask.sent:
+    for node in ask.sent if nodes is None else nodes:
         for alloc in sorted(state.allocations_on(node), key=lambda a: a.key):
             f = ask.pods.get(alloc.key)
             if f is None or f.decision is None or f.node != node or \
@@ -155,10 +166,16 @@ def _slices(alloc: Allocation) -> list[tuple[str, int, int, str]]:
     return [(s.gpu_uuid, s.memory_mib, s.core_pct, s.container) for s in alloc.slices]
 
 
-def choose(ask: Ask) -> Selection | NoVictims:
+def choose(ask: Ask) -> Selection | tenantpreempt.Chosen | NoVictims:
     """The fewest pods of lower priority whose eviction makes room for the pod on one sent
-    node (``core.victims.select``), from the ask alone."""
+    node (``core.victims.select``), from the ask alone; for a quota's ask, the pods, anywhere
+    in the cluster, that give back what its quotas are short of (``tenantpreempt.choose``:
+    ``victims.Quota`` or ``cohort.reclaim``)."""
     w = ask.want
+    if ask.needs is not None:
+        state = ask.state.state()
+        return tenantpreempt.choose(ask.needs, candidates(ask, [n.name for n in state.nodes]),
+                                    state, ask.budgets.allowed(), w.limits)
     return select(Room(ask.state.state(), w.request, w.constraints, ask.rows),
                   candidates(ask), below(w.priority), ask.budgets.allowed(), w.limits)
 
@@ -198,10 +215,12 @@ def hold_on(cache: ClusterCache, decide: Decide, request: PodRequest, constraint
             state.reserve(alloc)
 
 
-def recheck(cache: ClusterCache, decide: Decide, ask: Ask, chosen: Selection) -> Plan | str:
+def recheck(cache: ClusterCache, decide: Decide, ask: Ask,
+            chosen: Selection | tenantpreempt.Chosen) -> Plan | str:
     """The plan ``chosen`` makes for ``ask`` if it still holds on the live state, else why
-    not (under the cache lock, after ``flush``; see the module)."""
-    key, state, node = ask.key, cache.state, chosen.node or ""
+    not (under the cache lock, after ``flush``; see the module, and
+    ``tenantpreempt.recheck`` for a quota's)."""
+    key, state = ask.key, cache.state
     if not pending(cache, key):
         return "the pod is gone or bound"
     if state.layout is not ask.want.layout:
@@ -209,6 +228,14 @@ def recheck(cache: ClusterCache, decide: Decide, ask: Ask, chosen: Selection) ->
     held = cache.live_hold(key)
     if held is not None:
         return f"room is being made for it on {held[0]} already"
+    if isinstance(chosen, tenantpreempt.Chosen):
+        if ask.needs is None:
+            return "a quota's victims for a plan that is not a quota's"
+        with cache.without(key):
+            return tenantpreempt.recheck(cache, ask.needs, ask.want, chosen,
+                                         partial(placed_on, cache),
+                                         partial(hold_on, cache, decide))
+    node = chosen.node or ""
     row = state.index.get(node)
     if row is None:
         return f"node {node} is gone"
@@ -219,7 +246,8 @@ def recheck(cache: ClusterCache, decide: Decide, ask: Ask, chosen: Selection) ->
             return f"pod {_named(cache, v.key)} is gone, leaving, moved or displaced"
         if c.priority >= ask.want.priority:
             return f"pod {_named(cache, v.key)} is no longer of lower priority"
-    over = _over_budget([here[v.key] for v in chosen.victims], cache.budgets.allowed())
+    over = tenantpreempt.over_budget([here[v.key] for v in chosen.victims],
+                                     cache.budgets.allowed())
     if over:
         return f"the disruption budget {over} no longer lets its pods go"
     with cache.without(key):
@@ -243,14 +271,6 @@ def _placed(cache: ClusterCache, decide: Decide, ask: Ask, chosen: Selection,
     leaving = tuple(x.key for x in here if x.leaving)
     return Plan(w.key, w.namespace, w.name, w.priority, node, hold, victims, leaving, request,
                 c.group)
-
-
-def _over_budget(victims: Sequence[Candidate], allowed: Mapping[str, int]) -> str:
-    used: dict[str, int] = {}
-    for c in victims:
-        for b in c.budgets:
-            used[b] = used.get(b, 0) + 1
-    return next((b for b, n in sorted(used.items()) if n > allowed.get(b, 0)), "")
 
 
 def _where(cache: ClusterCache, uid: str) -> tuple[str, str]:

@@ -46,7 +46,6 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
-from functools import partial
 from typing import Any
 
 from gpupool.core.errors import OverCommit
@@ -118,12 +117,10 @@ class Preemptor:
                 "budgets" not in self.cache.synced or self.retry_at.get(key, 0.0) > now or \
                 key in self.planning or self._room_elsewhere(key, elsewhere):
             return {}
-        if self._quota_full(request, constraints):
-            found = self._plan_for_quota(pod, request, rows)
-            return self._started(found) if isinstance(found, Plan) else self._none(key, found)
         self.planning.add(key)
         self.planners.submit(self._plan, planner.want_of(
-            pod, request, constraints, self.cache.state, rows, self.settings.limits))
+            pod, request, constraints, self.cache.state, rows, self.settings.limits,
+            self._quota_full(request, constraints)))
         return {}
 
     def _started(self, plan: Plan) -> dict[str, str]:
@@ -148,7 +145,9 @@ class Preemptor:
             with self.cache.lock:
                 self.cache.flush()
                 ask = planner.take(self.cache, want)
-            if ask is None:
+                if isinstance(ask, NoVictims):
+                    self._none(want.key, ask)
+            if not isinstance(ask, planner.Ask):
                 return
             chosen = self.choose(ask)
             with self.cache.lock:
@@ -158,6 +157,7 @@ class Preemptor:
                     return
                 found = planner.recheck(self.cache, self.decide, ask, chosen)
                 if isinstance(found, Plan):
+                    self._counted(want, found)
                     self._started(found)
                     return
                 again = first and planner.pending(self.cache, want.key)
@@ -226,18 +226,11 @@ class Preemptor:
         return tenantpreempt.is_quota_refusal(constraints) and bool(
             self.cache.catalogue.tenants.covering(request.tenant))
 
-    def _plan_for_quota(self, pod: Mapping[str, Any], request: PodRequest,
-                        rows: Sequence[int]) -> Plan | NoVictims:
-        """Preemption inside the tenant's quota, or reclaim from its cohort
-        (``tenantpreempt``)."""
-        found = tenantpreempt.plan(self.cache, pod, request, rows,
-                                   partial(planner.placed_on, self.cache),
-                                   partial(planner.hold_on, self.cache, self.decide),
-                                   self.settings.limits)
-        if not isinstance(found, NoVictims):
-            tenant = self.cache.catalogue.tenants.tenant_of(request.tenant) or ""
-            self.metrics.tenant_preemptions.labels(tenant, tenantpreempt.kind_of(found)).inc()
-        return found
+    def _counted(self, want: planner.Want, plan: Plan) -> None:
+        """A tenant quota's plan counts per tenant and kind (priority or reclaim)."""
+        if want.quota:
+            tenant = self.cache.catalogue.tenants.tenant_of(want.request.tenant) or ""
+            self.metrics.tenant_preemptions.labels(tenant, tenantpreempt.kind_of(plan)).inc()
 
     # -- carrying out (the worker thread) ----------------------------------------------------
     def carry_out(self, plan: Plan) -> None:

@@ -26,15 +26,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from gpupool.core.allocation import Allocation
 from gpupool.core.cohort import Verdict, reclaim
+from gpupool.core.cohort_state import CohortState
 from gpupool.core.eligibility import request_amount
 from gpupool.core.fit import Constraints
 from gpupool.core.quota import Amount, Charge, Limit
 from gpupool.core.reasons import Check
 from gpupool.core.request import PodRequest
+from gpupool.core.state import ClusterState
 from gpupool.core.tenants import TenantQuota
 from gpupool.core.tenantshare import fairness_reclaim
 from gpupool.core.victims import (
@@ -50,7 +53,6 @@ from gpupool.core.victims import (
 )
 from gpupool.extender.cache import ClusterCache
 from gpupool.extender.plans import Plan, Victim
-from gpupool.extender.podspec import pod_id, pod_priority
 
 RECLAIM = "taking back capacity"  # how a reclaim's plan says what it is for
 Candidates = Callable[[str, Sequence[int]], list[Candidate]]
@@ -69,80 +71,135 @@ def is_quota_refusal(constraints: Constraints) -> bool:
     return b is not None and b.check is Check.QUOTA and not b.permanent
 
 
-def quota_victims(cache: ClusterCache, request: PodRequest, priority: int,
-                  pods: list[Candidate], limits: Any
-                  ) -> tuple[tuple[Candidate, ...], str] | NoVictims:
-    """(victims, why) that make ``request`` fit every tenant quota covering it."""
+@dataclass(frozen=True, slots=True)
+class Own:
+    """The tenant's own pods of lower priority give back ``short`` (and, for a per-class
+    limit, of that class, what the class is still short once those are counted)."""
+
+    tenant: str
+    namespaces: frozenset[str]
+    priority: int
+    short: Amount
+    gpu_class: str | None
+    class_limit: Limit | None
+    class_used: Amount  # the class's use by the tenant (with a class limit)
+    asked: Amount
+
+
+@dataclass(frozen=True, slots=True)
+class Reclaim:
+    """Borrowed pods of cohort members give back ``need`` to ``me`` (``cohort.reclaim``)."""
+
+    cohort: CohortState
+    me: str
+    need: Amount
+    members: Mapping[str, str]  # namespace -> cohort member whose pods may be taken
+    why: str
+
+
+Need = Own | Reclaim
+Needs = tuple[Need, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Chosen:
+    """The quota's victims (off the cache lock) and what they are evicted for."""
+
+    victims: tuple[Candidate, ...]
+    why: str
+
+
+def needs(cache: ClusterCache, request: PodRequest, priority: int) -> Needs | NoVictims:
+    """What each tenant quota covering ``request`` is short of, and whose pods may give it
+    back (under the cache lock: the catalogue's verdicts, as values; cheap)."""
     catalogue, state = cache.catalogue, cache.state
     mask = catalogue.classes.request_mask(state, request.gpu_class, request.selector) \
         if request.gpu_class is None or request.gpu_class in catalogue.classes else None
     amount = request_amount(state, request, mask)
-    chosen: list[Candidate] = []
-    why = ""
-    for quota in catalogue.tenants.covering(request.tenant):
-        left = [c for c in pods if c not in chosen]
-        found = _for_quota(cache, quota, request, amount, priority, left, limits)
-        if isinstance(found, NoVictims):
-            return found
-        chosen.extend(found[0])
-        why = why or found[1]
-    if not chosen:
-        return NoVictims("no tenant quota is short of anything a victim could give back")
-    return tuple(chosen), why
+    out = tuple(_need(cache, q, request, amount, priority)
+                for q in catalogue.tenants.covering(request.tenant))
+    return out or NoVictims("no tenant quota covers the pod")
 
 
-def _for_quota(cache: ClusterCache, quota: TenantQuota, request: PodRequest, amount: Amount,
-               priority: int, pods: list[Candidate], limits: Any
-               ) -> tuple[tuple[Candidate, ...], str] | NoVictims:
-    tenants, book, state = cache.catalogue.tenants, cache.catalogue.quotas, cache.state
-    budgets = cache.budgets.allowed()
+def _need(cache: ClusterCache, quota: TenantQuota, request: PodRequest, amount: Amount,
+          priority: int) -> Need:
+    tenants, book = cache.catalogue.tenants, cache.catalogue.quotas
     if quota.cohort is not None:
         admission = tenants.admission(book, quota, amount)
         if admission.verdict is Verdict.RECLAIMS:
             members = {ns: f"tenant {q.name}" for q in tenants for ns in q.namespaces}
-            plan = reclaim(tenants.cohort(book, quota), f"tenant {quota.name}",
-                           admission.reclaim, pods, state, _member(members), budgets, limits)
-            if not plan.restored:
-                return NoVictims(plan.reason)
-            return plan.victims, (f"{RECLAIM} tenant {quota.name} lent to cohort "
-                                  f"{quota.cohort}")
+            return Reclaim(tenants.cohort(book, quota), f"tenant {quota.name}",
+                           admission.reclaim, members,
+                           f"{RECLAIM} tenant {quota.name} lent to cohort {quota.cohort}")
         if admission.verdict is Verdict.REFUSED and not admission.permanent \
                 and tenants.shares_fairly(quota.cohort):
-            fair = _for_fairness(cache, quota, request.key, amount, pods, limits)
+            fair = _for_fairness(cache, quota, request.key, amount)
             if fair is not None:
                 return fair
-    own: Eligible = all_of(below(priority), _in(quota.namespaces))
     short = _short(quota.limit if quota.cohort is None else _with_borrowing(quota),
                    tenants.used(book, quota), amount)
     if quota.cohort is not None and tenants.admission(book, quota, amount).admitted:
         short = Amount()
-    chosen: tuple[Candidate, ...] = ()
-    if short != Amount():
-        found = select(Quota(state, short), pods, own, budgets, limits)
+    limit = quota.class_limit(request.gpu_class)
+    used = tenants.used(book, quota, request.gpu_class) if limit is not None else Amount()
+    return Own(quota.name, quota.namespaces, priority, short, request.gpu_class, limit, used,
+               amount)
+
+
+def choose(wanted: Needs, pods: list[Candidate], state: ClusterState,
+           budgets: Mapping[str, int], limits: Any) -> Chosen | NoVictims:
+    """The victims that make the pod fit every quota of ``wanted`` (pure: off the cache
+    lock, on a snapshot)."""
+    chosen: list[Candidate] = []
+    why = ""
+    for need in wanted:
+        left = [c for c in pods if c not in chosen]
+        found = _reclaimed(need, left, state, budgets, limits) if isinstance(need, Reclaim) \
+            else _own(need, left, state, budgets, limits)
         if isinstance(found, NoVictims):
-            return NoVictims(f"tenant {quota.name}'s quota is full and none of its own pods "
-                             f"of lower priority can give back {short.describe()}: "
+            return found
+        chosen.extend(found.victims)
+        why = why or found.why
+    if not chosen:
+        return NoVictims("no tenant quota is short of anything a victim could give back")
+    return Chosen(tuple(chosen), why)
+
+
+def _reclaimed(need: Reclaim, pods: list[Candidate], state: ClusterState,
+               budgets: Mapping[str, int], limits: Any) -> Chosen | NoVictims:
+    plan = reclaim(need.cohort, need.me, need.need, pods, state, _member(need.members),
+                   budgets, limits)
+    return Chosen(plan.victims, need.why) if plan.restored else NoVictims(plan.reason)
+
+
+def _own(need: Own, pods: list[Candidate], state: ClusterState, budgets: Mapping[str, int],
+         limits: Any) -> Chosen | NoVictims:
+    own: Eligible = all_of(below(need.priority), _in(need.namespaces))
+    chosen: tuple[Candidate, ...] = ()
+    if need.short != Amount():
+        found = select(Quota(state, need.short), pods, own, budgets, limits)
+        if isinstance(found, NoVictims):
+            return NoVictims(f"tenant {need.tenant}'s quota is full and none of its own pods "
+                             f"of lower priority can give back {need.short.describe()}: "
                              f"{found.message}")
         chosen = found.victims
-    limit = quota.class_limit(request.gpu_class)
-    if limit is not None:
+    if need.class_limit is not None:
         in_class: Eligible = all_of(own, lambda c: c.charge is not None and
-                                    c.charge.gpu_class == request.gpu_class)
-        used = tenants.used(book, quota, request.gpu_class)
-        used = used.minus(_sum(c for c in chosen if in_class(c)))
-        short = _short(limit, used, amount)
+                                    c.charge.gpu_class == need.gpu_class)
+        used = need.class_used.minus(_sum(c for c in chosen if in_class(c)))
+        short = _short(need.class_limit, used, need.asked)
         if short != Amount():
             found = select(Quota(state, short), [c for c in pods if c not in chosen],
                            in_class, budgets, limits)
             if isinstance(found, NoVictims):
                 return found
             chosen += found.victims
-    return chosen, f"tenant {quota.name}'s quota is full: its pods of lower priority make way"
+    return Chosen(chosen, f"tenant {need.tenant}'s quota is full: its pods of lower priority "
+                          "make way")
 
 
-def _for_fairness(cache: ClusterCache, quota: TenantQuota, key: str, amount: Amount,
-                  pods: list[Candidate], limits: Any
-                  ) -> tuple[tuple[Candidate, ...], str] | NoVictims | None:
+def _for_fairness(cache: ClusterCache, quota: TenantQuota, key: str, amount: Amount
+                  ) -> Reclaim | None:
     """Reclaim for fairness: a tenant within its fair share, refused because its cohort
     lent everything out, takes borrowed pods of the members beyond their fair share
     (``tenantshare.fairness_reclaim``, then ``cohort.reclaim``). None: not the case."""
@@ -154,12 +211,8 @@ def _for_fairness(cache: ClusterCache, quota: TenantQuota, key: str, amount: Amo
     need, over = found
     members = {ns: f"tenant {q.name}" for q in tenants if f"tenant {q.name}" in over
                for ns in q.namespaces}
-    plan = reclaim(state, me, need, pods, cache.state, _member(members),
-                   cache.budgets.allowed(), limits)
-    if not plan.restored:
-        return NoVictims(plan.reason)
-    return plan.victims, (f"{RECLAIM} from tenants beyond their fair share of cohort "
-                          f"{cohort} for tenant {quota.name}")
+    return Reclaim(state, me, need, members, f"{RECLAIM} from tenants beyond their fair "
+                   f"share of cohort {cohort} for tenant {quota.name}")
 
 
 def _member(members: Mapping[str, str]) -> Callable[[Candidate], str | None]:
@@ -213,36 +266,81 @@ def set_aside(cache: ClusterCache, victims: Sequence[Candidate]) -> Iterator[Non
                 cache.catalogue.quotas.charge(alloc.key, charge)
 
 
-def plan(cache: ClusterCache, pod: Mapping[str, Any], request: PodRequest, rows: Sequence[int],
-         candidates: Candidates, hold_of: HoldOf, limits: Any) -> Plan | NoVictims:
-    """A preemption plan for a pod its tenant quota refuses (see the module)."""
-    priority = pod_priority(pod)
-    everyone = candidates(request.key, range(len(cache.state.nodes)))
-    found = quota_victims(cache, request, priority, everyone, limits)
-    if isinstance(found, NoVictims):
-        return found
-    victims, why = found
+def recheck(cache: ClusterCache, wanted: Needs, want: Any, chosen: Chosen,
+            placed: Candidates, hold_of: HoldOf) -> Plan | str:
+    """The plan ``chosen`` makes for ``want`` (a ``planner.Want``) if it still holds on
+    the live state, else why not (under the cache lock, after ``flush``): every quota is
+    still short by the very needs it was chosen for; every victim is still there, holding
+    the allocation chosen, not leaving, not displaced, of the same priority, within its
+    disruption budgets. Then, with the victims set aside, the pod must pass its quotas
+    and find room on a sent node (pods of lower priority there may be chosen too:
+    ``victims.Room``, under the lock)."""
+    request, priority = want.request, want.priority
+    if needs(cache, request, priority) != wanted:
+        return "the tenant's quota changed"
+    victims = _live(cache, request.key, chosen.victims, placed)
+    if isinstance(victims, str):
+        return victims
+    over = over_budget(victims, cache.budgets.allowed())
+    if over:
+        return f"the disruption budget {over} no longer lets its pods go"
+    rows = [cache.state.index[n] for n in want.sent if n in cache.state.index]
+    return _room(cache, want, Chosen(victims, chosen.why), rows, placed, hold_of)
+
+
+def _live(cache: ClusterCache, key: str, chosen: Sequence[Candidate], placed: Candidates
+          ) -> tuple[Candidate, ...] | str:
+    state = cache.state
+    rows = sorted({state.index[c.allocation.node] for c in chosen
+                   if c.allocation.node in state.index})
+    here = {c.key: c for c in placed(key, rows)}
+    for v in chosen:
+        c = here.get(v.key)
+        if c is None or c.allocation != v.allocation or c.leaving or c.charge != v.charge:
+            return f"pod {_named(cache, v.key)} is gone, leaving, moved or displaced"
+        if c.priority != v.priority:
+            return f"pod {_named(cache, v.key)} changed priority"
+    return tuple(here[v.key] for v in chosen)
+
+
+def _room(cache: ClusterCache, want: Any, chosen: Chosen, rows: Sequence[int],
+          placed: Candidates, hold_of: HoldOf) -> Plan | str:
+    """With the quota's victims set aside: the pod's place on a sent node (under the
+    lock)."""
+    request, priority, victims = want.request, want.priority, chosen.victims
     with set_aside(cache, victims):
         c = cache.modes.constraints(cache.state, request, cache.catalogue)
         if c.blocked is not None:
-            return NoVictims(f"with its victims gone the pod is still refused: "
-                             f"{c.blocked.message}")
+            return f"with its victims gone the pod is still refused: {c.blocked.message}"
         taken = {v.key for v in victims}
-        local = [x for x in candidates(request.key, rows) if x.key not in taken]
+        local = [x for x in placed(request.key, rows) if x.key not in taken]
         room = select(Room(cache.state, request, c, rows), local, below(priority),
-                      cache.budgets.allowed(), limits)
+                      cache.budgets.allowed(), want.limits)
         if isinstance(room, NoVictims):
-            return NoVictims(f"{why}, but no sent node has room for it: {room.message}")
+            return f"{chosen.why}, but no sent node has room for it: {room.message}"
         node = room.node or ""
         hold = hold_of(request, c, node, room, local)
     if hold is None:
-        return NoVictims(f"the policy found no place on {node} once the victims are gone")
-    ident = pod_id(pod)
-    chosen = (*victims, *room.victims)
+        return f"the policy found no place on {node} once the victims are gone"
+    every = (*victims, *room.victims)
     leaving = tuple(x.key for x in local if x.leaving and x.allocation.node == node)
-    return Plan(request.key, ident.namespace, ident.name, priority, node, hold,
-                tuple(Victim(x.key, *_where(cache, x.key), x.priority) for x in chosen),
-                leaving, request, c.group, anywhere=True, why=why)
+    return Plan(request.key, want.namespace, want.name, priority, node, hold,
+                tuple(Victim(x.key, *_where(cache, x.key), x.priority) for x in every),
+                leaving, request, c.group, anywhere=True, why=chosen.why)
+
+
+def over_budget(victims: Sequence[Candidate], allowed: Mapping[str, int]) -> str:
+    """A disruption budget ``victims`` take more of than it allows ('' when none)."""
+    used: dict[str, int] = {}
+    for c in victims:
+        for b in c.budgets:
+            used[b] = used.get(b, 0) + 1
+    return next((b for b, n in sorted(used.items()) if n > allowed.get(b, 0)), "")
+
+
+def _named(cache: ClusterCache, uid: str) -> str:
+    f = cache.pods.get(uid)
+    return f"{f.namespace}/{f.name}" if f is not None else uid
 
 
 def _where(cache: ClusterCache, uid: str) -> tuple[str, str]:

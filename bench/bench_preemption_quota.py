@@ -1,0 +1,157 @@
+"""Benchmark of preemption inside a tenant's quota: how long planning it holds the cache
+lock, against a plain filter of the same pod measured in the same run.
+
+    .venv/bin/python bench/bench_preemption_quota.py [--nodes 500 5000] [--repeat 5]
+
+A cluster of N nodes × 8 GPUs of 80 GiB, full: two 40 GiB pods per GPU, every other one
+of tenant ``team`` (namespace ``t``, random priorities 0–99; so ``team`` has 8·N pods),
+the others of namespace ``o``. ``team``'s TenantQuota allows exactly the GPU memory its
+pods hold, so a pod of ``team`` of priority 1000 asking 40 GiB is refused by the quota
+(not permanently) and every sent node is full: the plan needs one of ``team``'s pods for
+the quota and, with it gone, room on a sent node (every node is sent).
+
+* ``filter``: the plain filter of the pod on an extender without preemption — the
+  baseline;
+* ``in filter``: the quota plan as filter made it, under the lock (``tenantpreempt.plan``
+  on the live cache) — what every other call waited for;
+* ``take`` / ``recheck``: what the plan holds the lock for when made on the planner
+  thread (``planner.take``, then ``planner.recheck_quota``); ``choose``: the part made off
+  the lock;
+* ``a filter arriving meanwhile``: a plain filter of another pod issued just as a plan
+  starts (the plan's thread has the lock), the plan in filter against off it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+from gpupool.core.allocation import Allocation, Slice
+from gpupool.core.model import uniform_node
+from gpupool.core.quota import Charge, amount_of_allocation
+from gpupool.core.request import GpuDemand, Mode, PodRequest
+from gpupool.core.state import ClusterState
+from gpupool.core.victims import Limits, NoVictims
+from gpupool.extender import planner, tenantpreempt
+from gpupool.extender.cache import ClusterCache
+from gpupool.extender.metrics import Metrics
+from gpupool.extender.pods import PodFacts
+from gpupool.extender.service import Extender, Settings
+
+GIB = 1024
+DEMAND = GpuDemand(1, 40 * GIB, 0, Mode.SHARED)
+
+
+def cache_of(nodes: int, seed: int) -> ClusterCache:
+    """The full cluster, its pods placed by gpupool and charged, and ``team``'s quota."""
+    rng = random.Random(seed)
+    cache = ClusterCache()
+    cache.state = ClusterState([uniform_node(f"n{i}", 64000, 512 * GIB, 8, "A100", 80 * GIB)
+                                for i in range(nodes)])
+    used = 0
+    for node in cache.state.nodes:
+        for j, gpu in enumerate(node.gpus):
+            for k in range(2):
+                ns = "t" if k == 0 else "o"
+                alloc = Allocation(f"{node.name}-{j}-{k}", node.name, 0, 0,
+                                   (Slice(gpu.uuid, j, 40 * GIB, 50),))
+                cache.state.reserve(alloc)
+                f = PodFacts(alloc.key, ns, alloc.key, node.name, False, 0, 0, alloc, None,
+                             None, True, rng.randint(0, 99))
+                cache.pods[alloc.key] = f
+                cache.pods_on.setdefault(node.name, set()).add(alloc.key)
+                cache.sources[alloc.key] = {"pod"}
+                cache.catalogue.quotas.charge(alloc.key, Charge(
+                    amount_of_allocation(alloc), ns))
+                used += 40 * GIB if ns == "t" else 0
+    cache.tenant_quota_event("ADDED", {"metadata": {"name": "team"}, "spec": {
+        "namespaces": ["t"], "limits": {"memoryMiB": used}}})
+    return cache
+
+
+def pod_of(name: str, ns: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": ns, "uid": name},
+            "spec": {"priority": 1000, "containers": [{"name": "c", "resources": {
+                "limits": {"gpupool.io/gpu-memory": str(DEMAND.memory_mib)}}}]}}
+
+
+def timed(fn: Callable[[], object], repeat: int) -> tuple[float, object]:
+    times, out = [], None
+    for _ in range(repeat):
+        start = time.perf_counter()
+        out = fn()
+        times.append((time.perf_counter() - start) * 1000)
+    return statistics.median(times), out
+
+
+class Bench:
+    def __init__(self, nodes: int):
+        self.cache = cache_of(nodes, 0)
+        self.ext = Extender(self.cache, Settings("best-fit"), Metrics())
+        self.request = PodRequest("urgent", 1000, 1024, (DEMAND,), tenant="t")
+        self.pod, self.other = pod_of("urgent", "t"), pod_of("other", "o")
+        self.names = [n.name for n in self.cache.state.nodes]
+        self.rows = list(range(nodes))
+        self.constraints = self.cache.modes.constraints(self.cache.state, self.request,
+                                                        self.cache.catalogue)
+        assert tenantpreempt.is_quota_refusal(self.constraints), self.constraints
+
+    def filter(self, pod: dict[str, Any]) -> object:
+        return self.ext.filter({"Pod": pod, "NodeNames": self.names})
+
+    def in_filter(self) -> object:
+        """The quota plan as filter made it, under the lock."""
+        with self.cache.lock:
+            return tenantpreempt.plan(
+                self.cache, self.pod, self.request, self.rows,
+                partial(planner.placed_on, self.cache),
+                partial(planner.hold_on, self.cache, self.ext._decide_on_row), Limits())
+
+    def waits(self, plan: Callable[[threading.Event], object]) -> float:
+        """Milliseconds a plain filter of another pod takes, arriving as a plan starts."""
+        started = threading.Event()
+        thread = threading.Thread(target=plan, args=(started,))
+        thread.start()
+        started.wait()
+        start = time.perf_counter()
+        self.filter(self.other)
+        took = (time.perf_counter() - start) * 1000
+        thread.join()
+        return took
+
+    def plan_in_filter(self, started: threading.Event) -> None:
+        with self.cache.lock:
+            started.set()
+            self.in_filter()
+
+
+def measure(nodes: int, repeat: int) -> None:
+    b = Bench(nodes)
+    base, _ = timed(lambda: b.filter(b.pod), repeat)
+    before, found = timed(b.in_filter, repeat)
+    waits_before = statistics.median(b.waits(b.plan_in_filter) for _ in range(repeat))
+    what = found.message[:60] if isinstance(found, NoVictims) else \
+        f"{len(getattr(found, 'victims', ()))} victims on {getattr(found, 'node', '')}"
+    print(f"{nodes:5d} nodes ({len(b.cache.pods)} pods)  filter {base:7.1f} ms  "
+          f"quota plan in filter (lock held) {before:8.1f} ms  ({before / base:6.1f}x filter)"
+          f"  {what}\n{'':19s}a filter arriving meanwhile takes {waits_before:8.1f} ms")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", type=int, nargs="+", default=[500, 5000])
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+    for n in args.nodes:
+        measure(n, args.repeat)
+
+
+if __name__ == "__main__":
+    main()
