@@ -273,8 +273,9 @@ def recheck(cache: ClusterCache, wanted: Needs, want: Any, chosen: Chosen,
     still short by the very needs it was chosen for; every victim is still there, holding
     the allocation chosen, not leaving, not displaced, of the same priority, within its
     disruption budgets. Then, with the victims set aside, the pod must pass its quotas
-    and find room on a sent node (pods of lower priority there may be chosen too:
-    ``victims.Room``, under the lock)."""
+    and find room on a sent node: one with room now if there is one (no candidates are
+    built), else pods of lower priority there are chosen too (``victims.Room``, under the
+    lock)."""
     request, priority = want.request, want.priority
     if needs(cache, request, priority) != wanted:
         return "the tenant's quota changed"
@@ -312,10 +313,13 @@ def _room(cache: ClusterCache, want: Any, chosen: Chosen, rows: Sequence[int],
         c = cache.modes.constraints(cache.state, request, cache.catalogue)
         if c.blocked is not None:
             return f"with its victims gone the pod is still refused: {c.blocked.message}"
-        taken = {v.key for v in victims}
-        local = [x for x in placed(request.key, rows) if x.key not in taken]
-        room = select(Room(cache.state, request, c, rows), local, below(priority),
-                      cache.budgets.allowed(), want.limits)
+        need, allowed = Room(cache.state, request, c, rows), cache.budgets.allowed()
+        local: list[Candidate] = []  # a sent node with room now needs no candidates
+        room = select(need, local, below(priority), allowed, want.limits)
+        if isinstance(room, NoVictims):
+            taken = {v.key for v in victims}
+            local = [x for x in placed(request.key, rows) if x.key not in taken]
+            room = select(need, local, below(priority), allowed, want.limits)
         if isinstance(room, NoVictims):
             return f"{chosen.why}, but no sent node has room for it: {room.message}"
         node = room.node or ""
