@@ -27,6 +27,10 @@ resourceVersion as a precondition; a conflict re-reads and re-checks. A refusal,
 scope that kept changing, removes the entries written so far (the binder then removes
 the node entry) and refuses the bind with the quota's reason.
 
+A head holding ``move_at`` entries moves them to shards (``shard-<k>.<head>``), so no
+object outgrows what the API server stores; admission reads the head and every shard it
+names, and still writes only the head (``quotashards`` says why that stays exact).
+
 Entries stop counting exactly when the same pod's GPULedger entry would
 (``Commitments.prunable``: pod finished or gone, bound elsewhere, pending past the
 grace); writers drop them, and ``reconcile`` prunes them every round.
@@ -45,6 +49,19 @@ from gpupool.contract import names
 from gpupool.core.quota import Charge, amount_of_allocation
 from gpupool.extender.cache import ClusterCache
 from gpupool.extender.ledger import Entry, View, advanced, view_of
+from gpupool.extender.quotashards import (
+    MOVE_AT_ENTRIES,
+    PREFIX,
+    SHARD_BYTES,
+    Marks,
+    Unreadable,
+    chunk,
+    marks_of,
+    shard_name,
+    size_of,
+    strict_view,
+    union,
+)
 from gpupool.kube.api import KubeApi
 from gpupool.kube.errors import AlreadyExists, Conflict, KubeError, NotFound
 
@@ -88,34 +105,69 @@ def charge_of_entry(entry: Entry) -> Charge:
 
 
 class QuotaLedgers:
-    """Reads and compare-and-swap writes of QuotaLedger objects; remembers the last
-    version of each that it read or wrote (a write from it is the next precondition)."""
+    """Reads and compare-and-swap writes of QuotaLedger objects (heads and their shards,
+    ``quotashards``); remembers the last version of each that it read or wrote (a write
+    from it is the next precondition)."""
 
-    def __init__(self, api: KubeApi):
+    def __init__(self, api: KubeApi, move_at: int = MOVE_AT_ENTRIES,
+                 shard_bytes: int = SHARD_BYTES):
         self.api = api
+        self.move_at = move_at
+        self.shard_bytes = shard_bytes
         self._lock = threading.Lock()
-        self._views: dict[str, View] = {}
+        self._views: dict[str, tuple[View, Marks]] = {}
+        self._sizes: dict[str, tuple[str | None, int]] = {}
 
     def known(self, name: str) -> View:
+        return self.state(name)[0]
+
+    def state(self, name: str) -> tuple[View, Marks]:
+        """The version remembered (a GET when none); ``Unreadable`` when malformed."""
         with self._lock:
-            view = self._views.get(name)
-        return view if view is not None else self.fetch(name)
+            got = self._views.get(name)
+        return got if got is not None else self._fetch(name)
 
     def fetch(self, name: str) -> View:
+        return self._fetch(name)[0]
+
+    def _fetch(self, name: str) -> tuple[View, Marks]:
         try:
-            view = view_of(self.api.get_quota_ledger(name))
+            obj = self.api.get_quota_ledger(name)
         except NotFound:
-            view = View(name)
-        return self._remember(View(name, view.resource_version, view.entries))
+            return self._remember(View(name), Marks())
+        return self._remember(_named(view_of(obj), name), marks_of(obj))
 
     def forget(self, name: str) -> None:
         with self._lock:
             self._views.pop(name, None)
 
-    def _remember(self, view: View) -> View:
+    def _remember(self, view: View, marks: Marks) -> tuple[View, Marks]:
         with self._lock:
-            self._views[view.node] = view
+            self._views[view.node] = (view, marks)
+        return view, marks
+
+    def shard(self, name: str, head: str, seq: int) -> View:
+        """Shard ``name`` of ``head`` at a version holding move ``seq`` at least (a GET when
+        the one remembered is older); ``Unreadable`` when it cannot be read or decoded."""
+        with self._lock:
+            got = self._views.get(name)
+        if got is not None and got[1].seq >= seq and got[1].head == head:
+            return got[0]
+        try:
+            obj = self.api.get_quota_ledger(name)
+        except NotFound:  # deleted by hand: its charges are gone, as with a deleted head
+            return self._remember(View(name), Marks(seq=seq, head=head))[0]
+        except KubeError as exc:
+            raise Unreadable(f"reading QuotaLedger {name}: {exc}") from None
+        view, marks = self._remember(strict_view(obj, name, head), marks_of(obj))
+        if marks.seq < seq:
+            raise Unreadable(f"QuotaLedger {name} holds moves up to {marks.seq}, but "
+                             f"{head} records move {seq} there")
         return view
+
+    def whole(self, head: View, marks: Marks) -> View:
+        """Every entry of the scope of ``head`` (its shards included), at its version."""
+        return union(head, [self.shard(n, head.node, q) for n, q in sorted(marks.shards.items())])
 
     def commit(self, view: View, scope: str, uid: str, entry: Entry,
                prune: Iterable[str] = ()) -> View:
@@ -127,8 +179,8 @@ class QuotaLedgers:
             obj = {"apiVersion": names.API_VERSION, "kind": KIND,
                    "metadata": {"name": view.node},
                    "spec": {"scope": scope, "entries": {uid: changes[uid]}}}
-            written = advanced(View(view.node), {uid: changes[uid]},
-                               self.api.create_quota_ledger(obj))
+            answer = self.api.create_quota_ledger(obj)
+            written = advanced(View(view.node), {uid: changes[uid]}, answer)
         else:
             try:
                 answer = self.api.patch_quota_ledger(
@@ -136,35 +188,132 @@ class QuotaLedgers:
             except NotFound:  # deleted since it was read: read it again, as on a conflict
                 raise Conflict(f"QuotaLedger {view.node} was deleted", 409) from None
             written = advanced(view, changes, answer)
-        return self._remember(View(view.node, written.resource_version, written.entries))
+        return self._remember(_named(written, view.node), marks_of(answer))[0]
 
     def prune(self, view: View, uids: Iterable[str]) -> View:
         """Drop ``uids`` if the ledger is still at ``view``'s version (``Conflict`` else)."""
         changes: dict[str, Any] = {u: None for u in uids if u in view.entries}
         if not changes or view.resource_version is None:
             return view
-        written = advanced(view, changes, self.api.patch_quota_ledger(
-            view.node, {"spec": {"entries": changes}}, view.resource_version))
-        return self._remember(View(view.node, written.resource_version, written.entries))
+        answer = self.api.patch_quota_ledger(
+            view.node, {"spec": {"entries": changes}}, view.resource_version)
+        return self._remember(_named(advanced(view, changes, answer), view.node),
+                              marks_of(answer))[0]
 
     def remove(self, name: str, uid: str) -> None:
-        """Drop ``uid``'s entry (no precondition: the key is the pod's own)."""
-        self.forget(name)
-        try:
-            self.api.patch_quota_ledger(name, {"spec": {"entries": {uid: None}}}, None)
-        except NotFound:
-            return
+        """Drop ``uid``'s entry from head ``name`` and the shards remembered holding it (no
+        precondition: the key is the pod's own)."""
+        with self._lock:
+            shards = [n for n, (v, m) in self._views.items() if m.head == name and
+                      uid in v.entries]
+        for target in [name, *shards]:
+            self.forget(target)
+            try:
+                self.api.patch_quota_ledger(target, {"spec": {"entries": {uid: None}}}, None)
+            except NotFound:
+                continue
 
     def listed(self) -> list[View]:
-        """Every QuotaLedger (none when the kind is not installed)."""
+        """Every QuotaLedger, heads and shards (none when the kind is not installed)."""
         try:
-            objs = self.api.list_quota_ledgers().items
+            objs = [dict(o) for o in self.api.list_quota_ledgers().items]
         except NotFound:
             return []
-        views = [(view_of(dict(o)), (dict(o).get("metadata") or {}).get("name")) for o in objs]
-        # named by the object's name: a hand-written spec.node must not redirect writes
-        return [self._remember(View(str(n or v.node), v.resource_version, v.entries))
-                for v, n in views]
+        views = []
+        for obj in objs:
+            # named by the object's name: a hand-written spec.node must not redirect writes
+            name = str((obj.get("metadata") or {}).get("name") or "")
+            try:
+                views.append(self._remember(_named(view_of(obj), name), marks_of(obj))[0])
+            except Unreadable as exc:
+                log.warning("%s", exc)
+        return views
+
+    # -- moving a full head's entries to a shard (quotashards) ----------------------------
+    def spread(self, head: View, scope: str) -> None:
+        """Move entries of ``head`` to shards while it holds ``move_at`` or more (best
+        effort: a move that loses a race is left for a later bind; entries caught in two
+        objects count once)."""
+        for _ in range(8):
+            if len(head.entries) < self.move_at:
+                return
+            try:
+                moved = self._move(head, self.state(head.node)[1], scope)
+            except (KubeError, Unreadable) as exc:
+                log.info("moving QuotaLedger %s entries to a shard: %s", head.node, exc)
+                self.forget(head.node)
+                return
+            if moved is None:
+                return
+            head = moved
+
+    def _move(self, head: View, marks: Marks, scope: str) -> View | None:
+        name, shard, room = self._target(head, marks)
+        moved = chunk(head.entries, room)
+        if not moved:
+            return None
+        seq = max(self._views.get(name, (shard, Marks()))[1].seq,
+                  marks.shards.get(name, 0)) + 1
+        raw = {u: e.to_json() for u, e in moved.items()}
+        if shard.resource_version is None:
+            answer = self.api.create_quota_ledger({
+                "apiVersion": names.API_VERSION, "kind": KIND, "metadata": {"name": name},
+                "spec": {"scope": scope, "head": head.node, "seq": seq, "entries": raw}})
+        else:
+            answer = self.api.patch_quota_ledger(
+                name, {"spec": {"seq": seq, "entries": raw}}, shard.resource_version)
+        self._remember(_named(advanced(shard, raw, answer), name), Marks(seq=seq, head=head.node))
+        return self._drop_moved(head, marks, name, seq, moved)
+
+    def _drop_moved(self, head: View, marks: Marks, name: str, seq: int,
+                    moved: dict[str, Entry]) -> View:
+        """The head without the entries now in shard ``name`` at move ``seq`` (those it
+        still holds unchanged), recording that move; re-read on a conflict."""
+        for _ in range(4):
+            gone: dict[str, Any] = {u: None for u, e in moved.items()
+                                    if head.entries.get(u) == e}
+            mark = max(seq, marks.shards.get(name, 0))
+            try:
+                answer = self.api.patch_quota_ledger(
+                    head.node, {"spec": {"shards": {name: mark}, "entries": gone}},
+                    head.resource_version)
+            except Conflict:
+                head, marks = self._fetch(head.node)
+                continue
+            return self._remember(_named(advanced(head, gone, answer), head.node),
+                                  marks_of(answer))[0]
+        raise Conflict(f"QuotaLedger {head.node} kept changing", 409)
+
+    def _target(self, head: View, marks: Marks) -> tuple[str, View, int]:
+        """The shard to move to: the first with room for the whole head, else a new one."""
+        need = min(size_of(head.entries), self.shard_bytes)
+        for name, seq in sorted(marks.shards.items(), key=lambda ns: _index(ns[0])):
+            shard = self.shard(name, head.node, seq)
+            room = self.shard_bytes - self._size(shard)
+            if room >= need:
+                return name, shard, room
+        taken = {_index(n) for n in marks.shards}
+        k = min(set(range(len(taken) + 1)) - taken)
+        return shard_name(head.node, k), View(shard_name(head.node, k)), self.shard_bytes
+
+    def _size(self, view: View) -> int:
+        with self._lock:
+            known = self._sizes.get(view.node)
+        if known is not None and known[0] == view.resource_version:
+            return known[1]
+        size = size_of(view.entries)
+        with self._lock:
+            self._sizes[view.node] = (view.resource_version, size)
+        return size
+
+
+def _named(view: View, name: str) -> View:
+    return View(name, view.resource_version, view.entries)
+
+
+def _index(shard: str) -> int:
+    head = shard[len(PREFIX):].split(".", 1)[0]
+    return int(head) if head.isdigit() else 1 << 30
 
 
 class QuotaGate:
@@ -194,15 +343,21 @@ class QuotaGate:
     def _admit_in(self, name: str, scope: str, key: str, entry: Entry, charge: Charge) -> str:
         for _ in range(self.attempts):
             try:
-                view = self.ledgers.known(name)
+                view, marks = self.ledgers.state(name)
+                whole = self.ledgers.whole(view, marks)
                 with self.cache.lock:
-                    why = self.refusal(view, key, charge)
+                    why = self.refusal(whole, key, charge)
                     prune = [u for u in self.cache.quota_prunable(view) if u != key]
                 if why:  # the version remembered may be outdated: the next bind reads it
                     self.ledgers.forget(name)
                     return why
-                self.ledgers.commit(view, scope, key, entry, prune)
+                self.ledgers.spread(self.ledgers.commit(view, scope, key, entry, prune), scope)
                 return ""
+            except Unreadable as exc:
+                self.ledgers.forget(name)
+                return (f"the quota of {scope} cannot be checked for {entry.pod or key}: "
+                        f"{exc}; nothing was written (fix or delete that object: docs/tenancy.md, "
+                        "\"QuotaLedger shards\"); the scheduler will retry")
             except (Conflict, AlreadyExists):
                 self.on_conflict()
                 self.ledgers.forget(name)
