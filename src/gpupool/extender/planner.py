@@ -24,6 +24,11 @@ waits for the cache lock, so the choice is made without it, in three steps:
    says why (a sentence), and the preemptor plans once more or leaves it to the pod's
    next filter.
 
+A plan inside a tenant's quota takes the same steps (``Want.quota``): ``take`` also takes
+the quotas' needs (``tenantpreempt.needs``), ``choose`` picks the quota's victims among
+every placed pod (``tenantpreempt.choose``), ``recheck`` checks them and finds the room
+(``tenantpreempt.recheck``).
+
 Whether two plans make one room twice is not decided here: the hold is written with a
 compare-and-swap on the node's GPULedger, checked to fit with its victims counted out
 (``preemptor``), so the second of two plans for one room never evicts anybody.

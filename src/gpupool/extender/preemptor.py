@@ -17,7 +17,8 @@ preempts by itself. When filter finds no node for a GPU pod that may preempt
    are still there and eligible, the pod still fits nowhere without them, and the placement
    policy finds it a place on that node once they are gone); a stale plan is made once
    more, then left to the pod's next filter. A plan inside a tenant's quota
-   (``tenantpreempt``) is still made in filter, under the lock.
+   (``tenantpreempt``) takes the same three steps, its quotas' needs taken with the ask
+   and its victims chosen anywhere in the cluster.
 2. **Hold, then evict** (``carry_out``, one worker thread): a compare-and-swap on the node's
    GPULedger writes the pod's *hold* (kind ``hold``, ``expires``, ``displaces`` = the
    victims), checked to fit the node with the victims counted out; the CAS is where two

@@ -15,11 +15,16 @@ with the one victim chooser, ``core.victims.select``:
   refused because the cohort lent everything out: borrowed pods of the members beyond
   their fair share (``core.tenantshare.fairness_reclaim``, then ``core.cohort.reclaim``).
 
-With those victims counted out (their allocations and charges set aside, under the cache
-lock, and put back), the pod must still find a node among those kube-scheduler sent; pods
-of lower priority on it may be chosen too (``victims.Room``), as in plain preemption. The
-result is an ordinary ``plans.Plan`` the ``Preemptor`` carries out (hold in the node's
-GPULedger, then evictions), marked ``anywhere``: quota victims may run on other nodes.
+It is planned in the planner's three steps (``planner``): ``needs`` (under the cache
+lock, with the ask: what each quota is short of and whose pods may give it back, as
+values), ``choose`` (off the lock, on the ask's snapshot and copies: the victims), and
+``recheck`` (under the lock: the needs are still the same and the victims unchanged).
+With those victims counted out (their allocations and charges set aside, under the
+cache lock, and put back), the pod must still find a node among those kube-scheduler
+sent; pods of lower priority on it may be chosen too (``victims.Room``), as in plain
+preemption. The result is an ordinary ``plans.Plan`` the ``Preemptor`` carries out (hold
+in the node's GPULedger, then evictions), marked ``anywhere``: quota victims may run on
+other nodes.
 """
 
 from __future__ import annotations
