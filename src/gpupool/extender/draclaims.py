@@ -245,7 +245,8 @@ class DraClaims:
         """What the claim counts against: its namespace, and its class when known."""
         record = self.claims.get(holding.uid)
         known = frozenset(cache.catalogue.classes.names())
-        cls = claim_class(record, known) if record is not None else None
+        allocated = frozenset(g.request for g in holding.gpus)
+        cls = claim_class(record, known, allocated) if record is not None else None
         return Charge(amount_of_allocation(alloc), holding.namespace or "default", cls)
 
     def hold_node(self, cache: Holder, node: str) -> None:
@@ -305,13 +306,22 @@ def record_of(obj: Mapping[str, Any]) -> ClaimRecord | None:
                        if isinstance(constraints, list) else ())
 
 
-def claim_class(record: ClaimRecord, known: frozenset[str]) -> str | None:
+def claim_class(record: ClaimRecord, known: frozenset[str],
+                allocated: frozenset[str] | None = None) -> str | None:
     """The first ResourceClass among ``known`` that the claim's gpupool requests name
-    (``<class>.gpupool.io``; ``gpu.gpupool.io`` names none)."""
+    (``<class>.gpupool.io``; ``gpu.gpupool.io`` names none). ``allocated``: the request
+    names the allocation's results carry (``req`` or ``req/sub``): only those count, so a
+    ``firstAvailable`` is charged to the class of the sub-request it was given."""
     for raw in record.requests:
+        req = str(raw.get("name") or "")
         first = raw.get("firstAvailable")
-        asks = [raw.get("exactly"), *(first if isinstance(first, list) else ())]
-        for ask in (a for a in asks if isinstance(a, Mapping)):
+        asks = [(req, raw.get("exactly")), *(
+            (f"{req}/{a.get('name') if isinstance(a, Mapping) else ''}", a)
+            for a in (first if isinstance(first, list) else ()))]
+        for label, ask in asks:
+            if not isinstance(ask, Mapping) or \
+                    (allocated is not None and label not in allocated):
+                continue
             name = ask.get("deviceClassName")
             if isinstance(name, str) and name.endswith(CLASS_SUFFIX) and name != DRIVER:
                 cls = name[:-len(CLASS_SUFFIX)]

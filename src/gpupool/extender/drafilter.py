@@ -7,9 +7,12 @@ profile), applies to a pod's unallocated claims of gpupool's driver (``drapods``
 same tenancy checks filter applies to device-plugin pods — the core's
 ``constraints_for``, one implementation:
 
-* TenantQuota and ResourceClass quota: when what the claims ask would take the tenant
-  (the pod's namespace) past a limit, every sent node is refused with the quota's reason,
-  the very sentence a device-plugin pod of that namespace gets;
+* TenantQuota and ResourceClass quota: per sent node, the most the claims could take
+  there (``draquota``: ``allocationMode: All`` as every device it selects on the node,
+  ``firstAvailable`` as its largest alternative that could be allocated there, each
+  request charged to its own class) is checked with the core's quota books; a node where
+  it would take the tenant (the pod's namespace) past a limit is refused with the quota's
+  reason, the very sentence a device-plugin pod of that namespace gets;
 * GPUPermission: a node with fewer permitted GPUs than the claims ask is refused, naming
   the permission (a tenant permitted no GPU at all is refused on every node).
 
@@ -39,11 +42,15 @@ import numpy as np
 from gpupool.core.eligibility import Catalogue, constraints_for
 from gpupool.core.fit import Constraints, demand_of
 from gpupool.core.groups import GroupCatalog
+from gpupool.core.quota import QuotaBook
+from gpupool.core.reasons import Check
 from gpupool.core.request import PodRequest
 from gpupool.core.state import BoolArray, ClusterState, IntArray
+from gpupool.core.tenants import TenantBook
 from gpupool.extender import protocol
 from gpupool.extender.draasks import ClaimAsks, claim_asks
 from gpupool.extender.drapods import claims_request, has_claims
+from gpupool.extender.draquota import node_charges, quota_refusal
 from gpupool.extender.drascores import device_masks
 from gpupool.extender.nodenames import Matched
 from gpupool.extender.refusals import PREFIX, Refusals, member, members_json
@@ -54,6 +61,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 VERB = "filter-claims"
 NO_GROUPS = GroupCatalog()  # claims belong to no ResourceGroup
+NO_QUOTAS, NO_TENANTS = QuotaBook(), TenantBook()  # quota is checked per node (draquota)
 # Reason tables of claims requests, apart from filter's: a device-plugin request of the
 # same shape explains DRA nodes otherwise (they are out of its reach).
 _REFUSALS: weakref.WeakKeyDictionary[Extender, dict[frozenset[str], Refusals]] = \
@@ -75,9 +83,11 @@ def claims_filter_json(ext: Extender, body: bytes) -> bytes:
         cache.flush()
         classes = frozenset(cache.catalogue.classes.names())
         request = claims_request(args.pod, base, cache.dra, classes)
-        if not request.gpus:
-            return pass_all(args)
         asks = claim_asks(args.pod, base, cache.dra, classes)
+        if not request.gpus and not asks.requests:
+            return pass_all(args)
+        if len({c.gpu_class for r in asks.requests for c in r.choices}) > 1:
+            request = replace(request, gpu_class=None)  # each is charged to its own class
         answer = _tenancy(ext, args, request, asks)
     ext.metrics.decisions.labels("filter", "claims").inc()
     return answer
@@ -90,9 +100,10 @@ def pass_all(args: protocol.ExtenderArgs) -> bytes:
 
 def claim_constraints(state: ClusterState, request: PodRequest, catalogue: Catalogue
                       ) -> Constraints:
-    """The core's constraints of a claims request: class, GPU permissions and quota, no
-    groups."""
-    return constraints_for(state, request, replace(catalogue, groups=NO_GROUPS))
+    """The core's constraints of a claims request: class and GPU permissions; no groups,
+    and no quota (what claims take depends on the node: ``quota_rows``)."""
+    return constraints_for(state, request, replace(catalogue, groups=NO_GROUPS,
+                                                   quotas=NO_QUOTAS, tenants=NO_TENANTS))
 
 
 def permitted_nodes(state: ClusterState, request: PodRequest, c: Constraints) -> BoolArray:
@@ -137,13 +148,19 @@ def _tenancy(ext: Extender, args: protocol.ExtenderArgs, request: PodRequest,
         every = _names(state, sent, np.arange(len(sent.rows)))
         return _refuse_all(args, every, PREFIX + c.blocked.message, c.blocked.permanent)
     rows = sent.rows
+    over, quota_failed, quota_never = quota_rows(ext, request, asks, sent)
     ok = np.ones(len(rows), np.bool_)  # names without inventory: the DRA plugin judges
     known = rows >= 0
     has_gpus = state.present[rows[known]].any(axis=1)
     c = selected_permitted(ext, c, asks)
     ok[known] = ~has_gpus | permitted_nodes(state, request, c)[rows[known]]
-    if ok.all():
+    if ok.all() and not over.any():
         return pass_all(args)
+    passing = np.flatnonzero(ok & ~over)
+    kept = msgspec.json.encode(_names(state, sent, passing)) if args.cache_capable else b""
+    if ok.all():
+        return protocol.filter_answer(args, kept, passing, members_json(quota_failed),
+                                      members_json(quota_never))
     tables = _REFUSALS.setdefault(ext, {})
     refusals = tables.get(asks.expressions)  # the sentences differ with the selectors
     if refusals is None:
@@ -151,10 +168,53 @@ def _tenancy(ext: Extender, args: protocol.ExtenderArgs, request: PodRequest,
             tables.clear()
         refusals = tables[asks.expressions] = Refusals(ext.metrics)
     failed, unresolvable = refusals.of(state, request, c, cache.catalogue_version,
-                                       sent.names, rows, ok)
-    passing = np.flatnonzero(ok)
-    kept = msgspec.json.encode(_names(state, sent, passing)) if args.cache_capable else b""
-    return protocol.filter_answer(args, kept, passing, failed, unresolvable)
+                                       sent.names, rows, ok | over)
+    return protocol.filter_answer(args, kept, passing, _joined(failed, quota_failed),
+                                  _joined(unresolvable, quota_never))
+
+
+def quota_rows(ext: Extender, request: PodRequest, asks: ClaimAsks, sent: Matched
+               ) -> tuple[BoolArray, list[bytes], list[bytes]]:
+    """([sent] refused for quota, their FailedNodes members, their unresolvable ones):
+    each node's worst-case charge (``draquota``) checked with the core's quota books,
+    once per distinct charge."""
+    cache = ext.cache
+    state, catalogue = cache.state, cache.catalogue
+    over = np.zeros(len(sent.rows), np.bool_)
+    failed: list[bytes] = []
+    never: list[bytes] = []
+    if not len(catalogue.quotas.tenant_limits) and not len(catalogue.quotas.class_limits) \
+            and not len(catalogue.tenants):
+        return over, failed, never
+    charges = node_charges(state, asks, device_masks(cache.dra), cache.dra,
+                           catalogue.classes, cache.modes.dra_mask(state))
+    verdicts: dict[object, str | None] = {}
+    permanent: dict[object, bool] = {}
+    for k, row in enumerate(sent.rows.tolist()):
+        amounts = charges.at(row)
+        if amounts not in verdicts:
+            reason = quota_refusal(catalogue, request.tenant, request.key, amounts)
+            verdicts[amounts] = None if reason is None else PREFIX + reason.message
+            permanent[amounts] = reason is not None and reason.permanent
+            if reason is not None:
+                log.info("filter-claims: pod %s refused where its claims could take %s: %s",
+                         request.key, amounts[0], reason.message)
+        why = verdicts[amounts]
+        if why is not None:
+            over[k] = True
+            name = state.nodes[row].name if row >= 0 else sent.names[k]
+            (never if permanent[amounts] else failed).append(member(name, why))
+    if over.any():
+        ext.metrics.failures.labels(Check.QUOTA.value).inc(int(over.sum()))
+    return over, failed, never
+
+
+def _joined(members: bytes, more: list[bytes]) -> bytes:
+    """A rendered JSON object of members with ``more`` members added."""
+    if not more:
+        return members
+    inner = members[1:-1]
+    return members_json(([inner] if inner else []) + more)
 
 
 def _names(state: ClusterState, sent: Matched, positions: IntArray) -> list[str]:
