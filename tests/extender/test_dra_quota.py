@@ -12,6 +12,7 @@ import pytest
 
 from gpupool.contract import dra
 from gpupool.core.classes import ResourceClass
+from gpupool.core.permissions import Permission
 from gpupool.core.quota import Limit
 from gpupool.core.selector import Selector
 from gpupool.core.tenants import TenantBook, TenantQuota
@@ -271,3 +272,26 @@ def test_an_allocated_first_available_claim_is_charged_the_alternative_it_was_gi
     used = book.used_by_tenant(NS)
     assert (used.gpus, used.memory_mib, used.core_pct) == expected
     assert book.used_by_class(NS, cls) == used
+
+
+@pytest.mark.parametrize(("selectors", "passed"), [
+    ((), ["a"]),
+    ((H100,), []),
+    (("device.attributes['gpu.gpupool.io'].model == 'A100'",), ["mixed", "a"]),
+], ids=["every GPU: refused where one is not permitted",
+        "only H100s: mixed's is not permitted, a has none permitted and selected",
+        "only the permitted A100s: both nodes"])
+def test_all_is_refused_where_it_would_take_a_gpu_outside_the_tenants_permission(
+        selectors: tuple[str, ...], passed: list[str]) -> None:
+    cache = cluster({"mixed": ("A100", "H100"), "a": ("A100", "A100")})
+    a100 = Selector.from_spec({"matchLabels": {"gpupool.io/model": "A100"}})
+    cache.catalogue.permissions.put(Permission("a100-only", frozenset({NS}), gpus=a100))
+    request = with_selectors(ask(), *selectors)
+    request["exactly"]["allocationMode"] = "All"
+    with cache.lock:
+        cache.dra.sync_claims(cache, [claim("all", [request])])
+    answer = filtered(cache, claim_pod("p", ("gpu", "all")), ["mixed", "a"])
+    assert answer["NodeNames"] == passed
+    for node, why in answer["FailedAndUnresolvableNodes"].items():
+        assert node not in passed and "GPUPermission a100-only" in why, why
+    assert len(answer["NodeNames"]) + len(answer["FailedAndUnresolvableNodes"]) == 2

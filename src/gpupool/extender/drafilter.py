@@ -44,7 +44,7 @@ from gpupool.core.fit import Constraints, demand_of
 from gpupool.core.groups import GroupCatalog
 from gpupool.core.quota import QuotaBook
 from gpupool.core.reasons import Check
-from gpupool.core.request import PodRequest
+from gpupool.core.request import GpuDemand, Mode, PodRequest
 from gpupool.core.state import BoolArray, ClusterState, IntArray
 from gpupool.core.tenants import TenantBook
 from gpupool.extender import protocol
@@ -88,6 +88,8 @@ def claims_filter_json(ext: Extender, body: bytes) -> bytes:
             return pass_all(args)
         if len({c.gpu_class for r in asks.requests for c in r.choices}) > 1:
             request = replace(request, gpu_class=None)  # each is charged to its own class
+        if not request.gpus:  # only All requests: at least one device, permissions apply
+            request = replace(request, gpus=(GpuDemand(1, mode=Mode.EXCLUSIVE),))
         answer = _tenancy(ext, args, request, asks)
     ext.metrics.decisions.labels("filter", "claims").inc()
     return answer
@@ -149,6 +151,11 @@ def _tenancy(ext: Extender, args: protocol.ExtenderArgs, request: PodRequest,
         return _refuse_all(args, every, PREFIX + c.blocked.message, c.blocked.permanent)
     rows = sent.rows
     over, quota_failed, quota_never = quota_rows(ext, request, asks, sent)
+    wide = every_outside_permission(ext, c, asks, sent) & ~over
+    if wide.any():
+        why = f"{PREFIX}{c.permission} does not permit every GPU allocationMode All selects here"
+        quota_never += [member(n, why) for n in _names(state, sent, np.flatnonzero(wide))]
+        over |= wide
     ok = np.ones(len(rows), np.bool_)  # names without inventory: the DRA plugin judges
     known = rows >= 0
     has_gpus = state.present[rows[known]].any(axis=1)
@@ -188,25 +195,44 @@ def quota_rows(ext: Extender, request: PodRequest, asks: ClaimAsks, sent: Matche
         return over, failed, never
     charges = node_charges(state, asks, device_masks(cache.dra), cache.dra,
                            catalogue.classes, cache.modes.dra_mask(state))
-    verdicts: dict[object, str | None] = {}
-    permanent: dict[object, bool] = {}
-    for k, row in enumerate(sent.rows.tolist()):
-        amounts = charges.at(row)
-        if amounts not in verdicts:
-            reason = quota_refusal(catalogue, request.tenant, request.key, amounts)
-            verdicts[amounts] = None if reason is None else PREFIX + reason.message
-            permanent[amounts] = reason is not None and reason.permanent
-            if reason is not None:
-                log.info("filter-claims: pod %s refused where its claims could take %s: %s",
-                         request.key, amounts[0], reason.message)
-        why = verdicts[amounts]
-        if why is not None:
-            over[k] = True
-            name = state.nodes[row].name if row >= 0 else sent.names[k]
-            (never if permanent[amounts] else failed).append(member(name, why))
+    distinct, which = charges.distinct(sent.rows)
+    for d, amounts in enumerate(distinct):
+        reason = quota_refusal(catalogue, request.tenant, request.key, amounts)
+        if reason is None:
+            continue
+        log.info("filter-claims: pod %s refused where its claims could take %s: %s",
+                 request.key, amounts[0], reason.message)
+        here = which == d
+        over |= here
+        out = never if reason.permanent else failed
+        out += [member(n, PREFIX + reason.message)
+                for n in _names(state, sent, np.flatnonzero(here))]
     if over.any():
         ext.metrics.failures.labels(Check.QUOTA.value).inc(int(over.sum()))
     return over, failed, never
+
+
+def every_outside_permission(ext: Extender, c: Constraints, asks: ClaimAsks, sent: Matched
+                             ) -> BoolArray:
+    """[sent] -> an ``allocationMode: All`` alternative of the claims would take a GPU of
+    the node that the tenant's GPUPermission does not permit (it takes every device it
+    selects, whichever gpupool would have chosen)."""
+    out = np.zeros(len(sent.rows), np.bool_)
+    alls = [(r.claim, ch) for r in asks.requests for ch in r.choices if ch.all_devices]
+    if c.gpu_mask is None or c.permission is None or not alls:
+        return out
+    cache = ext.cache
+    state, masks = cache.state, device_masks(cache.dra)
+    dra_rows = cache.modes.dra_mask(state)
+    outside = np.zeros(len(state.nodes), np.bool_)
+    for claim, choice in alls:
+        cls = cache.catalogue.classes.request_mask(state, choice.gpu_class, None) \
+            if choice.gpu_class else None
+        allowed = masks.allowed(state, cache.dra, dra_rows, choice.selectors, cls, claim)
+        outside |= (allowed & ~c.gpu_mask).any(axis=1)
+    known = sent.rows >= 0
+    out[known] = outside[sent.rows[known]]
+    return out
 
 
 def _joined(members: bytes, more: list[bytes]) -> bytes:

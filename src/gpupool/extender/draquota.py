@@ -54,11 +54,16 @@ class NodeCharges:
     total: IntArray
     by_class: dict[str, IntArray]
 
-    def at(self, row: int) -> Amounts:
-        """The amounts of node ``row`` (-1: a name without inventory: the floor row)."""
-        k = row if row >= 0 else self.total.shape[0] - 1
-        classes = tuple((c, _triple(a[k])) for c, a in sorted(self.by_class.items()))
-        return _triple(self.total[k]), classes
+    def distinct(self, rows: IntArray) -> tuple[list[Amounts], IntArray]:
+        """The distinct amounts of node ``rows`` (-1: a name without inventory) and, per
+        row, which of them it has."""
+        k = np.where(rows >= 0, rows, self.total.shape[0] - 1)
+        names = sorted(self.by_class)
+        table = np.hstack([self.total[k], *(self.by_class[c][k] for c in names)])
+        rows_of, which = np.unique(table, axis=0, return_inverse=True)
+        out = [(_triple(r[:3]), tuple((c, _triple(r[3 + 3 * j:6 + 3 * j]))
+                                      for j, c in enumerate(names))) for r in rows_of]
+        return out, which.reshape(-1)
 
 
 def node_charges(state: ClusterState, asks: ClaimAsks, masks: DeviceMasks,
