@@ -51,12 +51,12 @@ from gpupool.extender.cache import ClusterCache
 from gpupool.extender.ledger import Entry, View, advanced, view_of
 from gpupool.extender.quotashards import (
     MOVE_AT_ENTRIES,
-    PREFIX,
     SHARD_BYTES,
     Marks,
     Unreadable,
     chunk,
     marks_of,
+    shard_index,
     shard_name,
     size_of,
     strict_view,
@@ -260,8 +260,12 @@ class QuotaLedgers:
                 "apiVersion": names.API_VERSION, "kind": KIND, "metadata": {"name": name},
                 "spec": {"scope": scope, "head": head.node, "seq": seq, "entries": raw}})
         else:
-            answer = self.api.patch_quota_ledger(
-                name, {"spec": {"seq": seq, "entries": raw}}, shard.resource_version)
+            try:
+                answer = self.api.patch_quota_ledger(
+                    name, {"spec": {"seq": seq, "entries": raw}}, shard.resource_version)
+            except KubeError:
+                self.forget(name)  # read it again next time
+                raise
         self._remember(_named(advanced(shard, raw, answer), name), Marks(seq=seq, head=head.node))
         return self._drop_moved(head, marks, name, seq, moved)
 
@@ -287,12 +291,12 @@ class QuotaLedgers:
     def _target(self, head: View, marks: Marks) -> tuple[str, View, int]:
         """The shard to move to: the first with room for the whole head, else a new one."""
         need = min(size_of(head.entries), self.shard_bytes)
-        for name, seq in sorted(marks.shards.items(), key=lambda ns: _index(ns[0])):
+        for name, seq in sorted(marks.shards.items(), key=lambda ns: shard_index(ns[0])):
             shard = self.shard(name, head.node, seq)
             room = self.shard_bytes - self._size(shard)
             if room >= need:
                 return name, shard, room
-        taken = {_index(n) for n in marks.shards}
+        taken = {shard_index(n) for n in marks.shards}
         k = min(set(range(len(taken) + 1)) - taken)
         return shard_name(head.node, k), View(shard_name(head.node, k)), self.shard_bytes
 
@@ -309,11 +313,6 @@ class QuotaLedgers:
 
 def _named(view: View, name: str) -> View:
     return View(name, view.resource_version, view.entries)
-
-
-def _index(shard: str) -> int:
-    head = shard[len(PREFIX):].split(".", 1)[0]
-    return int(head) if head.isdigit() else 1 << 30
 
 
 class QuotaGate:

@@ -65,6 +65,12 @@ def shard_name(head: str, k: int) -> str:
     return f"{PREFIX}{k}.h-{hashlib.sha256(head.encode()).hexdigest()[:40]}"
 
 
+def shard_index(shard: str) -> int:
+    """``k`` of ``shard-<k>.<head>`` (past every index when it is not one)."""
+    k = shard[len(PREFIX):].split(".", 1)[0]
+    return int(k) if k.isdigit() else 1 << 30
+
+
 def _count(value: Any, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise Unreadable(f"{what} is {value!r}, not a move number (a whole number >= 0)")
