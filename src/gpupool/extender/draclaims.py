@@ -10,9 +10,11 @@ The pods of a claim hold only their CPU and memory (the claim holds the GPU).
 
 Every held claim is charged (``Charge``) to its namespace, which is the tenant of its
 pods, and to the ResourceClass its DeviceClass ``<class>.gpupool.io`` names when the
-extender knows that class: TenantQuota and ResourceClass quota status, the tenant
-metrics and the filter of device-plugin pods count GPUs taken through claims as they
-count any other. A claim belongs to no ResourceGroup (nothing charges a group).
+extender knows that class (the class of the request or ``firstAvailable`` sub-request the
+allocation gave devices to; several classes: the first of those): TenantQuota and
+ResourceClass quota status, the tenant metrics and the filter of device-plugin pods count
+GPUs taken through claims as they count any other. A claim belongs to no ResourceGroup
+(nothing charges a group).
 
 A claim is held again when its allocation changes, let go when it is deallocated or
 deleted, and held again after a node's layout changes (``hold_node``, ``hold_all``). A

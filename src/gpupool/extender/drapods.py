@@ -17,10 +17,11 @@ Each device request of gpupool's driver (its ``deviceClassName`` is ``gpu.gpupoo
   beside it: placed as a whole GPU.
 
 ``<class>.gpupool.io`` narrows the GPUs to that ResourceClass when the extender knows the
-class (several classes in one pod: the first). This request is the pod's quota amount
-(``firstAvailable`` counted as its first sub-request, ``allocationMode: All`` not counted)
-and its score when the claims ask plain GPUs; claims with CEL selectors, ``All``,
-alternatives or constraints are scored through ``draasks`` and ``draselect``.
+class (several classes in one pod: the first). This request is the pod's score when the
+claims ask plain GPUs (``firstAvailable`` read as its first sub-request, ``allocationMode:
+All`` not read; ``filter-claims`` charges quota per node through ``draquota``); claims
+with CEL selectors, ``All``, alternatives or constraints are scored through ``draasks``
+and ``draselect``.
 kube-scheduler's DRA plugin still filters and allocates; these scores only rank the nodes
 it finds feasible. Requests of other drivers are not read. Anything unreadable raises
 ``InvalidInput`` naming the pod and claim.
