@@ -8,7 +8,10 @@ of tenant ``team`` (namespace ``t``, random priorities 0–99; so ``team`` has 8
 the others of namespace ``o``. ``team``'s TenantQuota allows exactly the GPU memory its
 pods hold, so a pod of ``team`` of priority 1000 asking 40 GiB is refused by the quota
 (not permanently) and every sent node is full: the plan needs one of ``team``'s pods for
-the quota and, with it gone, room on a sent node (every node is sent).
+the quota and, with it gone, room on a sent node. Cases: ``mixed`` (every node sent; the
+quota's victim frees room on a sent node) and ``apart`` (``team``'s pods on the first
+half of the nodes, the other half sent, full of ``o``'s pods: the room must be made by
+evicting one of those too, chosen in the recheck under the lock).
 
 * ``filter``: the plain filter of the pod on an extender without preemption — the
   baseline;
@@ -51,17 +54,18 @@ GIB = 1024
 DEMAND = GpuDemand(1, 40 * GIB, 0, Mode.SHARED)
 
 
-def cache_of(nodes: int, seed: int) -> ClusterCache:
-    """The full cluster, its pods placed by gpupool and charged, and ``team``'s quota."""
+def cache_of(nodes: int, seed: int, apart: bool) -> ClusterCache:
+    """The full cluster, its pods placed by gpupool and charged, and ``team``'s quota
+    (``apart``: ``team``'s pods fill the first half of the nodes, the others the rest)."""
     rng = random.Random(seed)
     cache = ClusterCache()
     cache.state = ClusterState([uniform_node(f"n{i}", 64000, 512 * GIB, 8, "A100", 80 * GIB)
                                 for i in range(nodes)])
     used = 0
-    for node in cache.state.nodes:
+    for i, node in enumerate(cache.state.nodes):
         for j, gpu in enumerate(node.gpus):
             for k in range(2):
-                ns = "t" if k == 0 else "o"
+                ns = ("t" if i < nodes // 2 else "o") if apart else ("t" if k == 0 else "o")
                 alloc = Allocation(f"{node.name}-{j}-{k}", node.name, 0, 0,
                                    (Slice(gpu.uuid, j, 40 * GIB, 50),))
                 cache.state.reserve(alloc)
@@ -94,13 +98,13 @@ def timed(fn: Callable[[], object], repeat: int) -> tuple[float, object]:
 
 
 class Bench:
-    def __init__(self, nodes: int):
-        self.cache = cache_of(nodes, 0)
+    def __init__(self, nodes: int, apart: bool):
+        self.cache = cache_of(nodes, 0, apart)
         self.ext = Extender(self.cache, Settings("best-fit"), Metrics())
         self.request = PodRequest("urgent", 1000, 1024, (DEMAND,), tenant="t")
         self.pod, self.other = pod_of("urgent", "t"), pod_of("other", "o")
-        self.names = [n.name for n in self.cache.state.nodes]
-        self.rows = list(range(nodes))
+        self.rows = list(range(nodes // 2, nodes)) if apart else list(range(nodes))
+        self.names = [self.cache.state.nodes[i].name for i in self.rows]
         self.constraints = self.cache.modes.constraints(self.cache.state, self.request,
                                                         self.cache.catalogue)
         assert tenantpreempt.is_quota_refusal(self.constraints), self.constraints
@@ -165,8 +169,8 @@ class Bench:
         self.recheck(ask, planner.choose(ask))
 
 
-def measure(nodes: int, repeat: int) -> None:
-    b = Bench(nodes)
+def measure(nodes: int, repeat: int, apart: bool) -> None:
+    b = Bench(nodes, apart)
     base, _ = timed(lambda: b.filter(b.pod), repeat)
     before, found = timed(b.in_filter, repeat)
     take, ask = timed(b.take, repeat)
@@ -179,7 +183,8 @@ def measure(nodes: int, repeat: int) -> None:
         f"{len(getattr(found, 'victims', ()))} victims on {getattr(found, 'node', '')}"
     if not isinstance(outcome, Plan):
         what += f"; off the lock: {outcome}"
-    print(f"{nodes:5d} nodes ({len(b.cache.pods)} pods)  filter {base:7.1f} ms  {what}\n"
+    print(f"{nodes:5d} nodes ({len(b.cache.pods)} pods, {'apart' if apart else 'mixed'}) "
+          f" filter {base:7.1f} ms  {what}\n"
           f"{'':19s}lock held: in filter {before:8.1f} ms  now take {take:6.1f} + recheck "
           f"{recheck:6.1f} ms ({before / (take + recheck):6.1f}x less); choose (off the "
           f"lock) {choose:8.1f} ms\n"
@@ -192,9 +197,11 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, nargs="+", default=[500, 5000])
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--cases", nargs="+", default=["mixed", "apart"])
     args = parser.parse_args()
     for n in args.nodes:
-        measure(n, args.repeat)
+        for case in args.cases:
+            measure(n, args.repeat, case == "apart")
 
 
 if __name__ == "__main__":
