@@ -181,3 +181,25 @@ def test_a_shard_name_is_never_the_name_of_a_scopes_ledger() -> None:
     assert long.startswith("shard-3.h-") and len(long) <= 253
     assert not any(shard_name("tenant.a", k).startswith(("tenant.", "cohort.", "group.",
                                                            "namespace.")) for k in range(3))
+
+
+def test_a_head_deleted_by_hand_is_recreated_and_its_left_over_shard_takes_the_next_move(
+        fake: FakeApiServer) -> None:
+    nodes = seed_cluster(fake, 1, 8)
+    quota(fake, "t", 8)
+    pods = [fake.seed("pods", pod_obj(f"p{k}", ONE_GPU, ns="t")) for k in range(5)]
+    r = Replica(fake)
+    small_heads(r, move_at=2)
+    try:
+        assert wait_for(lambda: ready(r, 5))
+        for pod in pods[:2]:
+            assert schedule(r.extender, pod, nodes)[1] == ""
+        shard = shard_name("tenant.t", 0)
+        assert ledger_entries(fake)[shard] == {p["metadata"]["uid"] for p in pods[:2]}
+        fake.delete("quotaledgers", "tenant.t")  # an operator cleans up, or a restore
+        errors = [schedule(r.extender, pod, nodes)[1] for pod in pods[2:]]
+    finally:
+        r.close()
+    assert errors == ["", "", ""]
+    assert ledger_entries(fake)[shard] >= {p["metadata"]["uid"] for p in pods[2:4]}
+    assert fake.get("quotaledgers", "tenant.t")["spec"]["shards"] == {shard: 2}

@@ -255,17 +255,17 @@ class QuotaLedgers:
         seq = max(self._views.get(name, (shard, Marks()))[1].seq,
                   marks.shards.get(name, 0)) + 1
         raw = {u: e.to_json() for u, e in moved.items()}
-        if shard.resource_version is None:
-            answer = self.api.create_quota_ledger({
-                "apiVersion": names.API_VERSION, "kind": KIND, "metadata": {"name": name},
-                "spec": {"scope": scope, "head": head.node, "seq": seq, "entries": raw}})
-        else:
-            try:
+        try:
+            if shard.resource_version is None:
+                answer = self.api.create_quota_ledger({
+                    "apiVersion": names.API_VERSION, "kind": KIND, "metadata": {"name": name},
+                    "spec": {"scope": scope, "head": head.node, "seq": seq, "entries": raw}})
+            else:
                 answer = self.api.patch_quota_ledger(
                     name, {"spec": {"seq": seq, "entries": raw}}, shard.resource_version)
-            except KubeError:
-                self.forget(name)  # read it again next time
-                raise
+        except KubeError:
+            self.forget(name)  # read it again next time
+            raise
         self._remember(_named(advanced(shard, raw, answer), name), Marks(seq=seq, head=head.node))
         return self._drop_moved(head, marks, name, seq, moved)
 
@@ -297,8 +297,9 @@ class QuotaLedgers:
             if room >= need:
                 return name, shard, room
         taken = {shard_index(n) for n in marks.shards}
-        k = min(set(range(len(taken) + 1)) - taken)
-        return shard_name(head.node, k), View(shard_name(head.node, k)), self.shard_bytes
+        name = shard_name(head.node, min(set(range(len(taken) + 1)) - taken))
+        shard = self.shard(name, head.node, 0)  # one left by a deleted head is reused
+        return name, shard, self.shard_bytes - self._size(shard)
 
     def _size(self, view: View) -> int:
         with self._lock:
