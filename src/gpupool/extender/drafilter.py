@@ -205,8 +205,8 @@ def quota_rows(ext: Extender, request: PodRequest, asks: ClaimAsks, sent: Matche
         here = which == d
         over |= here
         out = never if reason.permanent else failed
-        out += [member(n, PREFIX + reason.message)
-                for n in _names(state, sent, np.flatnonzero(here))]
+        why = member("", PREFIX + reason.message)[2:]  # ':"sentence"', rendered once
+        out += [msgspec.json.encode(n) + why for n in _names(state, sent, np.flatnonzero(here))]
     if over.any():
         ext.metrics.failures.labels(Check.QUOTA.value).inc(int(over.sum()))
     return over, failed, never

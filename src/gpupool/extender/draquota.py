@@ -60,10 +60,24 @@ class NodeCharges:
         k = np.where(rows >= 0, rows, self.total.shape[0] - 1)
         names = sorted(self.by_class)
         table = np.hstack([self.total[k], *(self.by_class[c][k] for c in names)])
-        rows_of, which = np.unique(table, axis=0, return_inverse=True)
+        rows_of, which = _unique_rows(table)
         out = [(_triple(r[:3]), tuple((c, _triple(r[3 + 3 * j:6 + 3 * j]))
                                       for j, c in enumerate(names))) for r in rows_of]
-        return out, which.reshape(-1)
+        return out, which
+
+
+def _unique_rows(table: IntArray) -> tuple[IntArray, IntArray]:
+    """``np.unique(table, axis=0, return_inverse=True)``, through a 1-D key (that sort is
+    many times faster than the row-wise one); checked, and row-wise after a collision."""
+    key = np.zeros(table.shape[0], np.uint64)
+    with np.errstate(over="ignore"):
+        for column in table.T:
+            key = key * np.uint64(1_000_003) + column.astype(np.uint64)
+    _, first, which = np.unique(key, return_index=True, return_inverse=True)
+    rows_of = table[first]
+    if not np.array_equal(rows_of[which.reshape(-1)], table):
+        rows_of, which = np.unique(table, axis=0, return_inverse=True)
+    return rows_of, which.reshape(-1)
 
 
 def node_charges(state: ClusterState, asks: ClaimAsks, masks: DeviceMasks,
