@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
+import numpy as np
 import pytest
 
 from gpupool.contract import dra
@@ -18,6 +19,7 @@ from gpupool.core.selector import Selector
 from gpupool.core.tenants import TenantBook, TenantQuota
 from gpupool.extender.app import verb_handlers
 from gpupool.extender.cache import ClusterCache
+from gpupool.extender.draquota import _unique_rows
 from gpupool.extender.metrics import Metrics
 from gpupool.extender.service import Extender, Settings
 from tests.go_format import sprintf
@@ -295,3 +297,14 @@ def test_all_is_refused_where_it_would_take_a_gpu_outside_the_tenants_permission
     for node, why in answer["FailedAndUnresolvableNodes"].items():
         assert node not in passed and "GPUPermission a100-only" in why, why
     assert len(answer["NodeNames"]) + len(answer["FailedAndUnresolvableNodes"]) == 2
+
+
+@pytest.mark.parametrize("table", [
+    np.array([[1, 2, 3], [4, 5, 6], [1, 2, 3], [0, 0, 0]]),
+    np.array([[0, 1_000_003], [1, 0], [0, 1_000_003]]),  # the same 1-D key: checked
+    np.random.default_rng(7).integers(0, 3, (500, 6)),
+], ids=["a few rows", "two rows of one key are told apart", "many random rows"])
+def test_node_charges_are_grouped_exactly_as_rows(table: np.ndarray) -> None:
+    rows_of, which = _unique_rows(table.astype(np.int64))
+    assert np.array_equal(rows_of[which], table)
+    assert len(rows_of) == len({tuple(r) for r in table.tolist()})
