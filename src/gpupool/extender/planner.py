@@ -132,10 +132,11 @@ def take(cache: ClusterCache, want: Want) -> Ask | NoVictims | None:
         return None
     budgets = Budgets()
     budgets.by_name = dict(cache.budgets.by_name)
-    wanted = tenantpreempt.needs(cache, want.request, want.priority) if want.quota else None
-    if isinstance(wanted, NoVictims):
-        return wanted
     with cache.without(want.key):  # the pod's own leftover hold is no one's room
+        wanted = tenantpreempt.needs(cache, want.request, want.priority) \
+            if want.quota else None
+        if isinstance(wanted, NoVictims):
+            return wanted
         return Ask(want, sent, tuple(state.index[n] for n in sent), state.snapshot(),
                    cache.pods.copy(), frozenset(cache.displaced()), budgets, wanted)
 
