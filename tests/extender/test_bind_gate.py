@@ -56,8 +56,8 @@ def test_bind_refuses_a_pod_it_may_not_bind_and_says_why(
     body = bind_body(pod, nodes[0])
     if case == "another scheduler":
         pod = small(fake, schedulerName="default-scheduler")
-    elif case == "no scheduler named":
-        del pod["spec"]["schedulerName"]
+    elif case == "no scheduler named":  # re-created: a new uid, as the API server gives it
+        del pod["spec"]["schedulerName"], pod["metadata"]["uid"]
         pod = fake.seed("pods", pod)
     elif case == "already bound":
         pod = small(fake, nodeName="n2")
