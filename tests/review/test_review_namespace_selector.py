@@ -61,5 +61,10 @@ def test_labelling_ones_own_namespace_never_evicts_another_tenants_pods(
         answer = r.extender.filter({"Pod": evil, "NodeNames": nodes})
         room = [v for v in answer["FailedNodes"].values() if "making room here" in v]
         assert not room, f"team-b's pod is preempted for mallory's: {room}"
+        preemptor = r.extender.preemptor  # the plan is made on the planner thread
+        assert preemptor is not None
+        assert wait_for(lambda: not preemptor.planning and not preemptor.inflight)
+        assert fake.get("pods", "work", "b") is not None
+        assert not [p for m, p in fake.requests if m == "POST" and p.endswith("/eviction")]
     finally:
         r.close()

@@ -56,5 +56,13 @@ def test_a_quota_preemption_never_makes_room_on_a_dra_node_for_a_device_plugin_p
         assert wait_for(lambda: urgent["metadata"]["uid"] in r.cache.unbound)
         answer = r.extender.filter({"Pod": urgent, "NodeNames": ["full", "dra"]})
         assert "making room here" not in answer["FailedNodes"].get("dra", ""), answer
+        preemptor = r.extender.preemptor  # the plan is made on the planner thread
+        assert preemptor is not None
+        assert wait_for(lambda: not preemptor.planning and not preemptor.inflight)
+        assert r.cache.live_hold(urgent["metadata"]["uid"]) is None or \
+            r.cache.live_hold(urgent["metadata"]["uid"])[0] != "dra"
+        assert fake.get("pods", "low", "t") is not None  # not evicted for nothing
+        again = r.extender.filter({"Pod": urgent, "NodeNames": ["full", "dra"]})
+        assert "making room here" not in again["FailedNodes"].get("dra", ""), again
     finally:
         r.close()
