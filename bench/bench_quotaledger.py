@@ -34,6 +34,7 @@ from gpupool.extender.cache import ClusterCache
 from gpupool.extender.ledger import Entry
 from gpupool.extender.quotaledger import QuotaGate, QuotaLedgers
 from gpupool.kube.api import KubeApi
+
 from machine import line as machine_line
 
 NOW = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
