@@ -14,9 +14,11 @@ from gpupool_testing.fake_apiserver import FakeApiServer
 from waiting import wait_for
 
 from gpupool.core.allocation import Allocation, Slice
-from gpupool.extender.ledger import Entry
+from gpupool.extender.ledger import Entry, decode_entry
+from gpupool.extender.quotaledger import QuotaLedgers
 from gpupool.extender.quotashards import PREFIX, shard_name
 from gpupool.extender.reconcile import LedgerReconciler
+from gpupool.kube.api import KubeApi
 
 from .builders import Replica, now_rfc3339, pod_obj, schedule, seed_cluster
 
@@ -203,3 +205,17 @@ def test_a_head_deleted_by_hand_is_recreated_and_its_left_over_shard_takes_the_n
     assert errors == ["", "", ""]
     assert ledger_entries(fake)[shard] >= {p["metadata"]["uid"] for p in pods[2:4]}
     assert fake.get("quotaledgers", "tenant.t")["spec"]["shards"] == {shard: 2}
+
+
+def test_a_rolled_back_charge_leaves_the_shard_it_was_moved_to(fake: FakeApiServer) -> None:
+    api = KubeApi.connect(server=fake.url)
+    try:
+        ledgers = QuotaLedgers(api, move_at=1)
+        written = ledgers.commit(ledgers.known("tenant.t"), "tenant t", "u1",
+                                 decode_entry("u1", old_entry(1, "n0")))
+        ledgers.spread(written, "tenant t")
+        assert ledger_entries(fake) == {"tenant.t": set(), shard_name("tenant.t", 0): {"u1"}}
+        ledgers.remove("tenant.t", "u1")  # a later scope refused the bind
+    finally:
+        api.close()
+    assert every_entry(fake) == set()
