@@ -212,8 +212,8 @@ def test_a_selector_is_evaluated_once_per_kind_of_device_not_once_per_gpu() -> N
 
 def test_filter_claims_counts_only_the_permitted_gpus_the_claims_selectors_select() -> None:
     """A tenant permitted only A100s whose claim selects H100s would be given an H100 by
-    the allocator: nodes where no permitted GPU is selected are refused, naming the
-    permission."""
+    the allocator: nodes where it selects an unpermitted GPU are refused, naming the
+    permission (an unselective claim too, on the node with an H100)."""
     cache = cluster({"mixed": ("A100", "H100"), "h": ("H100", "H100")})
     a100 = Selector.from_spec({"matchLabels": {"gpupool.io/model": "A100"}})
     cache.catalogue.permissions.put(Permission("a100-only", frozenset({"team-a"}), gpus=a100))
@@ -227,7 +227,9 @@ def test_filter_claims_counts_only_the_permitted_gpus_the_claims_selectors_selec
         answer: dict[str, Any] = msgspec.json.decode(verb_handlers(ext)["filter-claims"](body))
         return answer
 
-    assert filtered(claim_pod("p", ("gpu", "any")))["NodeNames"] == ["mixed"]
+    unselective = filtered(claim_pod("p", ("gpu", "any")))
+    assert unselective["NodeNames"] == []
+    assert "a100-only" in unselective["FailedAndUnresolvableNodes"]["mixed"]
     picky = filtered(claim_pod("q", ("gpu", "picky")))
     assert picky["NodeNames"] == []
     assert "a100-only" in picky["FailedAndUnresolvableNodes"]["mixed"]

@@ -14,7 +14,10 @@ same tenancy checks filter applies to device-plugin pods — the core's
   it would take the tenant (the pod's namespace) past a limit is refused with the quota's
   reason, the very sentence a device-plugin pod of that namespace gets;
 * GPUPermission: a node with fewer permitted GPUs than the claims ask is refused, naming
-  the permission (a tenant permitted no GPU at all is refused on every node).
+  the permission (a tenant permitted no GPU at all is refused on every node); and, since
+  the allocator may take any device a request selects, so is a node where any request
+  (any ``firstAvailable`` alternative) selects a GPU outside the permission (fail closed:
+  the reason names the claim and says to select only permitted GPUs).
 
 Only tenancy refuses here. A GPUPermission counts only the permitted GPUs the claims' CEL
 selectors select (any of a ``firstAvailable``'s alternatives): the allocator picks among
@@ -151,16 +154,18 @@ def _tenancy(ext: Extender, args: protocol.ExtenderArgs, request: PodRequest,
         return _refuse_all(args, every, PREFIX + c.blocked.message, c.blocked.permanent)
     rows = sent.rows
     over, quota_failed, quota_never = quota_rows(ext, request, asks, sent)
-    wide = every_outside_permission(ext, c, asks, sent) & ~over
-    if wide.any():
-        why = f"{PREFIX}{c.permission} does not permit every GPU allocationMode All selects here"
-        quota_never += [member(n, why) for n in _names(state, sent, np.flatnonzero(wide))]
-        over |= wide
     ok = np.ones(len(rows), np.bool_)  # names without inventory: the DRA plugin judges
     known = rows >= 0
     has_gpus = state.present[rows[known]].any(axis=1)
-    c = selected_permitted(ext, c, asks)
-    ok[known] = ~has_gpus | permitted_nodes(state, request, c)[rows[known]]
+    selected = selected_permitted(ext, c, asks)
+    ok[known] = ~has_gpus | permitted_nodes(state, request, selected)[rows[known]]
+    wide = outside_permission(ext, request, c, asks, sent)
+    wide[(wide >= 0) & (over | ~ok)] = -1  # those nodes are refused for another reason
+    for k in np.flatnonzero(wide >= 0).tolist():
+        why = wider_than_permission(asks.requests[int(wide[k])].claim, c.permission or "")
+        quota_never.append(member(_names(state, sent, np.array([k]))[0], why))
+    over |= wide >= 0
+    c = selected
     if ok.all() and not over.any():
         return pass_all(args)
     passing = np.flatnonzero(ok & ~over)
@@ -212,27 +217,40 @@ def quota_rows(ext: Extender, request: PodRequest, asks: ClaimAsks, sent: Matche
     return over, failed, never
 
 
-def every_outside_permission(ext: Extender, c: Constraints, asks: ClaimAsks, sent: Matched
-                             ) -> BoolArray:
-    """[sent] -> an ``allocationMode: All`` alternative of the claims would take a GPU of
-    the node that the tenant's GPUPermission does not permit (it takes every device it
-    selects, whichever gpupool would have chosen)."""
-    out = np.zeros(len(sent.rows), np.bool_)
-    alls = [(r.claim, ch) for r in asks.requests for ch in r.choices if ch.all_devices]
-    if c.gpu_mask is None or c.permission is None or not alls:
-        return out
+def outside_permission(ext: Extender, request: PodRequest, c: Constraints, asks: ClaimAsks,
+                       sent: Matched) -> IntArray:
+    """[sent] -> the first request (index into ``asks.requests``) of which some alternative
+    selects, with its selectors and class, a GPU of the node that the tenant's
+    GPUPermission does not permit; -1: none does. kube-scheduler's allocator may take any
+    device a request selects (``ExactCount`` its first that fits, ``All`` every one, a
+    ``firstAvailable`` any alternative), so such a node could give the tenant a GPU it may
+    not use."""
+    out = np.full(len(sent.rows), -1, np.int64)
     cache = ext.cache
-    state, masks = cache.state, device_masks(cache.dra)
-    dra_rows = cache.modes.dra_mask(state)
-    outside = np.zeros(len(state.nodes), np.bool_)
-    for claim, choice in alls:
-        cls = cache.catalogue.classes.request_mask(state, choice.gpu_class, None) \
-            if choice.gpu_class else None
-        allowed = masks.allowed(state, cache.dra, dra_rows, choice.selectors, cls, claim)
-        outside |= (allowed & ~c.gpu_mask).any(axis=1)
+    state = cache.state
+    permitted = cache.catalogue.permissions.mask(state, request.tenant)
+    if c.permission is None or permitted is None:
+        return out
+    masks, dra_rows = device_masks(cache.dra), cache.modes.dra_mask(state)
+    first = np.full(len(state.nodes), -1, np.int64)
+    for r, ask in enumerate(asks.requests):
+        for choice in ask.choices:
+            cls = cache.catalogue.classes.request_mask(state, choice.gpu_class, None) \
+                if choice.gpu_class else None
+            allowed = masks.allowed(state, cache.dra, dra_rows, choice.selectors, cls,
+                                    ask.claim)
+            first[(first < 0) & (allowed & ~permitted).any(axis=1)] = r
     known = sent.rows >= 0
-    out[known] = outside[sent.rows[known]]
+    out[known] = first[sent.rows[known]]
     return out
+
+
+def wider_than_permission(claim: str, permission: str) -> str:
+    """Why a node is refused where a claim selects a GPU outside the tenant's permission."""
+    return (f"{PREFIX}ResourceClaim {claim} selects GPUs on this node outside {permission} "
+            "(its selectors and DeviceClass), and kube-scheduler may allocate any GPU it "
+            "selects: select only permitted GPUs (a CEL selector on their model, or the "
+            "DeviceClass of a ResourceClass within the permission)")
 
 
 def _joined(members: bytes, more: list[bytes]) -> bytes:
