@@ -85,6 +85,17 @@ def test_the_single_file_of_earlier_versions_is_taken_over(tmp_path: Path) -> No
     assert (tmp_path / "checkpoint.json.unreadable").exists()
 
 
+def test_a_takeover_that_cannot_write_keeps_the_earlier_file_and_its_claims(
+        tmp_path: Path) -> None:
+    legacy = tmp_path / "checkpoint.json"
+    body = {"u1": _claim_json(CLAIM)}
+    legacy.write_text(json.dumps({"version": 1, "claims": body, "checksum": _digest(body)}))
+    (tmp_path / "claims").write_text("a file where the claims' folder should be")
+    cp = Checkpoint(tmp_path / "claims", legacy)
+    assert cp.load() == {"u1": CLAIM}  # nothing forgotten
+    assert legacy.exists() and not (tmp_path / "checkpoint.json.unreadable").exists()
+
+
 def test_cdi_specs_name_the_claim_and_refuse_uids_that_are_paths(tmp_path: Path) -> None:
     specs = CdiSpecs(tmp_path)
     assert specs.write("u1", CLAIM.edits) == "gpu.gpupool.io/claim=u1"

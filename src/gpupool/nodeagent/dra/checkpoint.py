@@ -149,12 +149,17 @@ class Checkpoint:
             if raw.get("version") != 1 or raw.get("checksum") != _digest(raw["claims"]):
                 raise ValueError("version or checksum does not match")
             claims = {uid: _claim_of(uid, c) for uid, c in raw["claims"].items()}
-            for claim in claims.values():
-                self.put(claim)
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             self._set_aside(self.legacy, str(exc))
             return {}
-        self.legacy.unlink()
+        try:  # a write that fails keeps the old file, which is taken over at the next start
+            for claim in claims.values():
+                self.put(claim)
+            self.legacy.unlink(missing_ok=True)
+        except OSError as exc:
+            log.error("DRA checkpoint %s could not be taken over (%s); it is kept and "
+                      "taken over at the next start", self.legacy, exc)
+            return claims
         log.info("DRA checkpoint %s taken over as %d claim files in %s", self.legacy,
                  len(claims), self.path)
         return claims
