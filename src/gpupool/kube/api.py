@@ -377,13 +377,9 @@ class KubeApi:
     def patch_ledger(self, node: str, patch: Mapping[str, Any],
                      resource_version: str | None) -> KubeObject:
         """Merge-patch the ledger; with ``resource_version`` only if it is still current."""
-        body = dict(patch)
-        if resource_version is not None:
-            meta = dict(body.get("metadata") or {})
-            meta["resourceVersion"] = resource_version
-            body["metadata"] = meta
         with _translated(f"update GPULedger {node}"):
-            return dict(self.client.patch(GPULedger, node, body, patch_type=PatchType.MERGE))
+            return dict(self.client.patch(GPULedger, node, versioned(patch, resource_version),
+                                          patch_type=PatchType.MERGE))
 
 
     # -- Secrets and ConfigMaps (gpupool's own keys and certificates) ------------------------
@@ -535,12 +531,9 @@ class KubeApi:
     def patch_quota_ledger(self, name: str, patch: Mapping[str, Any],
                            resource_version: str | None) -> KubeObject:
         """Merge-patch the ledger; with ``resource_version`` only if it is still current."""
-        body = dict(patch)
-        if resource_version is not None:
-            body["metadata"] = {**dict(body.get("metadata") or {}),
-                                "resourceVersion": resource_version}
         with _translated(f"update QuotaLedger {name}"):
-            return dict(self.client.patch(QuotaLedger, name, body, patch_type=PatchType.MERGE))
+            return dict(self.client.patch(QuotaLedger, name, versioned(patch, resource_version),
+                                          patch_type=PatchType.MERGE))
 
 
 def _name(obj: Mapping[str, Any]) -> str:
@@ -557,6 +550,16 @@ ResourceSliceV1 = create_global_resource(_DRA_GROUP, _DRA_VERSION, "ResourceSlic
 DeviceClassV1 = create_global_resource(_DRA_GROUP, _DRA_VERSION, "DeviceClass", "deviceclasses")
 ResourceClaimV1 = create_namespaced_resource(_DRA_GROUP, _DRA_VERSION, "ResourceClaim",
                                              "resourceclaims")
+
+
+def versioned(patch: Mapping[str, Any], resource_version: str | None) -> dict[str, Any]:
+    """``patch`` that applies only while the object's resourceVersion is still
+    ``resource_version`` (a merge patch carrying it; None: unconditional)."""
+    body = dict(patch)
+    if resource_version is not None:
+        body["metadata"] = {**dict(body.get("metadata") or {}),
+                            "resourceVersion": resource_version}
+    return body
 
 
 class DraApi(KubeApi):

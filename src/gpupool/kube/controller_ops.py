@@ -15,7 +15,15 @@ from typing import Any
 import msgspec
 from lightkube.types import PatchType
 
-from gpupool.kube.api import KubeApi, KubeObject, Listing, ResourceClass, ResourceGroup, _name
+from gpupool.kube.api import (
+    KubeApi,
+    KubeObject,
+    Listing,
+    ResourceClass,
+    ResourceGroup,
+    _name,
+    versioned,
+)
 from gpupool.kube.api import _translated as translated
 
 
@@ -55,12 +63,8 @@ class ControllerApi(KubeApi):
     def patch_resource_class(self, name: str, patch: Mapping[str, Any],
                              resource_version: str | None) -> KubeObject:
         """Merge-patch a class; with ``resource_version`` only if it is still current."""
-        body = dict(patch)
-        if resource_version is not None:
-            body["metadata"] = {**dict(body.get("metadata") or {}),
-                                "resourceVersion": resource_version}
         with translated(f"update ResourceClass {name}"):
-            return dict(self.client.patch(ResourceClass, name, body,
+            return dict(self.client.patch(ResourceClass, name, versioned(patch, resource_version),
                                           patch_type=PatchType.MERGE))
 
     def delete_resource_class(self, name: str) -> None:
