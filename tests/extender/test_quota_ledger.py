@@ -249,3 +249,32 @@ def test_a_ledger_keeps_only_the_binds_others_may_not_have_seen_and_the_quota_st
         assert "quota of tenant t exceeded" in late  # counted from the pod itself
     finally:
         r.close()
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["the binder's ledgers", "its own"])
+def test_a_reconciler_sharing_the_binders_ledgers_spares_the_next_bind_a_conflict(
+        fake: FakeApiServer, shared: bool) -> None:
+    nodes = seed_cluster(fake, 1, 4)
+    quota(fake, "t", 2)
+    first = fake.seed("pods", pod_obj("first", ONE_GPU, ns="t"))
+    later = fake.seed("pods", pod_obj("later", ONE_GPU, ns="t"))
+    uid = first["metadata"]["uid"]
+    now = [1_000_000.0]
+    r = Replica(fake, clock=lambda: now[0])
+    try:
+        assert wait_for(lambda: ready(r, 1, 2))
+        assert schedule(r.extender, first, nodes)[1] == ""
+        assert wait_for(lambda: (r.cache.pods.get(uid) is not None and
+                                 bool(r.cache.pods[uid].node)))
+        now[0] += 61.0
+        binder = r.extender.binder
+        assert binder is not None
+        own = LedgerReconciler(r.cache, r.api,
+                               quota_ledgers=binder.quotas.ledgers if shared else None)
+        assert own.run_once().quota_pruned == 1
+        before = r.extender.metrics.conflicts._value.get()
+        assert schedule(r.extender, later, nodes)[1] == ""
+        conflicts = r.extender.metrics.conflicts._value.get() - before
+        assert conflicts == (0 if shared else 1)
+    finally:
+        r.close()

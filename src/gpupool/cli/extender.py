@@ -204,7 +204,8 @@ def _wire(args: argparse.Namespace) -> Wired:
     settings = Settings(args.policy, dict(args.weight), seed=args.seed,
                         scheduler_name=args.scheduler_name, preemption=preemption)
     extender = Extender(cache, settings, metrics, api, keys)
-    return Wired(api, extender, keys, LedgerReconciler(cache, api))
+    shared = extender.binder.quotas.ledgers if extender.binder is not None else None
+    return Wired(api, extender, keys, LedgerReconciler(cache, api, quota_ledgers=shared))
 
 
 def run(args: argparse.Namespace) -> int:

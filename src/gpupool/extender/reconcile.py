@@ -46,11 +46,13 @@ class Reconciled:
 
 class LedgerReconciler:
     def __init__(self, cache: ClusterCache, kube: KubeApi, unknown_after_s: float = 10.0,
-                 max_calls: int = 100):
+                 max_calls: int = 100, quota_ledgers: QuotaLedgers | None = None):
+        """``quota_ledgers``: the binder's, so that what a prune writes is the version its
+        next bind in that scope writes against (its own copy would conflict once)."""
         self.cache = cache
         self.kube = kube
         self.ledgers = Ledgers(kube)
-        self.quota_ledgers = QuotaLedgers(kube)
+        self.quota_ledgers = quota_ledgers or QuotaLedgers(kube)
         self.unknown_after_s = unknown_after_s
         self.max_calls = max_calls
 
