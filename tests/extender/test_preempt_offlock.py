@@ -197,3 +197,14 @@ def _uid_of(r: Replica, name: str) -> str:
 def _replace(f: Any, **changes: Any) -> Any:
     import dataclasses
     return dataclasses.replace(f, **changes)
+
+
+def test_a_filter_after_the_preemptor_closed_answers_and_plans_nothing(
+        fake: FakeApiServer, replica: Replica, node: str, clock: Clock) -> None:
+    fill(fake, replica, node, [1, 2, 3, 4])
+    preemptor = replica.extender.preemptor
+    assert preemptor is not None
+    preemptor.close()  # the extender is stopping; kube-scheduler may still call once more
+    pod = high(fake, replica)
+    assert "have room" in filtered(replica, pod, node)["FailedNodes"][node]
+    assert preemptor.planning == set() and evictions(fake) == []

@@ -118,10 +118,13 @@ class Preemptor:
                 "budgets" not in self.cache.synced or self.retry_at.get(key, 0.0) > now or \
                 key in self.planning or self._room_elsewhere(key, elsewhere):
             return {}
+        want = planner.want_of(pod, request, constraints, self.cache.state, rows,
+                               self.settings.limits, self._quota_full(request, constraints))
         self.planning.add(key)
-        self.planners.submit(self._plan, planner.want_of(
-            pod, request, constraints, self.cache.state, rows, self.settings.limits,
-            self._quota_full(request, constraints)))
+        try:
+            self.planners.submit(self._plan, want)
+        except RuntimeError:  # closed: the extender is stopping
+            self.planning.discard(key)
         return {}
 
     def _started(self, plan: Plan) -> dict[str, str]:
