@@ -108,7 +108,8 @@ def _order(a: Any, b: Any) -> int:
     if isinstance(a, Quantity) and isinstance(b, Quantity):
         return (a.value > b.value) - (a.value < b.value)
     if isinstance(a, Semver) and isinstance(b, Semver):
-        return (a.key() > b.key()) - (a.key() < b.key())
+        ka, kb = a.key(), b.key()
+        return (ka > kb) - (ka < kb)
     raise TypeError(f"no overload compares {type(a).__name__} with {type(b).__name__}")
 
 

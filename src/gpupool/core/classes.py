@@ -19,7 +19,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpupool.core.books import MaskCache as MaskCache  # also importable from here
 from gpupool.core.books import NamedBook
 from gpupool.core.errors import InvalidInput
 from gpupool.core.model import Gpu

@@ -101,21 +101,20 @@ class SetSearch:
                     chosen = rest
         return chosen if self.within(chosen) else None
 
-    def best(self, largest: int | None = None) -> tuple[Chosen, bool] | None:
-        """(the best set, whether it is exact), trying sizes 1 up to ``largest`` (a set
-        found elsewhere has that size: larger ones cannot win); None when none qualifies."""
+    def best(self) -> tuple[Chosen, bool] | None:
+        """(the best set, whether it is exact), trying sizes 1 up; None when none
+        qualifies."""
         if self.fits(()):
             return (), True  # leaving pods make the room: nobody need go
         greedy = self.greedy()
         top = len(self.pool) if greedy is None else len(greedy)
-        top = top if largest is None else min(top, largest)
         tried = 0
         for size in range(1, top + 1):
             found: Chosen | None = None
             for chosen in combinations(range(len(self.pool)), size):
                 tried += 1
                 if tried > self.trials:
-                    return self._cut_short(found, greedy, largest)
+                    return self._cut_short(found, greedy)
                 if self.within(chosen) and self.fits(chosen) and (
                         found is None or self.rank(chosen) < self.rank(found)):
                     found = chosen
@@ -123,10 +122,9 @@ class SetSearch:
                 return found, True
         return None
 
-    def _cut_short(self, found: Chosen | None, greedy: Chosen | None, largest: int | None
+    def _cut_short(self, found: Chosen | None, greedy: Chosen | None
                    ) -> tuple[Chosen, bool] | None:
-        options = [s for s in (found, greedy)
-                   if s is not None and (largest is None or len(s) <= largest)]
+        options = [s for s in (found, greedy) if s is not None]
         return (min(options, key=self.rank), False) if options else None
 
 

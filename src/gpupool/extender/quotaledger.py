@@ -127,9 +127,6 @@ class QuotaLedgers:
             got = self._views.get(name)
         return got if got is not None else self._fetch(name)
 
-    def fetch(self, name: str) -> View:
-        return self._fetch(name)[0]
-
     def _fetch(self, name: str) -> tuple[View, Marks]:
         try:
             obj = self.api.get_quota_ledger(name)
