@@ -160,20 +160,35 @@ def beyond_fair_share(state: CohortState, member: str, amount: Amount,
                       waiting: Mapping[str, Amount]) -> FairShare | None:
     """None when ``member`` borrowing for ``amount`` stays within its fair share of what its
     cohort lends (every counted dimension), else the first dimension it would pass."""
-    m = state.member(member)
-    if m.cohort is None:
+    if state.member(member).cohort is None:
         return None
+    return _beyond(state, member, amount, _division(state, member, amount, waiting))
+
+
+_Division = tuple[Mapping[str, Amount], CohortState, Mapping[str, Amount]]
+"""What each member wants, the state with ``amount`` charged, and the fair shares then."""
+
+
+def _division(state: CohortState, member: str, amount: Amount,
+              waiting: Mapping[str, Amount]) -> _Division:
     wanted = wants(state, member, amount, waiting)
     after = state.charged(member, amount)
-    shares = divided(after, member, wanted, waiting)
+    return wanted, after, divided(after, member, wanted, waiting)
+
+
+def _beyond(state: CohortState, member: str, amount: Amount, division: _Division
+            ) -> FairShare | None:
+    wanted, after, shares = division
+    m = state.member(member)
     now, then = state.borrowed(member), after.borrowed(member)
     for dim in DIMS:
         grows = getattr(then, dim) > getattr(now, dim)
         if grows and getattr(then, dim) > getattr(shares[member], dim):
             weights = sum(p.weight for p in state.peers(member)
                           if getattr(wanted[p.name], dim) > 0)
-            return FairShare(member, m.cohort, dim, getattr(amount, dim), getattr(now, dim),
-                             getattr(shares[member], dim), m.weight, weights)
+            return FairShare(member, str(m.cohort), dim, getattr(amount, dim),
+                             getattr(now, dim), getattr(shares[member], dim), m.weight,
+                             weights)
     return None
 
 
@@ -188,11 +203,12 @@ def fairness_reclaim(state: CohortState, member: str, amount: Amount,
     lent everything out: (what the pool is short, the members that borrow beyond their fair
     share) — the borrowed pods of those may be reclaimed for it (``cohort.reclaim``). None
     when it would pass its own share, the pool is not short, or nobody is over its share."""
-    m = state.member(member)
-    if m.cohort is None or beyond_fair_share(state, member, amount, waiting) is not None:
+    if state.member(member).cohort is None:
         return None
-    after = state.charged(member, amount)
-    shares = divided(after, member, wants(state, member, amount, waiting), waiting)
+    division = _division(state, member, amount, waiting)
+    if _beyond(state, member, amount, division) is not None:
+        return None
+    _, after, shares = division
     over = frozenset(p.name for p in state.peers(member) if p.name != member and any(
         getattr(state.borrowed(p.name), d) > getattr(shares[p.name], d) for d in DIMS))
     need = Amount(**{d: max(0, after.pool(member, d)[1] - after.pool(member, d)[0])
