@@ -234,14 +234,11 @@ class NodeAgent:
         m = self.metrics
         assert m is not None
         isolated = self.actions.isolated()
+        on_gpu: dict[str, list[Slice]] = defaultdict(list)
+        for h in held.values():
+            on_gpu[h.slice.gpu_uuid].append(h.slice)
         for gpu in self.known_gpus():
-            mine = [h.slice for h in held.values() if h.slice.gpu_uuid == gpu.uuid]
-            m.gpu_memory.labels(gpu.uuid, gpu.model).set(gpu.memory_mib)
-            m.gpu_allocated.labels(gpu.uuid).set(sum(s.memory_mib for s in mine))
-            m.gpu_compute.labels(gpu.uuid).set(sum(s.core_pct for s in mine))
-            m.gpu_slices.labels(gpu.uuid).set(len(mine))
-            m.gpu_healthy.labels(gpu.uuid).set(1 if gpu.healthy else 0)
-            m.gpu_isolated.labels(gpu.uuid).set(1 if gpu.uuid in isolated else 0)
+            m.set_gpu(gpu, on_gpu.get(gpu.uuid, []), gpu.uuid in isolated)
             up: Any = getattr(self.provider, "daemon_up", None)
             if up is not None:
                 m.mps_up.labels(gpu.uuid).set(1 if up(gpu.uuid) else 0)

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import Protocol
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import (
@@ -34,6 +35,8 @@ from prometheus_client import (
     Histogram,
     start_wsgi_server,
 )
+
+from gpupool.nodeagent.gpu import GpuInfo
 
 LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
 CONTAINER = ("namespace", "pod", "container", "gpu")
@@ -109,6 +112,26 @@ class NodeMetrics:
             for gauge in (self.c_used, self.c_limit, self.c_util, self.c_compute, self.c_over):
                 with contextlib.suppress(KeyError):
                     gauge.remove(*labels)
+
+
+    def set_gpu(self, gpu: GpuInfo, held: Sequence[Held], isolated: bool) -> None:
+        """One GPU's gauges: its memory, what the slices held on it take, health."""
+        self.gpu_memory.labels(gpu.uuid, gpu.model).set(gpu.memory_mib)
+        self.gpu_allocated.labels(gpu.uuid).set(sum(h.memory_mib for h in held))
+        self.gpu_compute.labels(gpu.uuid).set(sum(h.core_pct for h in held))
+        self.gpu_slices.labels(gpu.uuid).set(len(held))
+        self.gpu_healthy.labels(gpu.uuid).set(1 if gpu.healthy else 0)
+        self.gpu_isolated.labels(gpu.uuid).set(1 if isolated else 0)
+
+
+class Held(Protocol):
+    """A slice held on a GPU (the device plugin's ``Slice``, a prepared DRA device)."""
+
+    @property
+    def memory_mib(self) -> int: ...
+
+    @property
+    def core_pct(self) -> int: ...
 
 
 def serve(metrics: NodeMetrics, address: str, port: int) -> WSGIServer:

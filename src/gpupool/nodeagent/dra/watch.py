@@ -78,10 +78,4 @@ class ClaimWatch:
                 held[d.uuid].append(d)
         isolated = self.actions.isolated()
         for gpu in self.gpus():
-            mine = held.get(gpu.uuid, [])
-            m.gpu_memory.labels(gpu.uuid, gpu.model).set(gpu.memory_mib)
-            m.gpu_allocated.labels(gpu.uuid).set(sum(d.memory_mib for d in mine))
-            m.gpu_compute.labels(gpu.uuid).set(sum(d.core_pct for d in mine))
-            m.gpu_slices.labels(gpu.uuid).set(len(mine))
-            m.gpu_healthy.labels(gpu.uuid).set(1 if gpu.healthy else 0)
-            m.gpu_isolated.labels(gpu.uuid).set(1 if gpu.uuid in isolated else 0)
+            m.set_gpu(gpu, held.get(gpu.uuid, []), gpu.uuid in isolated)
