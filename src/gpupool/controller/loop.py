@@ -244,11 +244,12 @@ class Controller:
         writes: list[tuple[str, str, Obj]] = [
             ("ResourceGroup", p.name, p.patch) for p in groupsync.plan(observed, labels, book)]
         nodes = groupsync.core_nodes(observed, labels)
-        fair = quotastatus.fair_shares(observed, quotas, pods, namespaces)
+        done = quotastatus.read(observed, quotas, namespaces)  # once for both
+        fair = quotastatus.fair_shares(observed, quotas, pods, namespaces, done)
         out.fair_shares = fairstatus.figures(fair)
         writes += [(p.kind, p.name, p.patch) for p in
                    quotastatus.plan(observed, quotas, permissions, nodes, self.clock(),
-                                    namespaces, fair)]
+                                    namespaces, fair, done)]
         patchers = {"ResourceGroup": self.api.patch_resource_group_status,
                     "TenantQuota": self.api.patch_tenant_quota_status,
                     "GPUPermission": self.api.patch_gpu_permission_status}

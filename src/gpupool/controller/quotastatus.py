@@ -56,21 +56,39 @@ def charged(observed: Observed) -> QuotaBook:
     return book
 
 
-def plan(observed: Observed, quotas: Iterable[Obj], permissions: Iterable[Obj],
-         nodes: list[Node], now: str, namespaces: Mapping[str, Labels] | None = None,
-         fair: Mapping[str, Entitlement] | None = None) -> list[StatusPatch]:
-    """Status patches for every TenantQuota and GPUPermission that needs one
-    (``namespaces``: every namespace's labels, for namespace selectors; ``fair``: the fair
-    shares, ``fair_shares``; None: worked out with no pod waiting)."""
+@dataclass(frozen=True, slots=True)
+class Read:
+    """The TenantQuotas of one round, read once: the objects by name, each resolved
+    against the namespaces as they are, their book, and what the cluster holds."""
+
+    objs: list[Obj]
+    parsed: dict[str, TenantQuota | Broken]
+    tenants: TenantBook
+    book: QuotaBook
+
+
+def read(observed: Observed, quotas: Iterable[Obj],
+         namespaces: Mapping[str, Labels] | None = None) -> Read:
     objs = sorted(quotas, key=name_of)
     parsed = {name_of(o): resolved(o, namespaces or {}) for o in objs}
     tenants = TenantBook(q for q in parsed.values() if not isinstance(q, Broken))
-    book = charged(observed)
+    return Read(objs, parsed, tenants, charged(observed))
+
+
+def plan(observed: Observed, quotas: Iterable[Obj], permissions: Iterable[Obj],
+         nodes: list[Node], now: str, namespaces: Mapping[str, Labels] | None = None,
+         fair: Mapping[str, Entitlement] | None = None, done: Read | None = None
+         ) -> list[StatusPatch]:
+    """Status patches for every TenantQuota and GPUPermission that needs one
+    (``namespaces``: every namespace's labels, for namespace selectors; ``fair``: the fair
+    shares, ``fair_shares``; None: worked out with no pod waiting; ``done``: the quotas
+    as ``read`` them this round, else read here)."""
+    r = done or read(observed, quotas, namespaces)
     if fair is None:
-        fair = fairstatus.shares(tenants, book, WaitingAsks())
+        fair = fairstatus.shares(r.tenants, r.book, WaitingAsks())
     out = []
-    for obj in objs:
-        desired = quota_status(obj, parsed[name_of(obj)], tenants, book, now,
+    for obj in r.objs:
+        desired = quota_status(obj, r.parsed[name_of(obj)], r.tenants, r.book, now,
                                observed.holdings, namespaces, fair)
         out += _patch("TenantQuota", obj, desired)
     for obj in sorted(permissions, key=name_of):
@@ -79,15 +97,14 @@ def plan(observed: Observed, quotas: Iterable[Obj], permissions: Iterable[Obj],
 
 
 def fair_shares(observed: Observed, quotas: Iterable[Obj], pods: Iterable[Obj],
-                namespaces: Mapping[str, Labels] | None = None) -> dict[str, Entitlement]:
+                namespaces: Mapping[str, Labels] | None = None, done: Read | None = None
+                ) -> dict[str, Entitlement]:
     """The fair share of every tenant of a cohort that shares fairly, by tenant name, over
     what the tenants hold and what their waiting ``pods`` ask (``controller.fairstatus``)."""
-    parsed = (resolved(o, namespaces or {}) for o in quotas)
-    tenants = TenantBook(q for q in parsed if not isinstance(q, Broken))
-    if not any(tenants.shares_fairly(q.cohort) for q in tenants):
+    r = done or read(observed, quotas, namespaces)
+    if not any(r.tenants.shares_fairly(q.cohort) for q in r.tenants):
         return {}
-    return fairstatus.shares(tenants, charged(observed),
-                             fairstatus.waiting_asks(observed, pods))
+    return fairstatus.shares(r.tenants, r.book, fairstatus.waiting_asks(observed, pods))
 
 
 def _patch(kind: str, obj: Obj, desired: Obj) -> list[StatusPatch]:
