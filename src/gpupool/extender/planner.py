@@ -51,7 +51,7 @@ from gpupool.core.victims import Candidate, Limits, NoVictims, Room, Selection, 
 from gpupool.extender import tenantpreempt
 from gpupool.extender.budgets import Budgets
 from gpupool.extender.cache import ClusterCache
-from gpupool.extender.plans import Plan, Victim
+from gpupool.extender.plans import Plan
 from gpupool.extender.pods import PodFacts
 from gpupool.extender.podspec import pod_id, pod_priority
 
@@ -247,11 +247,11 @@ def recheck(cache: ClusterCache, decide: Decide, ask: Ask,
         return f"node {node} is gone"
     here = {c.key: c for c in placed_on(cache, key, [row])}
     for v in chosen.victims:
-        c = here.get(v.key)
+        c, pod = here.get(v.key), tenantpreempt.pod_name(cache, v.key)
         if c is None or c.allocation != v.allocation or c.leaving:
-            return f"pod {_named(cache, v.key)} is gone, leaving, moved or displaced"
+            return f"pod {pod} is gone, leaving, moved or displaced"
         if c.priority >= ask.want.priority:
-            return f"pod {_named(cache, v.key)} is no longer of lower priority"
+            return f"pod {pod} is no longer of lower priority"
     over = tenantpreempt.over_budget([here[v.key] for v in chosen.victims],
                                      cache.budgets.allowed())
     if over:
@@ -273,17 +273,8 @@ def _placed(cache: ClusterCache, decide: Decide, ask: Ask, chosen: Selection,
     hold = hold_on(cache, decide, request, c, node, chosen, here)
     if hold is None:
         return f"the policy finds no place on {node} once the victims are gone"
-    victims = tuple(Victim(v.key, *_where(cache, v.key), v.priority) for v in chosen.victims)
+    victims = tuple(tenantpreempt.victim_of(cache, v.key, v.priority)
+                    for v in chosen.victims)
     leaving = tuple(x.key for x in here if x.leaving)
     return Plan(w.key, w.namespace, w.name, w.priority, node, hold, victims, leaving, request,
                 c.group)
-
-
-def _where(cache: ClusterCache, uid: str) -> tuple[str, str]:
-    f = cache.pods[uid]
-    return f.namespace, f.name
-
-
-def _named(cache: ClusterCache, uid: str) -> str:
-    f = cache.pods.get(uid)
-    return f"{f.namespace}/{f.name}" if f is not None else uid

@@ -303,9 +303,9 @@ def _live(cache: ClusterCache, key: str, chosen: Sequence[Candidate], placed: Ca
     for v in chosen:
         c = here.get(v.key)
         if c is None or c.allocation != v.allocation or c.leaving or c.charge != v.charge:
-            return f"pod {_named(cache, v.key)} is gone, leaving, moved or displaced"
+            return f"pod {pod_name(cache, v.key)} is gone, leaving, moved or displaced"
         if c.priority != v.priority:
-            return f"pod {_named(cache, v.key)} changed priority"
+            return f"pod {pod_name(cache, v.key)} changed priority"
     return tuple(here[v.key] for v in chosen)
 
 
@@ -334,7 +334,7 @@ def _room(cache: ClusterCache, want: Any, chosen: Chosen, rows: Sequence[int],
     every = (*victims, *room.victims)
     leaving = tuple(x.key for x in local if x.leaving and x.allocation.node == node)
     return Plan(request.key, want.namespace, want.name, priority, node, hold,
-                tuple(Victim(x.key, *_where(cache, x.key), x.priority) for x in every),
+                tuple(victim_of(cache, x.key, x.priority) for x in every),
                 leaving, request, c.group, anywhere=True, why=chosen.why)
 
 
@@ -347,11 +347,12 @@ def over_budget(victims: Sequence[Candidate], allowed: Mapping[str, int]) -> str
     return next((b for b, n in sorted(used.items()) if n > allowed.get(b, 0)), "")
 
 
-def _named(cache: ClusterCache, uid: str) -> str:
+def pod_name(cache: ClusterCache, uid: str) -> str:
+    """``namespace/name`` of a pod the cache knows, else its uid."""
     f = cache.pods.get(uid)
     return f"{f.namespace}/{f.name}" if f is not None else uid
 
 
-def _where(cache: ClusterCache, uid: str) -> tuple[str, str]:
+def victim_of(cache: ClusterCache, uid: str, priority: int) -> Victim:
     f = cache.pods[uid]
-    return f.namespace, f.name
+    return Victim(uid, f.namespace, f.name, priority)
