@@ -38,9 +38,8 @@ from gpupool.core.errors import InvalidInput, QuantityError
 from gpupool.core.model import CORE_UNITS_PER_GPU
 from gpupool.core.quantity import parse_quantity, to_mib
 from gpupool.core.request import MAX_GPUS_PER_POD, GpuDemand, Mode, PodRequest
-from gpupool.extender.draclaims import ClaimRecord, DraClaims
+from gpupool.extender.draclaims import CLASS_SUFFIX, ClaimRecord, DraClaims
 
-CLASS_SUFFIX = "." + DRIVER.split(".", 1)[1]  # ".gpupool.io"
 DRIVER_CLASS = DRIVER  # the class of every gpupool GPU
 
 
