@@ -1,5 +1,7 @@
 """The product's wheel holds the product only: the test fakes (``gpupool_testing``, the fake
-API server) are neither in it nor importable where it is installed.
+API server) are neither in it nor importable where it is installed. constraints.txt pins
+every package the install needs, and a fresh environment installed with it imports every
+module.
 
 The wheel is built offline from a copy of the sources (the build backend already in the
 environment, no build isolation, no index), so the checkout is left as it was.
@@ -11,9 +13,12 @@ import shutil
 import subprocess
 import sys
 import zipfile
+from importlib import metadata
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -60,3 +65,78 @@ def test_the_fake_api_server_is_not_importable_where_the_wheel_is_installed(
     where, testing, fake = out.splitlines()
     assert where.startswith(str(target))  # the installed wheel's product was imported
     assert (testing, fake) == ("None", "None")
+
+
+# -- the pinned install --------------------------------------------------------------------------
+CONSTRAINTS = ROOT / "constraints.txt"
+
+
+def pins() -> dict[str, str]:
+    """constraints.txt as {normalised name: version}."""
+    out = {}
+    for line in CONSTRAINTS.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            out[canonicalize_name(name)] = version.strip()
+    return out
+
+
+def required(dist: str, extras: frozenset[str] = frozenset()) -> set[str]:
+    """Every distribution ``dist`` needs here, with ``extras``, recursively (by markers)."""
+    seen: set[str] = set()
+    todo = [(dist, extras)]
+    while todo:
+        name, wanted = todo.pop()
+        for text in metadata.requires(name) or []:
+            req = Requirement(text)
+            if req.marker and not any(req.marker.evaluate({"extra": e})
+                                      for e in (wanted or {""})):
+                continue
+            key = canonicalize_name(req.name)
+            if key not in seen:
+                seen.add(key)
+                todo.append((req.name, frozenset(req.extras)))
+    return seen
+
+
+def test_every_package_the_install_needs_is_pinned_within_pyprojects_bounds() -> None:
+    pinned = pins()
+    needed = required("gpupool", frozenset({"dev"}))
+    assert sorted(needed - pinned.keys()) == [], "refresh constraints.txt " \
+        "(hack/refresh_constraints.py)"
+    for text in metadata.requires("gpupool") or []:
+        req = Requirement(text)
+        key = canonicalize_name(req.name)
+        if key in pinned:
+            assert req.specifier.contains(pinned[key], prereleases=True), (text, pinned[key])
+
+
+def test_a_fresh_environment_installs_the_pins_and_imports_every_module(
+        wheel: Path, tmp_path: Path) -> None:
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    python = str(venv / "bin" / "python")
+    done = subprocess.run([python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                           "-c", str(CONSTRAINTS), str(wheel)],
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    walk = ("import importlib, pkgutil, gpupool\n"
+            "names = [m.name for m in pkgutil.walk_packages(gpupool.__path__, 'gpupool.')]\n"
+            "for name in names:\n"
+            "    importlib.import_module(name)\n"
+            "from importlib import metadata\n"
+            "for d in metadata.distributions():\n"
+            "    print(d.metadata['Name'], d.version)\n"
+            "print(len(names), 'modules')\n")
+    out = subprocess.run([python, "-I", "-c", walk], capture_output=True, text=True,
+                         timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    *dists, count = out.stdout.splitlines()
+    assert int(count.split()[0]) > 100
+    pinned = pins()
+    installed = {canonicalize_name(line.split()[0]): line.split()[1] for line in dists}
+    runtime = required("gpupool") & installed.keys()
+    assert {n: installed[n] for n in runtime} == {n: pinned[n] for n in runtime}
+    check = subprocess.run([python, "-m", "pip", "check"], capture_output=True, text=True,
+                           timeout=300)
+    assert check.returncode == 0, check.stdout

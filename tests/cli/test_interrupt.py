@@ -24,9 +24,9 @@ LONG = ["--policy", "fgd-balance", "--seeds", "1-40", "--workers", "2",
 """Runs of 12 s or more each (one process, 2-core machine; a loaded machine only makes
 them longer): a campaign of many minutes."""
 
-PROMPT_S = 6.0
-"""A stop that waited for the runs in progress would take far longer than this; a stop
-that does not takes about 0.5 s (bench/bench_interrupt.py), this much on a loaded machine."""
+HANG_S = 180
+"""Only a guard against a campaign that never stops: how promptly it stops is measured by
+bench/bench_interrupt.py, not here, so that a busy machine cannot fail this test."""
 
 
 def children(pid: int) -> set[int]:
@@ -60,9 +60,7 @@ def test_ctrl_c_stops_a_long_campaign_with_workers_without_waiting_for_its_runs(
         assert len(workers) >= 2, "the campaign's workers never started"
         time.sleep(0.3)
         proc.send_signal(signal.SIGINT)
-        sent = time.monotonic()
-        _, stderr = proc.communicate(timeout=20)
-        took = time.monotonic() - sent
+        _, stderr = proc.communicate(timeout=HANG_S)
     finally:
         if proc.poll() is None:  # a campaign that did not stop: not left running
             for pid in (*children(proc.pid), proc.pid):
@@ -70,16 +68,15 @@ def test_ctrl_c_stops_a_long_campaign_with_workers_without_waiting_for_its_runs(
                     os.kill(pid, signal.SIGKILL)
             proc.wait()
     assert proc.returncode == 130, stderr
-    # the runs in progress had 12 s or more to go, the queued ones many minutes: stopping
-    # waited for neither
-    assert took < PROMPT_S, f"took {took:.2f} s to stop"
     assert "Traceback" not in stderr
-    assert stderr.strip().splitlines()[-1].startswith("gpupool simulate: interrupted")
+    # the signal came 0.3 s into runs that each take many seconds (longer still on a busy
+    # machine): had stopping waited for the runs in progress, they would have finished and
+    # been written; it did not wait, so none finished
+    assert stderr.strip().splitlines()[-1].startswith(
+        "gpupool simulate: interrupted before any run finished"), stderr
     assert not any(alive(w) for w in workers), "a worker outlived the campaign"
     leftovers = [p.name for p in out.iterdir()] if out.exists() else []
-    assert not [n for n in leftovers if n.startswith(".")], leftovers  # no temporary files
-    if "summary.json" in leftovers:  # some runs had finished: written whole
-        assert json.loads((out / "summary.json").read_text())
+    assert leftovers == [], leftovers  # nothing written, no temporary files
 
 
 def interrupt_after_first_run(real: object) -> object:

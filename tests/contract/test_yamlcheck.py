@@ -3,7 +3,7 @@ column and the closest known key — all at once, never a traceback."""
 
 from __future__ import annotations
 
-import functools
+from typing import Any
 
 import pytest
 import yaml
@@ -20,19 +20,25 @@ from gpupool.contract.yamlcheck import (
     Seq,
     Shape,
     YamlProblems,
-    check,
-    check_text,
+    load_text,
 )
 
 GPU = Map({"model": TEXT, "memory": QUANTITY, "healthy": NUMBER},
           required=frozenset({"model", "memory"}))
 DOC = Map({"gpus": Seq(GPU), "name": TEXT, "pool": OneOf((Seq(GPU), GPU)),
            "labels": Map({}, others=TEXT)})
-compose = functools.partial(yaml.compose, Loader=yaml.SafeLoader)
+
+
+def check_text(text: str, file: str, shape: Shape) -> Any:
+    return load_text(text, file, shape, yaml.SafeLoader, yaml.YAMLError)
 
 
 def problems(text: str, shape: Shape = DOC) -> list[str]:
-    return [str(p) for p in check(compose(text), "f.yaml", shape)]
+    try:
+        check_text(text, "f.yaml", shape)
+    except YamlProblems as exc:
+        return [str(p) for p in exc.problems]
+    return []
 
 
 def test_an_unknown_key_names_file_line_column_place_and_the_closest_key() -> None:
@@ -105,12 +111,12 @@ def test_two_maps_merged_in_with_one_key_are_not_a_key_given_twice() -> None:
 
 def test_null_values_and_an_empty_document_are_left_to_the_reader() -> None:
     assert problems("name:\ngpus:\n") == []
-    assert check(compose(""), "f.yaml", DOC) == ()
+    assert check_text("", "f.yaml", DOC) is None
 
 
 def test_malformed_yaml_is_one_problem_at_the_parsers_mark() -> None:
     with pytest.raises(YamlProblems) as caught:
-        check_text("gpus:\n  - {model: T4\n", "f.yaml", DOC, compose, yaml.YAMLError)
+        check_text("gpus:\n  - {model: T4\n", "f.yaml", DOC)
     assert len(caught.value.problems) == 1
     assert str(caught.value).startswith("f.yaml:3:1: not valid YAML: expected ',' or '}'")
 
@@ -118,13 +124,13 @@ def test_malformed_yaml_is_one_problem_at_the_parsers_mark() -> None:
 def test_two_documents_in_one_file_are_refused() -> None:
     with pytest.raises(YamlProblems, match=r"f.yaml:2:1: not valid YAML: expected a single "
                                            r"document in the stream, but found "):
-        check_text("name: a\n---\nname: b\n", "f.yaml", DOC, compose, yaml.YAMLError)
+        check_text("name: a\n---\nname: b\n", "f.yaml", DOC)
 
 
 def test_a_file_of_the_wrong_kind_lists_fifty_problems_and_counts_the_rest() -> None:
     text = "\n".join(f"key{i}: 1" for i in range(80))
     with pytest.raises(YamlProblems) as caught:
-        check_text(text, "f.yaml", DOC, compose, yaml.YAMLError)
+        check_text(text, "f.yaml", DOC)
     lines = str(caught.value).splitlines()
     assert len(caught.value.problems) == 80
     assert len(lines) == 51 and lines[-1] == "... and 30 more problems"
@@ -156,6 +162,6 @@ def test_a_problem_reads_like_a_compiler_message() -> None:
 @given(st.text(alphabet="gpus:- {}[]\n\t'\"&*!<>#|model,memory: T4 1Gi%@`", max_size=60))
 def test_any_text_gives_problems_or_nothing_never_a_crash(text: str) -> None:
     try:
-        check_text(text, "f.yaml", DOC, compose, yaml.YAMLError)
+        check_text(text, "f.yaml", DOC)
     except YamlProblems as exc:
         assert exc.problems and all(p.line >= 1 and p.column >= 1 for p in exc.problems)

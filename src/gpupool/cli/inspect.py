@@ -17,7 +17,6 @@ kubeconfig that cannot be used, or a failed API call.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import random
 from collections.abc import Mapping, Sequence
@@ -33,7 +32,7 @@ from gpupool.cli.inspect_fit import NodeVerdict, nodes_json, ordered, slices_tex
 from gpupool.cli.inspect_live import CONNECTION_HELP, VIEWS_HELP, add_options, add_views
 from gpupool.contract.podshape import POD
 from gpupool.contract.podspec_request import pod_request
-from gpupool.contract.yamlcheck import check_text
+from gpupool.contract.yamlcheck import load_text
 from gpupool.core.classes import ClassCatalog
 from gpupool.core.eligibility import Catalogue, constraints_for
 from gpupool.core.errors import InvalidInput
@@ -128,15 +127,13 @@ def _checked_pod(text: str, path: Path) -> Any:
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError:
-        doc = None  # check_text below says where
+        doc = None  # load_text below says where
     if doc is not None and not isinstance(doc, Mapping):
         raise InvalidInput(f"{path}: expected one Pod object, got {type(doc).__name__}")
     if isinstance(doc, Mapping) and doc.get("kind", "Pod") != "Pod":
         raise InvalidInput(f"{path}: kind is {doc.get('kind')!r}; inspect takes a Pod "
                            "(take the pod template out of a Deployment or Job)")
-    check_text(text, str(path), POD, functools.partial(yaml.compose, Loader=yaml.SafeLoader),
-               yaml.YAMLError)
-    return doc
+    return load_text(text, str(path), POD, yaml.SafeLoader, yaml.YAMLError)
 
 
 @dataclass(frozen=True, slots=True)

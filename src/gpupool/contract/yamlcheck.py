@@ -5,16 +5,19 @@ what other keys may be), ``Seq`` (a list of one shape), ``Value`` (scalars of
 some kinds), ``OneOf`` (a map or a list, say) and ``ANYTHING``. Shapes are data,
 kept beside the loader that reads the file, so a new key is a one-line change.
 
-``check`` walks a composed YAML node tree (PyYAML's ``compose``: nodes with
-``id``, ``tag``, ``value`` and ``start_mark``; this module is pure and does not
-parse YAML itself) against a shape and returns every ``Problem`` at once::
+``load_text`` reads a file's text with the YAML loader it is handed (PyYAML's
+``SafeLoader``: this module is pure and does not parse YAML itself), checks the node
+tree against a shape and returns the document that loader constructed *from that same
+tree*, or raises every ``Problem`` at once::
 
     pods.yaml:12:7: unknown key 'gpuMemroy' in pods[0].containers[0] (did you mean 'gpuMemory'?)
 
-``check_text`` composes the text with the parser it is handed and turns a
-malformed document into the same ``file:line:col`` form. ``YamlProblems`` (an
-``InvalidInput``) carries the problems of a file; its message has one line each.
-Lines and columns count from 1, as editors do.
+What is checked is what is loaded: merge keys (``<<``) are resolved by the loader
+itself, so whichever merged map's value a PyYAML release keeps for a key is the value
+checked (PyYAML 6.0.4 changed that order). A malformed document becomes one problem in
+the same ``file:line:col`` form. ``YamlProblems`` (an ``InvalidInput``) carries the
+problems of a file; its message has one line each. Lines and columns count from 1, as
+editors do.
 """
 
 from __future__ import annotations
@@ -49,6 +52,16 @@ class YamlNode(Protocol):
     tag: str
     value: Any
     start_mark: Mark
+
+
+class YamlReader(Protocol):
+    """One document's loader, as ``yaml.SafeLoader(text)`` is."""
+
+    def get_single_node(self) -> Any: ...
+
+    def construct_document(self, node: Any) -> Any: ...
+
+    def dispose(self) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,34 +159,116 @@ class _Walk:
     file: str
     problems: list[Problem] = field(default_factory=list)
     seen: set[tuple[int, int]] = field(default_factory=set)
-    pairs: dict[int, list[tuple[YamlNode, YamlNode]]] = field(default_factory=dict)
-    merging: set[int] = field(default_factory=set)  # maps whose merges are being spliced
+    own: dict[int, frozenset[int]] | None = None  # each map's own key nodes (before merges)
 
     def add(self, node: YamlNode, message: str) -> None:
         mark = node.start_mark
         self.problems.append(Problem(self.file, mark.line + 1, mark.column + 1, message))
 
 
-def check(root: YamlNode | None, file: str, shape: Shape) -> tuple[Problem, ...]:
-    """Every problem of the composed document ``root`` against ``shape``, in file order
-    (an empty document has none: its loader says what it misses)."""
-    walk = _Walk(file)
+def check(root: YamlNode | None, file: str, shape: Shape,
+          own: dict[int, frozenset[int]] | None = None) -> tuple[Problem, ...]:
+    """Every problem of the document ``root`` against ``shape``, in file order (an empty
+    document has none: its loader says what it misses). ``root`` is a tree its loader
+    has constructed (merge keys resolved in place); ``own`` names each map's own key
+    nodes, taken before that (only those can be given twice)."""
+    walk = _Walk(file, own=own)
     if root is not None:
         _node(walk, root, shape, "")
     return tuple(sorted(walk.problems, key=lambda p: (p.line, p.column)))
 
 
-def check_text(text: str, file: str, shape: Shape, compose: Callable[[str], Any],
-               errors: type[Exception] | tuple[type[Exception], ...]) -> None:
-    """Compose ``text`` with ``compose`` (raising ``errors`` on malformed YAML, with
-    PyYAML's ``problem_mark``) and check it; raise ``YamlProblems`` on any problem."""
+def load_text(text: str, file: str, shape: Shape, loader: Callable[[str], YamlReader],
+              errors: type[Exception] | tuple[type[Exception], ...]) -> Any:
+    """The document in ``text`` as ``loader`` (e.g. ``yaml.SafeLoader``) constructs it,
+    checked against ``shape``; raise ``YamlProblems`` on any problem, including
+    malformed YAML (``errors``, with PyYAML's ``problem_mark``). Merge keys are resolved
+    by the loader, and the tree is checked after that, so the values checked are the
+    values returned."""
+    reader = loader(text)
     try:
-        root = compose(text)
-    except errors as exc:
-        raise YamlProblems([malformed(file, exc)]) from None
-    problems = check(root, file, shape)
-    if problems:
-        raise YamlProblems(problems)
+        try:
+            root = reader.get_single_node()
+        except errors as exc:
+            raise YamlProblems([malformed(file, exc)]) from None
+        if root is None:
+            return None
+        own, rings = _survey(root, file)
+        if rings:
+            raise YamlProblems(rings)
+        try:
+            doc = reader.construct_document(root)
+        except errors as exc:
+            raise YamlProblems([malformed(file, exc)]) from None
+        except RecursionError:
+            raise YamlProblems([Problem(file, 1, 1, "not valid YAML: nested too deeply")]
+                               ) from None
+        problems = check(root, file, shape, own)
+        if problems:
+            raise YamlProblems(problems)
+        return doc
+    finally:
+        reader.dispose()
+
+
+def _survey(root: YamlNode, file: str) -> tuple[dict[int, frozenset[int]], list[Problem]]:
+    """Each map's own key nodes (its keys other than ``<<``), and a problem for every map
+    that merges itself (through any chain of ``<<``), before the loader resolves them."""
+    own: dict[int, frozenset[int]] = {}
+    sources: dict[int, list[YamlNode]] = {}
+    maps: list[YamlNode] = []
+    stack, seen = [root], {id(root)}
+    while stack:
+        node = stack.pop()
+        children: list[YamlNode] = []
+        if node.id == "sequence":
+            children = list(node.value)
+        elif node.id == "mapping":
+            maps.append(node)
+            keys, merged = [], []
+            for key_node, value in node.value:
+                children += [key_node, value]
+                if key_node.tag == TAG + "merge":
+                    merged += [m for m in (value.value if value.id == "sequence" else [value])
+                               if m.id == "mapping"]
+                else:
+                    keys.append(id(key_node))
+            own[id(node)], sources[id(node)] = frozenset(keys), merged
+        for child in children:
+            if id(child) not in seen:
+                seen.add(id(child))
+                stack.append(child)
+    return own, _rings(maps, sources, file)
+
+
+def _rings(maps: list[YamlNode], sources: dict[int, list[YamlNode]], file: str
+           ) -> list[Problem]:
+    """A problem at each map merged while it is itself being merged (a cycle of ``<<``)."""
+    problems: list[Problem] = []
+    state: dict[int, int] = {}  # 1: being walked, 2: done
+    for start in maps:
+        if id(start) in state:
+            continue
+        state[id(start)] = 1
+        path: list[tuple[YamlNode, int]] = [(start, 0)]
+        while path:
+            node, i = path[-1]
+            merged = sources.get(id(node), [])
+            if i == len(merged):
+                state[id(node)] = 2
+                path.pop()
+                continue
+            path[-1] = (node, i + 1)
+            source = merged[i]
+            if state.get(id(source)) == 1:
+                mark = source.start_mark
+                problems.append(Problem(file, mark.line + 1, mark.column + 1,
+                                        "this map merges itself: a '<<' refers to a map that "
+                                        "contains it (remove that merge)"))
+            elif id(source) not in state:
+                state[id(source)] = 1
+                path.append((source, 0))
+    return problems
 
 
 def malformed(file: str, exc: Exception) -> Problem:
@@ -233,11 +328,7 @@ def _map(walk: _Walk, node: YamlNode, shape: Map, path: str) -> None:
     first: dict[str, YamlNode] = {}
     for key_node, value in _pairs(walk, node, path):
         key = str(key_node.value)
-        if key in first:
-            walk.add(key_node, f"key {key!r} appears twice in {_in(path)} (first at line "
-                               f"{first[key].start_mark.line + 1})")
-            continue
-        first[key] = key_node
+        first.setdefault(key, key_node)
         child = shape.fields.get(key) or _other(walk, key_node, key, shape, path)
         if child is not None:
             _node(walk, value, child, f"{path}.{key}" if path else key)
@@ -246,48 +337,27 @@ def _map(walk: _Walk, node: YamlNode, shape: Map, path: str) -> None:
 
 
 def _pairs(walk: _Walk, node: YamlNode, path: str) -> list[tuple[YamlNode, YamlNode]]:
-    """The map's key/value nodes, with ``<<`` merge keys' maps spliced in (before the
-    map's own keys). YAML's precedence: the map's own keys win, then the maps merged
-    earlier; only the own keys can be given twice. Worked out once per map (an anchor
-    merged many times costs once); a map that merges itself is a problem, not a loop."""
-    done = walk.pairs.get(id(node))
-    if done is not None:
-        return done
-    walk.merging.add(id(node))
-    own: list[tuple[YamlNode, YamlNode]] = []
-    merged: list[tuple[YamlNode, YamlNode]] = []
+    """The pair that gives each key its loaded value, in file order. The loader has put
+    merged maps' pairs before the map's own and keeps the last pair of a key, as a dict
+    does; a key given twice among the map's own keys is a problem (the first is
+    checked)."""
+    own = walk.own.get(id(node), frozenset()) if walk.own is not None else None
+    given: dict[str, YamlNode] = {}
+    last: dict[tuple[str, str], tuple[YamlNode, YamlNode]] = {}
+    seen: set[int] = set()
     for key_node, value in node.value:
-        if key_node.tag == TAG + "merge":
-            merged += _merged(walk, value, path)
-        else:
-            own.append((key_node, value))
-    walk.merging.discard(id(node))
-    walk.pairs[id(node)] = pairs = _spliced(own, merged)
-    return pairs
-
-
-def _merged(walk: _Walk, value: YamlNode, path: str) -> list[tuple[YamlNode, YamlNode]]:
-    out: list[tuple[YamlNode, YamlNode]] = []
-    for source in value.value if value.id == "sequence" else [value]:
-        if source.id != "mapping":
+        if id(key_node) in seen:  # a map merged into itself lists its pairs twice
             continue
-        if id(source) in walk.merging:
-            walk.add(source, f"{_in(path)} merges itself: a '<<' refers to a map that "
-                             "contains it (remove that merge)")
-            continue
-        out += _pairs(walk, source, path)
-    return out
-
-
-def _spliced(own: list[tuple[YamlNode, YamlNode]], merged: list[tuple[YamlNode, YamlNode]]
-             ) -> list[tuple[YamlNode, YamlNode]]:
-    taken = {str(k.value) for k, _ in own}
-    spliced = []
-    for pair in merged:  # the first map merged in gives a key, as YAML merges them
-        if str(pair[0].value) not in taken:
-            taken.add(str(pair[0].value))
-            spliced.append(pair)
-    return spliced + own
+        seen.add(id(key_node))
+        key = str(key_node.value)
+        if own is None or id(key_node) in own:
+            if key in given:
+                walk.add(key_node, f"key {key!r} appears twice in {_in(path)} (first at "
+                                   f"line {given[key].start_mark.line + 1})")
+                continue
+            given[key] = key_node
+        last[(key_node.tag, key)] = (key_node, value)
+    return sorted(last.values(), key=lambda p: (p[0].start_mark.line, p[0].start_mark.column))
 
 
 def _other(walk: _Walk, key_node: YamlNode, key: str, shape: Map, path: str) -> Shape | None:

@@ -27,7 +27,6 @@ them fail). A GPU's memory in use is the sum of its processes'.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import threading
@@ -37,7 +36,7 @@ from typing import Any
 
 import yaml
 
-from gpupool.contract.yamlcheck import FLAG, SCALAR, TEXT, WHOLE, Map, Seq, check_text
+from gpupool.contract.yamlcheck import FLAG, SCALAR, TEXT, WHOLE, Map, Seq, load_text
 from gpupool.core.errors import GpupoolError, InvalidInput
 from gpupool.nodeagent.gpu import (
     HEALTHY,
@@ -67,7 +66,6 @@ FAKE_GPU = Map({
 }, required=frozenset({"uuid", "memoryMiB"}))
 FAKE_GPU_FILE = Map({"gpus": Seq(FAKE_GPU)}, required=frozenset({"gpus"}))
 """Every key a fake GPU file may hold (docs/fake-gpus.md); others are errors."""
-_compose = functools.partial(yaml.compose, Loader=yaml.SafeLoader)
 
 
 class FakeGpuBackend:
@@ -177,8 +175,7 @@ def load_entries(path: Path) -> list[dict[str, Any]]:
     """The GPU entries of a fake GPU file, validated (``InvalidInput`` says what is wrong)."""
     try:
         text = Path(path).read_text(encoding="utf-8")
-        check_text(text, str(path), FAKE_GPU_FILE, _compose, yaml.YAMLError)
-        body = yaml.safe_load(text)
+        body = load_text(text, str(path), FAKE_GPU_FILE, yaml.SafeLoader, yaml.YAMLError)
     except (OSError, UnicodeDecodeError) as exc:
         raise InvalidInput(f"cannot read fake GPU file {path}: "
                            f"{getattr(exc, 'strerror', None) or exc}") from None

@@ -21,7 +21,7 @@ from gpupool.core.model import Gpu, Node, freeze_labels
 from gpupool.core.quantity import to_int, to_mib, to_milli
 from gpupool.core.request import Affinity, GpuDemand, Mode, PodRequest
 from gpupool.core.selector import Selector
-from gpupool.sim.native_schema import NATIVE, checked_text
+from gpupool.sim.native_schema import NATIVE, loaded_text
 from gpupool.sim.scenario import TracePod
 
 MAX_REPLICAS = 100_000
@@ -58,8 +58,7 @@ def load(path: Path, shape: Shape = NATIVE) -> Mapping[str, Any]:
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
-        checked_text(text, str(path), shape)
-        doc = yaml.safe_load(text)
+        doc = loaded_text(text, str(path), shape)
     except OSError as exc:
         raise InvalidInput(f"cannot read {path}: {exc.strerror or exc}") from None
     except (yaml.YAMLError, UnicodeDecodeError) as exc:

@@ -2,12 +2,12 @@
 
 Every key a reader understands is listed here; anything else is an error that names
 the file, the line and the closest known key. A new key is one line in its map.
-``checked_text`` composes a file's text with PyYAML and checks it against a shape.
+``loaded_text`` loads a file's text with PyYAML, checked against a shape.
 """
 
 from __future__ import annotations
 
-import functools
+from typing import Any
 
 import yaml
 
@@ -22,7 +22,7 @@ from gpupool.contract.yamlcheck import (
     Seq,
     Shape,
     Value,
-    check_text,
+    load_text,
 )
 
 LABELS = Map({}, others=SCALAR)
@@ -121,10 +121,7 @@ MIX = Map({
 MIXES = Map({"mixes": Seq(MIX)})
 """A mix file (``gpupool.sim.generate``)."""
 
-_compose = functools.partial(yaml.compose, Loader=yaml.SafeLoader)
-
-
-def checked_text(text: str, file: str, shape: Shape = NATIVE) -> None:
-    """Raise ``YamlProblems`` (every problem, ``file:line:col: ...``) unless ``text`` is
-    well-formed YAML of ``shape``."""
-    check_text(text, file, shape, _compose, yaml.YAMLError)
+def loaded_text(text: str, file: str, shape: Shape = NATIVE) -> Any:
+    """The document in ``text``; ``YamlProblems`` (every problem, ``file:line:col: ...``)
+    unless it is well-formed YAML of ``shape``."""
+    return load_text(text, file, shape, yaml.SafeLoader, yaml.YAMLError)
