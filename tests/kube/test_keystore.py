@@ -140,3 +140,34 @@ def test_a_ring_that_cannot_be_read_again_is_kept_and_read_again_later(
     assert reader.verify_at(65)  # read again at most every 10 s
     with pytest.raises(SignatureError, match="not one of gpupool's published"):
         reader.verify_at(71)
+
+
+def test_a_reader_started_before_the_keys_reads_them_within_a_second_of_their_publication(
+        api: KubeApi, fake: FakeApiServer) -> None:
+    clock = [NOW]
+    source = keystore.KeyRingSource(api, NS, lambda: clock[0], refresh_s=10)
+    notes = _notes()
+
+    def reads_at(t: float) -> int:
+        clock[0] = NOW + t
+        before = len(fake.requests)
+        with pytest.raises(KeyMaterialError, match="cannot be read"):
+            source.verify("uid-1", "team-a", "web", notes, "v1.0123456789abcdef.AA")
+        return sum(1 for _, path in fake.requests[before:] if "configmaps" in path)
+
+    # waits of 0.05 s, doubling, never more than a second
+    checks = [0, 0.01, 0.06, 0.1, 0.17, 0.3, 0.4, 0.7, 0.85, 1.6, 1.7, 2.6, 2.75, 3.8]
+    assert [reads_at(t) for t in checks] == [1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 1]
+    keys = keystore.ensure_signing_keys(api, NS, NOW)  # the extender starts
+    clock[0] = NOW + 4.85
+    signature = keys.active(NOW).sign(claims_of("uid-1", "team-a", "web", notes))
+    assert source.verify("uid-1", "team-a", "web", notes, signature) == keys.keys[0].kid
+
+
+def test_keys_that_cannot_be_read_are_refused_with_what_to_do(api: KubeApi) -> None:
+    source = keystore.KeyRingSource(api, NS, lambda: NOW)
+    with pytest.raises(KeyMaterialError) as err:
+        source.ring()
+    message = str(err.value)
+    assert "not found" in message and f"ConfigMap {NS}/{keystore.PUBLIC_CONFIG_MAP}" in message
+    assert "check that it runs" in message

@@ -66,7 +66,8 @@ def make_agent(short_dir: Path, apiserver: FakeApiServer) -> Iterator[AgentFacto
         publish(api, NAMESPACE, KEYS)
         config = AgentConfig(NODE, short_dir / "kubelet", Split(split), heartbeat_s=heartbeat_s,
                              watch_s=0.02, decide_unscheduled=decide_unscheduled,
-                             monitor_s=monitor_s, proc_root=proc_root or short_dir / "proc")
+                             monitor_s=monitor_s, proc_root=proc_root or short_dir / "proc",
+                             key_patience_s=0.5)  # refusals for unreadable keys come sooner
         pods = KubePods(api)
         keys = KeyRingSource(api, NAMESPACE, time.time)
         parts = Guards(verifier=keys.verify, events=KubeEvents(api, NODE),

@@ -16,13 +16,15 @@ import pytest
 from gpupool_testing.fake_apiserver import FakeApiServer
 
 from gpupool.contract import names
+from gpupool.kube.api import KubeApi
+from gpupool.kube.keystore import KeyRingSource, publish
 from gpupool.kube.verifier import DecisionVerifier
 from gpupool.nodeagent.pods import pod_from_json
 from gpupool.nodeagent.refusals import EVENT_REFUSED
 from gpupool.nodeagent.verify import DecisionGate
 from gpupool.security.signing import KeyMaterialError, KeyRing, SigningKeys, claims_of
 
-from .builders import KEYS, NODE, decision, pod, sign, uuid_of, wait_for
+from .builders import KEYS, NAMESPACE, NODE, decision, pod, sign, uuid_of, wait_for
 from .conftest import AgentFactory
 from .kubelet_standin import FakeKubelet, runtime_gpus
 
@@ -225,3 +227,69 @@ def test_a_key_this_node_has_not_read_is_refused_but_left_to_allocate_by_the_aud
     ann = decision("p1", [(uuid_of(0), 0, 1024, 10, "main")], keys=SigningKeys().added(0))
     verdict = gate.check(pod_from_json(pod("p1", [("main", 1, 1024, 10)], ann=ann)))
     assert (verdict.ok, verdict.code, verdict.definite) == (False, "unknown-key", False)
+
+
+def publish_keys(apiserver: FakeApiServer) -> None:
+    """What the extender does when it starts."""
+    api = KubeApi.connect(server=apiserver.url)
+    try:
+        publish(api, NAMESPACE, KEYS)
+    finally:
+        api.close()
+
+
+class Waiting:
+    """A gate over the keys in the FAKE API server, on a clock that only its sleeps move;
+    ``on_sleep`` runs at each sleep (what happens in the cluster meanwhile)."""
+
+    def __init__(self, apiserver: FakeApiServer, on_sleep: Any = None):
+        self.now = 1000.0
+        self.sleeps: list[float] = []
+        self.api = KubeApi.connect(server=apiserver.url)
+        keys = KeyRingSource(self.api, NAMESPACE, lambda: self.now)
+        self.gate = DecisionGate(NODE, keys.verify, 5.0, self.sleep, lambda: self.now)
+        self.on_sleep = on_sleep
+
+    def sleep(self, s: float) -> None:
+        self.sleeps.append(s)
+        self.now += s
+        if self.on_sleep is not None:
+            self.on_sleep(len(self.sleeps))
+
+    def settled(self) -> Any:
+        p = pod_from_json(pod("p1", [("main", 1, 1024, 10)],
+                              ann=decision("p1", [(uuid_of(0), 0, 1024, 10, "main")])))
+        try:
+            return self.gate.settled(p, self.gate.deadline())
+        finally:
+            self.api.close()
+
+
+def test_an_allocate_waits_for_keys_being_published_instead_of_refusing(
+        apiserver: FakeApiServer) -> None:
+    def published_after_a_while(n: int) -> None:
+        if n == 12:  # 1.2 s after the Allocate came
+            publish_keys(apiserver)
+
+    waiting = Waiting(apiserver, published_after_a_while)
+    assert waiting.settled().ok
+    assert 1.2 <= sum(waiting.sleeps) <= 2.3  # read again at most a second later
+
+
+def test_keys_really_absent_are_refused_after_a_short_wait_saying_what_to_do(
+        apiserver: FakeApiServer) -> None:
+    waiting = Waiting(apiserver)
+    verdict = waiting.settled()
+    assert (verdict.ok, verdict.code, verdict.definite) == (False, "keys-unavailable", False)
+    assert sum(waiting.sleeps) == pytest.approx(5.0)
+    assert "ConfigMap gpupool-system/gpupool-decision-keys" in verdict.reason
+    assert "check that it runs" in verdict.reason and "re-create the pod" in verdict.reason
+
+
+def test_a_definite_refusal_is_not_waited_for(apiserver: FakeApiServer) -> None:
+    publish_keys(apiserver)
+    waiting = Waiting(apiserver)
+    p = pod_from_json(forged("attacker", "edited"))
+    verdict = waiting.gate.settled(p, waiting.gate.deadline())
+    waiting.api.close()
+    assert (verdict.ok, verdict.code, waiting.sleeps) == (False, "bad-signature", [])

@@ -13,7 +13,11 @@ after ``delay_s`` (so that every reader has it first); ``retire`` removes one.
 ``KeyRingSource`` is the readers' side: the published ring, read again when a
 decision names a key it does not hold (at most every ``refresh_s``), so a rotation
 reaches every node without a restart, and when it is older than ``max_age_s``, so a
-retired or revoked key stops verifying within that time. It verifies through one
+retired or revoked key stops verifying within that time. Until a ring has been read once
+(a reader that started before the extender published the keys: every component of a
+fresh install starts at once), every check reads again, after a wait that doubles from
+``first_retry_s`` up to ``retry_cap_s``, so the keys are picked up within a second of
+being published. It verifies through one
 ``verifier.DecisionVerifier``, which forgets what it remembered as soon as the ring
 read differs from the last one.
 """
@@ -122,41 +126,57 @@ class KeyRingSource:
 
     Thread-safe. ``verify`` raises ``SignatureError`` (an ``InvalidInput``) for a
     decision that must not be served or counted; while the ConfigMap has never been read,
-    every decision is refused (fail closed) and the reason says so. A read that fails
-    later keeps the ring last read (and is tried again at the next check after
-    ``refresh_s``): an API server that cannot be reached for a moment does not refuse
-    every decision on every node. Outcomes are remembered by one ``DecisionVerifier``
-    of at most ``memo_limit`` entries.
+    every decision is refused (fail closed, ``KeyMaterialError``) and the reason says so
+    and what to do, and every check reads again after a backoff (``first_retry_s``
+    doubling up to ``retry_cap_s``). A read that fails later keeps the ring last read
+    (and is tried again at the next check after ``refresh_s``): an API server that
+    cannot be reached for a moment does not refuse every decision on every node.
+    Outcomes are remembered by one ``DecisionVerifier`` of at most ``memo_limit``
+    entries.
     """
 
     def __init__(self, kube: KubeApi, namespace: str, clock: Callable[[], float],
                  refresh_s: float = 10.0, max_age_s: float = 60.0,
-                 memo_limit: int = MEMO_LIMIT):
+                 memo_limit: int = MEMO_LIMIT, first_retry_s: float = 0.05,
+                 retry_cap_s: float = 1.0):
         self.kube = kube
         self.namespace = namespace
         self.clock = clock
         self.refresh_s = refresh_s
         self.max_age_s = max_age_s
+        self.first_retry_s = first_retry_s
+        self.retry_cap_s = retry_cap_s
         self._lock = threading.Lock()
         self._ring: KeyRing | None = None
         self._read_at = float("-inf")
+        self._failures = 0  # reads that failed in a row
         self._good_at = float("-inf")
         self._problem = ""
         self._verifier = DecisionVerifier(self.ring, memo_limit)
 
     def ring(self, wanted: str | None = None) -> KeyRing:
-        """The ring; read again (at most every ``refresh_s``) when it was never read, when
-        ``wanted`` (a key id) is not in it, or when the last good read is older than
-        ``max_age_s``."""
+        """The ring; read again when it was never read (after the backoff), when
+        ``wanted`` (a key id) is not in it or when the last good read is older than
+        ``max_age_s`` (both at most every ``refresh_s``)."""
         with self._lock:
             now = self.clock()
             stale = self._ring is None or (wanted is not None and wanted not in self._ring) \
                 or now - self._good_at >= self.max_age_s
-            if stale and now - self._read_at >= self.refresh_s:
+            if stale and now - self._read_at >= self._interval():
                 self._read(now)
             if self._ring is None:
-                raise KeyMaterialError(f"gpupool's decision keys cannot be read: {self._problem}")
+                raise KeyMaterialError(
+                    f"gpupool's decision keys cannot be read ({self._problem}); the extender "
+                    f"publishes them in ConfigMap {self.namespace}/{PUBLIC_CONFIG_MAP} when it "
+                    "starts: check that it runs and that this component may get that ConfigMap")
             return self._ring
+
+    def _interval(self) -> float:
+        """How long after the last read another may be made: the backoff while no ring was
+        ever read, else ``refresh_s``."""
+        if self._ring is not None:
+            return self.refresh_s
+        return min(self.first_retry_s * 2.0 ** max(self._failures - 1, 0), self.retry_cap_s)
 
     def _read(self, now: float) -> None:
         self._read_at = now
@@ -164,9 +184,10 @@ class KeyRingSource:
             data, _ = self.kube.get_config_map_data(self.namespace, PUBLIC_CONFIG_MAP)
             self._ring = KeyRing.from_data(data, f"ConfigMap {self.namespace}/"
                                                  f"{PUBLIC_CONFIG_MAP}")
-            self._good_at, self._problem = now, ""
+            self._good_at, self._problem, self._failures = now, "", 0
         except (KubeError, KeyMaterialError) as exc:
             self._problem = str(exc)
+            self._failures = min(self._failures + 1, 64)
             log.warning("reading gpupool's decision keys: %s", exc)
 
     def verify(self, uid: str, namespace: str, name: str, annotations: Mapping[str, str],

@@ -43,7 +43,7 @@ from gpupool.nodeagent.pods import Pod
 from gpupool.nodeagent.refusals import RefusalRecorder, audit
 from gpupool.nodeagent.roster import GpuRoster
 from gpupool.nodeagent.server import KUBELET_SOCKET, DevicePluginService, PluginSocket, register
-from gpupool.nodeagent.verify import DecisionGate, Verifier
+from gpupool.nodeagent.verify import PATIENCE_S, DecisionGate, Verifier
 from gpupool.nodeagent.workers import Workers
 
 log = logging.getLogger(__name__)
@@ -60,6 +60,7 @@ class AgentConfig:
     decide_unscheduled: bool = False  # no extender: decide, and verify nothing
     monitor_s: float = 10.0
     proc_root: Path = Path("/proc")
+    key_patience_s: float = PATIENCE_S  # an Allocate waits this long for unreadable keys
 
     @property
     def plugin_dir(self) -> Path:
@@ -98,7 +99,8 @@ class NodeAgent:
         g = self.guards = guards or Guards()
         self.provider = g.provider
         self.metrics = g.metrics
-        self.gate = DecisionGate(config.node, None if config.decide_unscheduled else g.verifier)
+        self.gate = DecisionGate(config.node, None if config.decide_unscheduled else g.verifier,
+                                 config.key_patience_s)
         self.recorder = RefusalRecorder(pods, g.events, g.metrics)
         self.actions = Actions(g.action, pods, g.events, g.evictions, g.metrics,
                                self._isolation_changed)

@@ -7,7 +7,8 @@ One Allocate (one container, ``n`` logical device IDs):
 3. refuse a container whose own environment sets variables that control its
    GPUs (``exposure.env_override``); take the pod's decision
    (``gpupool.io/allocation``) only if ``verify.DecisionGate`` accepts it (signed by
-   gpupool's scheduler for this pod and node, on a pod that asks a GPU); without a
+   gpupool's scheduler for this pod and node, on a pod that asks a GPU; while the keys
+   are not readable yet, it waits a few seconds for them); without a
    decision, refuse — or, with ``decide_unscheduled`` (clusters without the
    extender), decide itself: the least-loaded GPUs (the core's
    ``pick_gpus`` with ``GpuOrder.LOOSEST``; pod affinity keeps the pod's containers
@@ -119,16 +120,16 @@ class Allocator:
         if not ids:
             raise Refused("kubelet asked to allocate no device", "no-devices")
         with self._lock:
-            fresh = False
+            fresh, deadline = False, self.gate.deadline()
             for _ in range(CAS_ATTEMPTS):
                 try:
-                    return self._attempt(list(ids), fresh)
+                    return self._attempt(list(ids), fresh, deadline)
                 except (Conflict, _Reread):
                     fresh = True
             raise Refused(f"gave up after {CAS_ATTEMPTS} conflicting writes to the pod",
                           "conflict")
 
-    def _attempt(self, ids: list[str], fresh: bool) -> ContainerAnswer:
+    def _attempt(self, ids: list[str], fresh: bool, deadline: float) -> ContainerAnswer:
         holders = self._holders()
         fresh = fresh or holders is None
         pods = self.pods.node_pods(self.config.node, fresh)
@@ -141,7 +142,7 @@ class Allocator:
             self.safety.recorder.count("not-identified")
             raise Refused(str(exc), "not-identified") from None
         try:
-            return self._serve(target, ids, pods, holders)
+            return self._serve(target, ids, pods, holders, deadline)
         except (InvalidInput, OverCommit, UnknownName, Refused, ProviderRefusal) as exc:
             if not fresh:
                 raise _Reread() from None
@@ -153,12 +154,12 @@ class Allocator:
             raise Refused(f"pod {target.pod.ref}: {exc}", code) from None
 
     def _serve(self, target: Target, ids: list[str], pods: list[Pod],
-               holders: Holders | None) -> ContainerAnswer:
+               holders: Holders | None, deadline: float) -> ContainerAnswer:
         pod, container = target.pod, target.container
         overriding = env_override(container)
         if overriding:
             raise Refused(overriding, "env-override")
-        decision = self._decision(pod, pods)
+        decision = self._decision(pod, pods, deadline)
         alloc = decision.allocation
         slices = tuple(s for s in alloc.slices if s.container == container.name)
         if len(slices) != len(ids):
@@ -188,8 +189,8 @@ class Allocator:
             raise Refused(f"GPU {', '.join(sorted(isolated))} is isolated (a container there "
                           "uses more than its slice) and takes no new slices", "gpu-isolated")
 
-    def _decision(self, pod: Pod, pods: list[Pod]) -> contract.Decision:
-        verdict = self.gate.check(pod)
+    def _decision(self, pod: Pod, pods: list[Pod], deadline: float) -> contract.Decision:
+        verdict = self.gate.settled(pod, deadline)
         if not verdict.ok:
             raise Refused(verdict.reason, verdict.code)
         decision = pod.decision()

@@ -11,6 +11,11 @@ when
   the resource group and the allocation, byte for byte, with one of gpupool's
   published keys.
 
+An Allocate asks ``DecisionGate.settled``: a refusal that may pass soon — the keys not read
+yet (a node agent that started before the extender published them), or a key this node
+has not read yet — is checked again until it passes or ``patience_s`` is over, so a pod
+is refused only when the keys are really absent (kubelet fails a refused pod for good).
+
 Results are values (``Verdict``). The gate remembers nothing itself: the ``Verifier``
 it is given (``KeyRingSource.verify``, wired by the CLI) checks and remembers through
 ``gpupool.kube.verifier.DecisionVerifier``, the one verifier the extender and the
@@ -23,6 +28,7 @@ before signing existed.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -38,6 +44,15 @@ while the published keys cannot be read."""
 MEMO_LIMIT = 20_000
 """Outcomes a node agent's verifier remembers (``KeyRingSource(memo_limit=...)``): a node
 runs ~110 pods at most, so this bounds only churn and hostile edits."""
+
+PATIENCE_S = 5.0
+"""How long an Allocate waits for decision keys being published. kubelet sets no deadline
+on Allocate, but it admits a node's pods one at a time while it waits (and gives
+PreStartContainer 30 s), so the wait stays short; the keys' reader retries at least every
+second meanwhile (``KeyRingSource``'s backoff)."""
+POLL_S = 0.1
+"""How often a waiting Allocate checks again (each check reads the keys only when the
+reader's backoff allows)."""
 
 # refusal codes (metric label ``reason``; sentences carry the details)
 NO_GPU_REQUEST = "no-gpu-request"
@@ -69,9 +84,14 @@ OK = Verdict(True)
 class DecisionGate:
     """Verifies pods' decisions for one node; thread-safe."""
 
-    def __init__(self, node: str, verifier: Verifier | None):
+    def __init__(self, node: str, verifier: Verifier | None, patience_s: float = PATIENCE_S,
+                 sleep: Callable[[float], None] = time.sleep,
+                 monotonic: Callable[[], float] = time.monotonic):
         self.node = node
         self.verifier = verifier
+        self.patience_s = patience_s
+        self._sleep = sleep
+        self._monotonic = monotonic
 
     @property
     def enabled(self) -> bool:
@@ -87,6 +107,28 @@ class DecisionGate:
         if self.verifier is None:
             return OK
         return self._signed(pod)
+
+    def deadline(self) -> float:
+        """Until when (``monotonic``) an Allocate starting now waits: ``settled``'s limit."""
+        return self._monotonic() + self.patience_s
+
+    def settled(self, pod: Pod, deadline: float) -> Verdict:
+        """``check(pod)``, checked again every ``POLL_S`` while it is a refusal that may pass
+        soon (not ``definite``) and ``deadline`` has not come."""
+        verdict = self.check(pod)
+        while not verdict.ok and not verdict.definite:
+            left = deadline - self._monotonic()
+            if left <= 0:
+                return self._waited(verdict)
+            self._sleep(min(POLL_S, left))
+            verdict = self.check(pod)
+        return verdict
+
+    def _waited(self, verdict: Verdict) -> Verdict:
+        if verdict.code != KEYS_UNAVAILABLE:
+            return verdict
+        return Verdict(False, verdict.code, f"{verdict.reason} (waited {self.patience_s:g} s "
+                       "for them; re-create the pod once they are readable)", definite=False)
 
     def trusted(self, pod: Pod) -> bool:
         """``check(pod).ok`` (for counting what other pods hold)."""
