@@ -75,15 +75,3 @@ def answer(*parts: ContainerEdits) -> ContainerAnswer:
     for part in parts:
         total = total + part
     return ContainerAnswer(dict(total.envs), total.mounts, total.cdi_devices)
-
-
-def mps_limits(slices: Sequence[Slice]) -> dict[str, str]:
-    """MPS memory and compute limits for shared slices (device ordinals as the container sees)."""
-    out: dict[str, str] = {}
-    memory = [f"{i}={s.memory_mib}M" for i, s in enumerate(slices) if s.memory_mib > 0]
-    if memory:
-        out["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(memory)
-    cores = [s.core_pct for s in slices if s.core_pct > 0]
-    if cores:
-        out["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(min(cores))
-    return out

@@ -31,6 +31,7 @@ import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from gpupool.contract.isolation import hami_core_limits
 from gpupool.core.errors import InvalidInput
 from gpupool.nodeagent.envs import ContainerEdits, Mount
 from gpupool.nodeagent.gpu import GpuInfo
@@ -101,11 +102,7 @@ class HamiCoreProvider:
         except OSError as exc:
             raise ProviderRefusal(f"cannot prepare HAMi-core's usage directory {cache}: "
                                   f"{exc.strerror or exc}", "isolation-unavailable") from None
-        envs = {f"CUDA_DEVICE_MEMORY_LIMIT_{i}": f"{s.memory_mib}m"
-                for i, s in enumerate(grant.slices) if s.memory_mib > 0}
-        cores = [s.core_pct for s in grant.slices if s.core_pct > 0]
-        if cores:
-            envs["CUDA_DEVICE_SM_LIMIT"] = str(min(cores))
+        envs = hami_core_limits(grant.slices)
         envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = f"{CACHE_IN_CONTAINER}/vgpu.cache"
         mounts = (Mount(LIBRARY_IN_CONTAINER, str(self.library), read_only=True),
                   Mount(PRELOAD_IN_CONTAINER, str(self.preload), read_only=True),

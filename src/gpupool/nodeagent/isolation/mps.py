@@ -30,8 +30,9 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from gpupool.contract.isolation import mps_limits
 from gpupool.core.errors import GpupoolError, InvalidInput
-from gpupool.nodeagent.envs import ContainerEdits, Mount, mps_limits
+from gpupool.nodeagent.envs import ContainerEdits, Mount
 from gpupool.nodeagent.gpu import GpuInfo
 from gpupool.nodeagent.isolation.mpsdaemon import (
     CONTROL,

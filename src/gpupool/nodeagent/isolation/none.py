@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from gpupool.nodeagent.envs import ContainerEdits, mps_limits
+from gpupool.contract.isolation import mps_limits
+from gpupool.nodeagent.envs import ContainerEdits
 from gpupool.nodeagent.gpu import GpuInfo
 from gpupool.nodeagent.isolation.provider import Holdings, ProviderName, SliceGrant
 

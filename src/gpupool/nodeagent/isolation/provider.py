@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Protocol
 
+from gpupool.contract.isolation import ProviderName
 from gpupool.core.allocation import Slice
 from gpupool.core.errors import GpupoolError
 from gpupool.nodeagent.envs import ContainerEdits
@@ -15,12 +15,6 @@ from gpupool.nodeagent.gpu import GpuInfo
 NODE_LABEL = "gpupool.io/isolation-provider"
 """Node label naming the provider when ``--isolation-provider auto``; also put on every
 GPUDevice's ``spec.labels`` so that resource classes can select enforced GPUs."""
-
-
-class ProviderName(StrEnum):
-    MPS = "mps"
-    HAMI_CORE = "hami-core"
-    NONE = "none"
 
 
 class ProviderRefusal(GpupoolError):
