@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from gpupool.contract import names
 from gpupool.contract.annotations import encode
@@ -14,6 +15,7 @@ from gpupool.security.signing import (
     KeyMaterialError,
     KeyRing,
     SignatureError,
+    SigningKey,
     SigningKeys,
     claims_of,
 )
@@ -82,6 +84,36 @@ def test_a_signature_by_an_unknown_key_is_refused_by_its_id() -> None:
 def test_malformed_signatures_are_refused_with_a_reason(signature: str | None) -> None:
     with pytest.raises(SignatureError, match="pod team-a/web"):
         _keys().public().verify(_claims(_decision()), signature)
+
+
+_B64URL = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+
+
+def _other_spellings(signature: str) -> list[str]:
+    """Spellings of the same 64 signature bytes that are not the canonical base64url one:
+    the last character with other padding bits (86 characters carry 516 bits, the
+    signature 512), "=" padding, the standard alphabet's "+" and "/", characters
+    a lax decoder skips."""
+    head, last = signature[:-1], _B64URL.index(signature[-1])
+    kept = last & 0b110000  # the two bits that belong to the signature
+    spellings = [head + _B64URL[kept | low] for low in range(16) if kept | low != last]
+    spellings += [signature + "==", signature.replace("-", "+").replace("_", "/")]
+    spellings += [signature[:-10] + stray * 4 + signature[-10:] for stray in "!\n"]
+    return [s for s in spellings if s != signature]
+
+
+def test_only_the_canonical_spelling_of_a_signature_verifies() -> None:
+    key = SigningKey(Ed25519PrivateKey.from_private_bytes(bytes([1]) * 32), NOW)
+    claims = _claims(_decision())
+    signature = key.sign(claims)  # Ed25519 is deterministic: always this spelling
+    assert "-" in signature or "_" in signature
+    ring = SigningKeys((key,)).public()
+    assert ring.verify(claims, signature) == key.kid
+    others = _other_spellings(signature)
+    assert len(others) == 19
+    for other in others:
+        with pytest.raises(SignatureError, match=r"is not (canonical )?base64url"):
+            ring.verify(claims, other)
 
 
 def test_a_nul_character_in_a_field_is_refused() -> None:

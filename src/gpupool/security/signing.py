@@ -182,7 +182,16 @@ def _parse(who: str, signature: str) -> tuple[str, bytes]:
         raise SignatureError(f"{who}: {names.ANNOTATION_SIGNATURE} is not base64url") from None
     if len(raw) != 64:
         raise SignatureError(f"{who}: {names.ANNOTATION_SIGNATURE} is not an Ed25519 signature")
+    if _spelled(raw) != parts[2]:  # one spelling per signature: no other padding bits,
+        # '=', '+', '/' or characters a lax decoder skips
+        raise SignatureError(f"{who}: {names.ANNOTATION_SIGNATURE} is not canonical base64url "
+                             "(unpadded, as gpupool writes it)")
     return parts[1], raw
+
+
+def _spelled(raw: bytes) -> str:
+    """``raw`` as a signature spells it: base64url without padding."""
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
 # -- the private side ---------------------------------------------------------------------------
@@ -202,7 +211,7 @@ class SigningKey:
     def sign(self, claims: Claims) -> str:
         """The ``gpupool.io/signature`` value for ``claims``."""
         raw = self.key.sign(claims.message())
-        return f"{PREFIX}.{self.kid}.{base64.urlsafe_b64encode(raw).decode().rstrip('=')}"
+        return f"{PREFIX}.{self.kid}.{_spelled(raw)}"
 
 
 @dataclass(frozen=True, slots=True)
