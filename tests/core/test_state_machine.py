@@ -1,7 +1,8 @@
 """ClusterState can never over-commit: a hypothesis state machine of random operations.
 
-Reserve (valid and invalid allocations), release, re-reserve, replace nodes and
-flip GPU health in random order. After every step the free arrays must equal
+Reserve (valid and invalid allocations, local and remote: CPU and memory on one node,
+slices served by another), release, re-reserve, replace nodes and flip GPU health in
+random order. After every step the free arrays must equal
 capacity minus what the held allocations take, and never go below zero; a
 failed reserve must change nothing; reserve-then-release must restore the state
 exactly.
@@ -60,19 +61,21 @@ class ClusterMachine(RuleBasedStateMachine):
         assert self.state.allocations == allocations
 
     def build(self, key: str, node: str, cpu: int, mem: int,
-              slices: list[tuple[int, bool, int, int, str]]) -> Allocation:
-        gpus = (self.state.nodes[self.state.index[node]].gpus if node in self.state.index else ())
+              slices: list[tuple[int, bool, int, int, str]], served_by: str = "") -> Allocation:
+        host = served_by or node
+        gpus = (self.state.nodes[self.state.index[host]].gpus if host in self.state.index else ())
         parts = []
         for pos, right_uuid, mib, core, container in slices:
             uuid = gpus[pos].uuid if right_uuid and pos < len(gpus) else f"GPU-x-{pos}"
             parts.append(Slice(uuid, pos, mib, core, container))
-        return Allocation(key, node, cpu, mem, tuple(parts))
+        return Allocation(key, node, cpu, mem, tuple(parts), served_by=served_by)
 
     @rule(key=KEYS, node=st.sampled_from((*NODES, "ghost")), cpu=st.integers(-10, 9000),
-          mem=st.integers(-10, 40000), slices=st.lists(SLICE, max_size=4))
+          mem=st.integers(-10, 40000), slices=st.lists(SLICE, max_size=4),
+          served_by=st.sampled_from(("", "", *NODES, "ghost")))
     def reserve(self, key: str, node: str, cpu: int, mem: int,
-                slices: list[tuple[int, bool, int, int, str]]) -> None:
-        alloc = self.build(key, node, cpu, mem, slices)
+                slices: list[tuple[int, bool, int, int, str]], served_by: str) -> None:
+        alloc = self.build(key, node, cpu, mem, slices, served_by)
         before = self.snapshot()
         try:
             self.state.reserve(alloc)
@@ -148,13 +151,13 @@ class ClusterMachine(RuleBasedStateMachine):
         cpu, mem = s.cpu_cap.copy(), s.mem_cap.copy()
         units, core = s.unit_cap.copy(), s.core_cap.copy()
         for a in s.allocations.values():
-            i = s.index[a.node]
+            i, k = s.index[a.node], s.index[a.gpu_node]
             cpu[i] -= a.cpu_milli
             mem[i] -= a.memory_mib
             for x in a.slices:
-                assert s.nodes[i].gpus[x.gpu_position].uuid == x.gpu_uuid
-                units[i, x.gpu_position] -= s.units_for(x.memory_mib)
-                core[i, x.gpu_position] -= x.core_pct
+                assert s.nodes[k].gpus[x.gpu_position].uuid == x.gpu_uuid
+                units[k, x.gpu_position] -= s.units_for(x.memory_mib)
+                core[k, x.gpu_position] -= x.core_pct
         assert np.array_equal(cpu, s.cpu_free) and np.array_equal(mem, s.mem_free)
         assert np.array_equal(units, s.unit_free) and np.array_equal(core, s.core_free)
 
@@ -172,7 +175,7 @@ class ClusterMachine(RuleBasedStateMachine):
     @invariant()
     def the_per_node_index_agrees_with_the_allocations(self) -> None:
         for name in NODES:
-            expected = {k for k, a in self.state.allocations.items() if a.node == name}
+            expected = {k for k, a in self.state.allocations.items() if name in a.nodes}
             assert {a.key for a in self.state.allocations_on(name)} == expected
 
 

@@ -25,6 +25,7 @@ class Check(Enum):
     GPU_HEALTH = "gpu-health"
     GPU_FREE = "gpu-free"
     NODE_MODE = "node-mode"  # the node serves its GPUs another way (checked before GROUP)
+    REMOTE = "remote-slice"  # no GPU here, nor elsewhere for a remote slice (core.serving)
 
 
 @dataclass(frozen=True, slots=True)

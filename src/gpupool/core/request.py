@@ -26,6 +26,19 @@ class Affinity(Enum):
     POD = "pod"
 
 
+class Serving(Enum):
+    """Where a pod's GPU slices may be served (``gpupool.core.serving`` places them).
+
+    ``LOCAL``: by its own node's devices (the default). ``REMOTE_ALLOWED``: by its own
+    node's devices when they have room, else by a slice server on another node.
+    ``REMOTE_REQUIRED``: always by a slice server, on its own node when it has room.
+    """
+
+    LOCAL = "local"
+    REMOTE_ALLOWED = "remote-allowed"
+    REMOTE_REQUIRED = "remote-required"
+
+
 @dataclass(frozen=True, slots=True)
 class GpuDemand:
     """One container's GPU ask: ``count`` GPUs, each with memory and compute.
@@ -87,6 +100,7 @@ class PodRequest:
     tenant: str | None = None
     affinity: Affinity = Affinity.LEAST_LOADED
     gpu_class: str | None = None
+    serving: Serving = Serving.LOCAL
 
     def __post_init__(self) -> None:
         if not self.key:

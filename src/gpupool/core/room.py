@@ -40,7 +40,7 @@ Frees = tuple[int, int, dict[int, tuple[int, int]]]
 
 def share_milli(state: ClusterState, alloc: Allocation) -> int:
     """The GPU share ``alloc`` holds, in milli-GPU."""
-    i = state.index.get(alloc.node)
+    i = state.index.get(alloc.gpu_node)
     total = 0
     for j, (units, core) in _per_gpu(state, alloc).items():
         cap = int(state.unit_cap[i, j]) if i is not None and 0 <= j < state.width else 0
@@ -129,7 +129,8 @@ class NodeRoom:
         return self.state.nodes[self.row].name
 
     def _frees(self, alloc: Allocation) -> Frees:
-        return alloc.cpu_milli, alloc.memory_mib, _per_gpu(self.state, alloc)
+        mine = alloc.part_on(self.node)  # a remote allocation frees part here, part there
+        return mine.cpu_milli, mine.memory_mib, _per_gpu(self.state, mine)
 
     def _with(self, frees: Iterable[Frees]) -> tuple[list[int], list[int], int, int]:
         units, core, cpu, memory = list(self.units), list(self.core), self.cpu, self.memory
@@ -224,7 +225,8 @@ class NodeRoom:
         scratch = ClusterState([well], state.memory_unit_mib)
         for alloc in state.allocations_on(node.name):
             if alloc.key not in gone:
-                scratch.reserve(alloc)  # every GPU healthy while the holders are put back
+                # every GPU healthy while the holders (their part here) are put back
+                scratch.reserve(alloc.part_on(node.name))
         for j, gpu in enumerate(node.gpus):
             if not state.healthy[i, j]:
                 scratch.set_health(node.name, gpu.uuid, False)

@@ -9,6 +9,10 @@ cache per node; a change of layout (nodes added, removed, relabelled) bumps
 
 Arrays are indexed ``[node]`` or ``[node, gpu position]``; positions past a
 node's GPU count are absent (``present`` is False, free share is -1).
+
+A remote allocation (``Allocation.served_by``) takes CPU and memory on the pod's node
+and its slices on the serving node, in the same arrays and the same all-or-nothing
+``reserve``: local and remote slices are one account per GPU.
 """
 
 from __future__ import annotations
@@ -105,11 +109,12 @@ class ClusterState:
         self._rebuild(self.nodes + new)
 
     def remove_node(self, name: str) -> list[Allocation]:
-        """Forget a node; returns the allocations that were on it (now released)."""
+        """Forget a node; returns the allocations that held anything on it (now released,
+        on the other node too when served remotely)."""
         i = self.node_index(name)
         dropped = list(self._by_node.get(name, {}).values())
         for alloc in dropped:
-            del self.allocations[alloc.key]
+            self._forget(alloc)
         self._by_node.pop(name, None)
         self._rebuild(self.nodes[:i] + self.nodes[i + 1 :])
         return dropped
@@ -152,6 +157,8 @@ class ClusterState:
         self._refresh_row(i)
 
     def _remap(self, alloc: Allocation, node: Node) -> Allocation:
+        if alloc.gpu_node != node.name:  # only its CPU and memory are on this node
+            return alloc
         positions = {g.uuid: p for p, g in enumerate(node.gpus)}
         slices = []
         for s in alloc.slices:
@@ -160,7 +167,7 @@ class ClusterState:
             slices.append(Slice(s.gpu_uuid, positions[s.gpu_uuid], s.memory_mib, s.core_pct,
                                 s.container))
         return Allocation(alloc.key, alloc.node, alloc.cpu_milli, alloc.memory_mib,
-                          tuple(slices), alloc.exclusive)
+                          tuple(slices), alloc.exclusive, alloc.served_by)
 
     def _rebuild(self, nodes: list[Node]) -> None:
         width = max([len(n.gpus) for n in nodes] + [1])
@@ -227,6 +234,8 @@ class ClusterState:
         return -(-memory_mib // self.memory_unit_mib)
 
     def allocations_on(self, node: str) -> Iterator[Allocation]:
+        """The allocations that hold anything on ``node``: its pods' and, when served
+        remotely, the slices its GPUs serve to pods elsewhere (``Allocation.part_on``)."""
         return iter(list(self._by_node.get(node, {}).values()))
 
     # -- reservations -------------------------------------------------------------
@@ -244,7 +253,8 @@ class ClusterState:
         self._check(alloc)
         self._apply(alloc, -1)
         self.allocations[alloc.key] = alloc
-        self._by_node.setdefault(alloc.node, {})[alloc.key] = alloc
+        for name in alloc.nodes:
+            self._by_node.setdefault(name, {})[alloc.key] = alloc
 
     def release(self, key: str) -> Allocation | None:
         """Give back what ``key`` holds; releasing twice is harmless."""
@@ -257,18 +267,22 @@ class ClusterState:
 
     def _forget(self, alloc: Allocation) -> None:
         del self.allocations[alloc.key]
-        self._by_node.get(alloc.node, {}).pop(alloc.key, None)
+        for name in alloc.nodes:
+            self._by_node.get(name, {}).pop(alloc.key, None)
 
     def _check(self, alloc: Allocation) -> None:
         i = self.node_index(alloc.node)
-        node = self.nodes[i]
         if alloc.cpu_milli < 0 or alloc.memory_mib < 0:
             raise InvalidInput(f"{alloc.key}: negative CPU or memory")
         if alloc.cpu_milli > self.cpu_free[i] or alloc.memory_mib > self.mem_free[i]:
             raise OverCommit(
-                f"{alloc.key}: node {node.name} has {self.cpu_free[i]}m CPU and "
+                f"{alloc.key}: node {alloc.node} has {self.cpu_free[i]}m CPU and "
                 f"{self.mem_free[i]} MiB free, {alloc.cpu_milli}m and {alloc.memory_mib} MiB asked"
             )
+        self._check_slices(alloc, self.node_index(alloc.gpu_node))
+
+    def _check_slices(self, alloc: Allocation, i: int) -> None:
+        node = self.nodes[i]
         need: dict[int, list[int]] = {}
         for s in alloc.slices:
             j = s.gpu_position
@@ -290,12 +304,17 @@ class ClusterState:
                 )
 
     def _apply(self, alloc: Allocation, sign: int) -> None:
-        i = self.index[alloc.node]
+        i, k = self.index[alloc.node], self.index[alloc.gpu_node]
         self.cpu_free[i] += sign * alloc.cpu_milli
         self.mem_free[i] += sign * alloc.memory_mib
         for s in alloc.slices:
-            self.unit_free[i, s.gpu_position] += sign * self.units_for(s.memory_mib)
-            self.core_free[i, s.gpu_position] += sign * s.core_pct
+            self.unit_free[k, s.gpu_position] += sign * self.units_for(s.memory_mib)
+            self.core_free[k, s.gpu_position] += sign * s.core_pct
+        self._touched(i)
+        if k != i:
+            self._touched(k)
+
+    def _touched(self, i: int) -> None:
         if self._deferred is None:
             self._refresh_row(i)
         else:
@@ -369,7 +388,8 @@ class StateCopy:
         if not self._ready:
             by_node: dict[str, dict[str, Allocation]] = {}
             for key, alloc in self._state.allocations.items():
-                by_node.setdefault(alloc.node, {})[key] = alloc
+                for name in alloc.nodes:
+                    by_node.setdefault(name, {})[key] = alloc
             self._state._by_node = by_node
             self._ready = True
         return self._state

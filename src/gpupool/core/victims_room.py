@@ -49,7 +49,8 @@ def select_room(need: Room, pool: list[Candidate], allowed: Mapping[str, int],
     for c in pool:
         held = state.allocations.get(c.key)
         if held is c.allocation or held == c.allocation:  # only what the state holds
-            by_node.setdefault(c.allocation.node, []).append(c)
+            for name in c.allocation.nodes:  # a remote slice frees room on two nodes
+                by_node.setdefault(name, []).append(c)
     rows = list(range(len(state.nodes))) if need.rows is None else sorted(set(need.rows))
     return _RoomSearch(need, by_node, allowed, limits).run(rows)
 

@@ -48,7 +48,7 @@ def allocation_shape(state: ClusterState, alloc: Allocation) -> TaskShape | None
         return None
     if alloc.exclusive:
         return TaskShape(alloc.cpu_milli, len(alloc.gpu_uuids), MILLI)
-    i = state.index.get(alloc.node)
+    i = state.index.get(alloc.gpu_node)
     share = 1
     for s in alloc.slices:
         cap = state.nodes[i].gpus[s.gpu_position].memory_mib if i is not None and \
