@@ -1,8 +1,9 @@
 """AdmissionReview v1 in and out: the wire format the API server speaks to webhooks.
 
 ``read_review`` turns a request body into a ``Request`` (or raises ``BadReview``
-saying what is wrong, which the server answers with HTTP 400: without a readable
-``request.uid`` there is nothing to answer to). ``answer`` turns a ``Verdict`` into
+saying what is wrong — also for JSON nested too deeply or a number too long to read —
+which the server answers with a denial to ``uid_of(body)``, or with HTTP 400 where no
+``request.uid`` can be read: there is nothing to answer to). ``answer`` turns a ``Verdict`` into
 the AdmissionReview response body: ``allowed``, a ``status`` with the message a
 person reads in ``kubectl``'s error, ``warnings``, and a JSONPatch (base64) for
 mutations. Pure: no I/O.
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +24,9 @@ KIND = "AdmissionReview"
 MAX_MESSAGE_CHARS = 4000
 MAX_WARNINGS = 10
 MAX_WARNING_CHARS = 480  # the API server drops warnings longer than this (in runes)
+MAX_DIGITS = 4300
+"""The longest integer a body may hold: Python's own limit for reading one (no Kubernetes
+field comes near: an int64 has 19 digits)."""
 
 Obj = dict[str, Any]
 
@@ -113,12 +117,26 @@ def _extra(value: Any) -> dict[str, tuple[str, ...]]:
     return out
 
 
-def read_review(body: bytes) -> Request:
-    """The ``Request`` of an AdmissionReview v1 body; ``BadReview`` says what is wrong."""
+def _integer(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_DIGITS:
+        raise BadReview(f"the body holds a number of more than {MAX_DIGITS} digits")
+    return int(text)
+
+
+def _json(body: bytes, integer: Callable[[str], object]) -> Any:
+    """``body`` read as JSON; ``BadReview`` for what is no JSON or cannot be read."""
     try:
-        review = json.loads(body)
+        return json.loads(body, parse_int=integer)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise BadReview(f"the body is not JSON ({exc})") from None
+    except RecursionError:
+        raise BadReview("the body is not JSON that can be read: it is nested too deeply "
+                        "(no Kubernetes object comes near)") from None
+
+
+def read_review(body: bytes) -> Request:
+    """The ``Request`` of an AdmissionReview v1 body; ``BadReview`` says what is wrong."""
+    review = _json(body, _integer)
     review = _map(review, "the body")
     if review.get("apiVersion") != API_VERSION or review.get("kind") != KIND:
         raise BadReview(f"the body is not an {API_VERSION} {KIND} (got apiVersion "
@@ -146,11 +164,11 @@ def read_review(body: bytes) -> Request:
 
 
 def uid_of(body: bytes) -> str:
-    """The request uid of a body ``read_review`` refused, when one can be read (else "")."""
+    """The request uid of a body ``read_review`` refused, when one can be read (else ""):
+    numbers are skipped, so a number too long to read still leaves the uid readable."""
     try:
-        review = json.loads(body)
-        uid = review["request"]["uid"]
-    except (ValueError, TypeError, KeyError, UnicodeDecodeError):
+        uid = _json(body, lambda _: 0)["request"]["uid"]
+    except (BadReview, TypeError, KeyError):
         return ""
     return uid if isinstance(uid, str) else ""
 
