@@ -28,12 +28,17 @@ ROUND_TRIPS = [
                                        Slice("GPU-b", 1, 2048, 20, "b"))),
     Allocation("uid-4", "n1", 100, 64),
     Allocation("uid-5", "n1", 0, 0, (Slice("GPU-a", 0, 512, 5),)),
+    Allocation("uid-6", "cpu-node", 2000, 4096, (Slice("GPU-g", 2, 8192, 0, "main"),),
+               served_by="gpu-node"),
+    Allocation("uid-7", "n1", 100, 64, (Slice("GPU-a", 0, 1024, 10, "main"),), served_by="n1"),
 ]
 
 
 @pytest.mark.parametrize("alloc", ROUND_TRIPS, ids=["one slice", "two whole GPUs",
                                                    "two containers sharing a GPU", "CPU only",
-                                                   "an unnamed container"])
+                                                   "an unnamed container",
+                                                   "served from another node",
+                                                   "served by a slice server on its own node"])
 @pytest.mark.parametrize("phase", names.PHASES)
 def test_an_allocation_survives_encode_and_decode(alloc: Allocation, phase: str) -> None:
     annotations = encode(alloc, T, phase)
@@ -77,7 +82,10 @@ BROKEN = [
     ("too large", {names.ANNOTATION_ALLOCATION: "x" * (MAX_ANNOTATION_BYTES + 1)}, "too large"),
     ("not JSON", {names.ANNOTATION_ALLOCATION: "{nope"}, "is not JSON"),
     ("a JSON list", {names.ANNOTATION_ALLOCATION: "[]"}, "is not version 1"),
-    ("another version", _body(v=2), "is not version 1"),
+    ("another version", _body(v=3), "is not version 1 or 2"),
+    ("version 2 without its serving node", _body(v=2), "field 'servedBy' is missing"),
+    ("an empty serving node", _body(v=2, servedBy=""), "field 'servedBy' is missing"),
+    ("a serving node in version 1", _body(servedBy="n8"), "'servedBy' needs version 2"),
     ("no node", _body(node=None), "field 'node' is missing"),
     ("an empty node", _body(node=""), "field 'node' is missing"),
     ("node annotation disagrees", {**_body(), names.ANNOTATION_NODE: "n8"},
@@ -111,6 +119,19 @@ def test_a_broken_annotation_is_refused_with_what_is_broken(annotations: dict[st
 
 def test_the_reference_body_itself_decodes() -> None:
     assert decode("uid-1", _body()).allocation == ROUND_TRIPS[0]
+
+
+def test_a_local_decision_is_written_as_version_1_without_a_serving_node() -> None:
+    body = json.loads(encode(ROUND_TRIPS[0], T)[names.ANNOTATION_ALLOCATION])
+    assert body["v"] == 1 and "servedBy" not in body
+    assert body == json.loads(_body()[names.ANNOTATION_ALLOCATION])
+
+
+def test_a_remote_decision_names_the_pods_node_and_the_serving_node() -> None:
+    annotations = encode(ROUND_TRIPS[5], T)
+    body = json.loads(annotations[names.ANNOTATION_ALLOCATION])
+    assert (body["v"], body["node"], body["servedBy"]) == (2, "cpu-node", "gpu-node")
+    assert annotations[names.ANNOTATION_NODE] == "cpu-node"  # where the pod is bound
 
 
 @pytest.mark.parametrize("call", [lambda: encode(ROUND_TRIPS[0], T, "done"),

@@ -9,6 +9,13 @@ The decision is the ``gpupool.io/allocation`` annotation, compact JSON::
 plus ``gpupool.io/node``, ``gpupool.io/bind-time`` (RFC 3339, UTC) and
 ``gpupool.io/phase`` (allocating → allocated | failed, with ``gpupool.io/reason``).
 ``index`` is the GPU's position on its node in the order the node publishes.
+
+A slice served by a slice server (``Allocation.served_by``, docs/remote.md) is recorded as
+version 2 with ``"servedBy"``: the node whose GPUs the slices are on (``index`` and
+``uuid`` are that node's); ``node`` stays the node the pod runs on, which holds its CPU
+and memory. Every other decision is written as version 1, as before, and a version-1
+decision is read as served by the pod's own node. A component that reads only version 1
+refuses a version-2 decision rather than taking a remote slice for a local one.
 """
 
 from __future__ import annotations
@@ -23,6 +30,8 @@ from gpupool.core.allocation import Allocation, Slice
 from gpupool.core.errors import InvalidInput
 
 VERSION = 1
+VERSION_SERVED = 2
+"""The version of a decision served by a slice server (it carries ``servedBy``)."""
 MAX_ANNOTATION_BYTES = 64 * 1024
 
 
@@ -46,11 +55,13 @@ def encode(alloc: Allocation, bind_time: str, phase: str = names.PHASE_ALLOCATIN
         containers.setdefault(s.container, []).append(
             {"uuid": s.gpu_uuid, "index": s.gpu_position, "memoryMiB": s.memory_mib,
              "corePct": s.core_pct})
-    body = {
+    body: dict[str, Any] = {
         "v": VERSION, "node": alloc.node, "cpuMilli": alloc.cpu_milli,
         "memoryMiB": alloc.memory_mib, "exclusive": alloc.exclusive,
         "containers": [{"name": n, "gpus": g} for n, g in containers.items()],
     }
+    if alloc.served_by:
+        body.update({"v": VERSION_SERVED, "servedBy": alloc.served_by})
     return {
         names.ANNOTATION_NODE: alloc.node,
         names.ANNOTATION_ALLOCATION: json.dumps(body, separators=(",", ":"), sort_keys=True),
@@ -76,9 +87,11 @@ def decode(key: str, annotations: Mapping[str, str]) -> Decision:
         raise InvalidInput(
             f"pod {key}: {names.ANNOTATION_ALLOCATION} is not JSON ({exc})"
         ) from None
-    if not isinstance(body, dict) or body.get("v") != VERSION:
-        raise InvalidInput(f"pod {key}: {names.ANNOTATION_ALLOCATION} is not version {VERSION}")
+    if not isinstance(body, dict) or body.get("v") not in (VERSION, VERSION_SERVED):
+        raise InvalidInput(f"pod {key}: {names.ANNOTATION_ALLOCATION} is not version "
+                           f"{VERSION} or {VERSION_SERVED}")
     node = _field(key, body, "node", str)
+    served_by = _served_by(key, body)
     if annotations.get(names.ANNOTATION_NODE, node) != node:
         raise InvalidInput(f"pod {key}: {names.ANNOTATION_NODE} disagrees with the allocation")
     slices = []
@@ -97,7 +110,7 @@ def decode(key: str, annotations: Mapping[str, str]) -> Decision:
     if not isinstance(exclusive, bool):
         raise InvalidInput(f"pod {key}: allocation field 'exclusive' must be true or false")
     alloc = Allocation(key, node, _nat(key, body, "cpuMilli"), _nat(key, body, "memoryMiB"),
-                       tuple(slices), exclusive)
+                       tuple(slices), exclusive, served_by)
     phase = annotations.get(names.ANNOTATION_PHASE, names.PHASE_ALLOCATING)
     if phase not in names.PHASES:
         raise InvalidInput(f"pod {key}: unknown phase {phase!r}")
@@ -141,6 +154,16 @@ def phase_patch(phase: str, reason: str = "") -> dict[str, str]:
     if reason:
         patch[names.ANNOTATION_REASON] = reason[:1024]
     return patch
+
+
+def _served_by(key: str, body: Mapping[str, Any]) -> str:
+    """Version 2 names its serving node; version 1 must not (it is served locally)."""
+    if body.get("v") == VERSION:
+        if "servedBy" in body:
+            raise InvalidInput(f"pod {key}: allocation field 'servedBy' needs version "
+                               f"{VERSION_SERVED}")
+        return ""
+    return str(_field(key, body, "servedBy", str))
 
 
 def _field(key: str, obj: Mapping[str, Any], name: str, kind: type) -> Any:

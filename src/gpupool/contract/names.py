@@ -13,6 +13,7 @@ CLASS_RESOURCE_PREFIX = "class.gpupool.io/"
 LABEL_GROUP = "gpupool.io/group"
 ANNOTATION_MODE = "gpupool.io/mode"  # exclusive | shared
 ANNOTATION_AFFINITY = "gpupool.io/affinity"  # pod | least-loaded
+ANNOTATION_PLACEMENT = "gpupool.io/placement"  # local | remote-allowed | remote-required
 
 # written by gpupool (the durable record of a decision)
 ANNOTATION_NODE = "gpupool.io/node"

@@ -25,7 +25,8 @@ OBJECT_META = Map({
               "ownerReferences", "resourceVersion", "selfLink", "uid"),
     "labels": Map(dict.fromkeys(OWN_NAMES, TEXT), others=TEXT, typos_of=(names.LABEL_GROUP,)),
     "annotations": Map(dict.fromkeys(OWN_NAMES, TEXT), others=TEXT,
-                       typos_of=(names.ANNOTATION_MODE, names.ANNOTATION_AFFINITY)),
+                       typos_of=(names.ANNOTATION_MODE, names.ANNOTATION_AFFINITY,
+                                 names.ANNOTATION_PLACEMENT)),
 })
 AMOUNTS = Map({names.RESOURCE_GPU: QUANTITY, names.RESOURCE_MEMORY: QUANTITY,
                names.RESOURCE_CORE: QUANTITY}, others=QUANTITY, closed=(f"{names.GROUP}/",))

@@ -10,7 +10,9 @@ Per container, ``resources.limits`` over ``resources.requests`` may carry
 Memory or core without a count means one GPU. The annotation
 ``gpupool.io/mode`` (``exclusive``|``shared``) overrides the default mode
 (shared when memory or core is asked, else exclusive); ``gpupool.io/affinity``
-is ``pod`` or ``least-loaded``; the label ``gpupool.io/group`` names the
+is ``pod`` or ``least-loaded``; ``gpupool.io/placement`` is ``local`` (the
+default), ``remote-allowed`` or ``remote-required`` (where the GPU slices may be
+served, docs/remote.md); the label ``gpupool.io/group`` names the
 resource group. The tenant is the namespace. CPU and memory are the larger of
 the containers' sum and the largest init container.
 
@@ -30,7 +32,7 @@ from gpupool.core.classes import class_of_resource
 from gpupool.core.errors import InvalidInput, QuantityError
 from gpupool.core.model import CORE_UNITS_PER_GPU
 from gpupool.core.quantity import to_int, to_mib, to_milli
-from gpupool.core.request import MAX_GPUS_PER_POD, Affinity, GpuDemand, Mode, PodRequest
+from gpupool.core.request import MAX_GPUS_PER_POD, Affinity, GpuDemand, Mode, PodRequest, Serving
 
 MAX_GPU_MEMORY_MIB = 16 * 1024 * 1024
 """More than 16 TiB of memory per GPU is taken for a unit mistake (bytes for MiB)."""
@@ -118,7 +120,8 @@ def pod_request(pod: Mapping[str, Any]) -> PodRequest:
     return PodRequest(uid or f"{ns}/{name}", cpu, mem, tuple(demands),
                       group=_group(meta, where), tenant=ns,
                       affinity=_affinity(notes.get(names.ANNOTATION_AFFINITY), where),
-                      gpu_class=next(iter(classes), None))
+                      gpu_class=next(iter(classes), None),
+                      serving=serving_of(notes.get(names.ANNOTATION_PLACEMENT), where))
 
 
 def _group(meta: Mapping[str, Any], where: str) -> str | None:
@@ -211,6 +214,19 @@ def _mode(value: Any, where: str) -> Mode | None:
     except ValueError:
         raise InvalidInput(f"{where}: annotation {names.ANNOTATION_MODE}={value!r} must be "
                            "exclusive or shared") from None
+
+
+def serving_of(value: Any, where: str) -> Serving:
+    """The ``gpupool.io/placement`` annotation's value (absent or empty: ``local``);
+    ``InvalidInput`` names the pod (``where``) and the values it may take."""
+    if value is None or value == "":
+        return Serving.LOCAL
+    try:
+        return Serving(str(value).strip().lower())
+    except ValueError:
+        known = ", ".join(s.value for s in Serving)
+        raise InvalidInput(f"{where}: annotation {names.ANNOTATION_PLACEMENT}={value!r} must be "
+                           f"one of {known}") from None
 
 
 def _affinity(value: Any, where: str) -> Affinity:
