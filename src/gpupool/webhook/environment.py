@@ -9,8 +9,9 @@ of the ``GUARDS`` in any container, init container or ephemeral container, neith
 ``env`` nor through ``envFrom`` (ConfigMap and Secret keys are not known at admission,
 so ``envFrom`` must carry a ``prefix`` that cannot produce a guarded name). A pod that
 asks no gpupool resource may not name GPUs in ``NVIDIA_VISIBLE_DEVICES`` either
-(``void``/``none`` hide them and stay allowed). Decisions and their reasons are in
-docs/security.md. Pure: no I/O.
+(``void``/``none`` hide them and stay allowed), nor set it through ``valueFrom`` (its
+value is not known at admission); its ``envFrom`` stays free (docs/webhook.md says why).
+Decisions and their reasons are in docs/security.md. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -99,10 +100,21 @@ def _env_problems(where: str, container: Mapping[str, Any], gpu_pod: bool) -> It
             continue
         if gpu_pod:
             yield f"{where} sets {name}: {guard.why}"
-        elif guard is VISIBILITY and str(item.get("value") or "").strip().lower() \
-                not in HIDING_VALUES:
-            yield (f"{where} sets {name}={str(item.get('value') or '')[:40]!r} without asking "
-                   "a GPU: it would expose GPUs gpupool did not grant (void or none hide them)")
+        elif guard is VISIBILITY:
+            yield from _visibility_problems(where, name, item)
+
+
+def _visibility_problems(where: str, name: str, item: Mapping[str, Any]) -> Iterator[str]:
+    """``NVIDIA_VISIBLE_DEVICES`` on a pod that asks no GPU: only a value that hides GPUs."""
+    source = item.get("valueFrom")
+    if source is not None:  # a ConfigMap, Secret, field or resource: unknown at admission
+        kinds = ", ".join(str(k) for k in source) if isinstance(source, Mapping) else "?"
+        yield (f"{where} sets {name} through valueFrom.{kinds} without asking a GPU: its value "
+               "is not known at admission and could expose GPUs gpupool did not grant (set "
+               "value void or none, or leave it out)")
+    elif str(item.get("value") or "").strip().lower() not in HIDING_VALUES:
+        yield (f"{where} sets {name}={str(item.get('value') or '')[:40]!r} without asking "
+               "a GPU: it would expose GPUs gpupool did not grant (void or none hide them)")
 
 
 def _env_from_problems(where: str, container: Mapping[str, Any]) -> Iterator[str]:
