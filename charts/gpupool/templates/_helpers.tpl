@@ -1,6 +1,8 @@
-{{/* The gpupool image: repository:tag, the tag defaulting to the chart's appVersion. */}}
+{{/* The gpupool image: repository:tag, the tag defaulting to the chart's appVersion. No
+gpupool image is published: the repository is where the user pushed the one built from
+deploy/Dockerfile, and the chart refuses to render without it. */}}
 {{- define "gpupool.image" -}}
-{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{ required "image.repository is not set: gpupool publishes no image. Build it from the repository (docker build -f deploy/Dockerfile -t REGISTRY/gpupool:0.1.0 .), push it, and give --set image.repository=REGISTRY/gpupool (docs/install.md, 1. Build the image)" .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end }}
 
 {{/* The pod-level security context of every workload but the node agent: the image's
