@@ -21,8 +21,10 @@ from enum import Enum
 from gpupool.core.errors import InvalidInput
 from gpupool.core.policies import make_policy
 from gpupool.core.policies.config import PolicyConfig
+from gpupool.core.serving import ZONE_LABEL, ServingConfig
 from gpupool.core.workload import TargetWorkload
 from gpupool.sim.protocol import ProtocolRun, arrival_order, run_protocol
+from gpupool.sim.remote import RemoteMode
 from gpupool.sim.scenario import Scenario
 from gpupool.sim.timed import TimedRun, run_timed
 from gpupool.sim.window import ALL_NODES, nodes_to_find
@@ -48,10 +50,19 @@ class Campaign:
     weights: dict[str, float] = field(default_factory=dict)
     nodes_to_score: int = ALL_NODES  # kube-scheduler's percentageOfNodesToScore (0: adaptive)
     learn_every: float | None = None  # learn the workload online (gpupool.sim.learning)
+    remote: RemoteMode = RemoteMode.OFF  # the placement every GPU pod carries (sim.remote)
+    domains: tuple[str, ...] = (ZONE_LABEL,)  # topology labels remote slices prefer
 
     def __post_init__(self) -> None:
         if not self.policies or not self.seeds:
             raise InvalidInput("a simulation needs at least one policy and one seed")
+        ServingConfig(domains=self.domains)  # refuses an empty or repeated label
+        if self.remote is not RemoteMode.OFF and self.mode is not SimMode.PROTOCOL:
+            raise InvalidInput("remote slices are simulated in protocol mode only "
+                               "(--mode protocol)")
+        if self.remote is not RemoteMode.OFF and self.nodes_to_score != ALL_NODES:
+            raise InvalidInput("remote slices are simulated with every node scored "
+                               "(--nodes-to-score 100)")
         if self.learn_every is not None and not self.learn_every > 0:
             raise InvalidInput(f"the learning interval must be > 0 (got {self.learn_every})")
         nodes_to_find(len(self.scenario.nodes), self.nodes_to_score)  # refuses a bad share
@@ -80,7 +91,8 @@ def run_one(campaign: Campaign, config: PolicyConfig, policy: str, seed: int,
         return run_timed(campaign.scenario, policy, seed, config, progress,
                          campaign.nodes_to_score, campaign.learn_every)
     return run_protocol(campaign.scenario, policy, seed, campaign.inflate, config, progress,
-                        campaign.nodes_to_score, campaign.learn_every)
+                        campaign.nodes_to_score, campaign.learn_every, campaign.remote,
+                        campaign.domains)
 
 
 class CampaignInterrupted(KeyboardInterrupt):
@@ -176,6 +188,9 @@ class PolicyStats:
     wall_s: float
     decision_median_ms: float
     mean_bounced_pods: float = 0.0
+    mean_remote_slices: float = 0.0  # at the headline pod (protocol runs)
+    mean_gpuless_pods: float = 0.0  # GPU pods on nodes without GPUs, at the headline pod
+    mean_local_slices_pct: float = 100.0
 
 
 def aggregate(runs: Sequence[Run]) -> list[PolicyStats]:
@@ -196,9 +211,17 @@ def _mean_std(values: list[float]) -> tuple[float | None, float | None]:
 def _stats(policy: str, runs: list[Run]) -> PolicyStats:
     unallocated = [r.unallocated_gpu_pct for r in runs if isinstance(r, ProtocolRun)]
     peaks = [r.peak_allocation_pct for r in runs if isinstance(r, TimedRun)]
+    slices = [r.slices for r in runs if isinstance(r, ProtocolRun)]
     mean, std = _mean_std(unallocated)
     return PolicyStats(
         policy, len(runs), mean, std, round(statistics.fmean(r.failed_pods for r in runs), 2),
         _mean_std(peaks)[0], round(sum(r.wall_s for r in runs), 3),
         round(statistics.median(r.decision_median_ms for r in runs), 4),
-        round(statistics.fmean(r.bounced_pods for r in runs), 2))
+        round(statistics.fmean(r.bounced_pods for r in runs), 2),
+        _mean([float(s.remote_slices) for s in slices], 0.0),
+        _mean([float(s.gpu_pods_on_gpuless_nodes) for s in slices], 0.0),
+        _mean([s.local_slices_pct for s in slices], 100.0))
+
+
+def _mean(values: list[float], empty: float) -> float:
+    return round(statistics.fmean(values), 4) if values else empty

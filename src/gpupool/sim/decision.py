@@ -8,7 +8,9 @@ With ``nodes_to_score`` below 100 a pod is decided among the nodes of
 kube-scheduler's window only (``gpupool.sim.window``), as the extender would see
 them; a pod placed only after its first window was refused is counted in
 ``bounced``. With ``learn_every`` the policy learns its target workload from the
-arrivals (``gpupool.sim.learning``) instead of being handed ``config``'s.
+arrivals (``gpupool.sim.learning``) instead of being handed ``config``'s. With ``remote``
+on, a GPU pod that fits nowhere whole gets a home and a slice served from another node
+(``gpupool.sim.remote``); ``last_tier`` says which tier served the last pod.
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ from gpupool.core.placement import Placer
 from gpupool.core.policies import make_policy
 from gpupool.core.policies.config import PolicyConfig
 from gpupool.core.request import PodRequest
+from gpupool.core.serving import ZONE_LABEL, ServingPlacer
 from gpupool.core.state import ClusterState, IntArray
 from gpupool.sim.learning import Learner
+from gpupool.sim.remote import RemoteMode, choose_home
 from gpupool.sim.window import ALL_NODES, NodeWindow
 
 
@@ -39,7 +43,8 @@ class Decider:
 
     def __init__(self, state: ClusterState, policy: str, config: PolicyConfig, seed: int,
                  classes: Iterable[ResourceClass] = (), nodes_to_score: int = ALL_NODES,
-                 learn_every: float | None = None):
+                 learn_every: float | None = None, remote: RemoteMode = RemoteMode.OFF,
+                 domains: tuple[str, ...] = (ZONE_LABEL,)):
         self.state = state
         self.policy = policy
         self.window = NodeWindow(len(state.nodes), nodes_to_score)
@@ -47,6 +52,9 @@ class Decider:
         self.learner = None if learn_every is None else Learner(learn_every, config.weights)
         start = config if self.learner is None else self.learner.start()
         self.placer = Placer(make_policy(policy, start))
+        self.remote = remote
+        self.serving = ServingPlacer(self.placer, remote.config(domains))
+        self.last_tier = 0
         self.rng = random.Random(policy_seed(seed))
         self.catalog = ClassCatalog(classes)
 
@@ -57,7 +65,17 @@ class Decider:
             learned = self.learner.arrived(request, now, self.state)
             if learned is not None:
                 self.placer = Placer(make_policy(self.policy, learned))
+                self.serving = ServingPlacer(self.placer, self.serving.config)
+        request = self.remote.asked(request)
         constraints = self.constraints(request)
+        self.last_tier = 0
+        allocation = self._whole(request, constraints)
+        if allocation is not None:
+            return self.serving.as_asked(allocation, request)
+        return self._served_elsewhere(request, constraints)
+
+    def _whole(self, request: PodRequest, constraints: Constraints) -> Allocation | None:
+        """The pod on one node, GPUs included (kube-scheduler's windows when modelled)."""
         if self.window.whole:
             return self._decide(request, constraints, None)
         for attempt, among in enumerate(self.window.rounds()):
@@ -66,6 +84,20 @@ class Decider:
                 self.bounced += attempt > 0
                 return allocation
         return None
+
+    def _served_elsewhere(self, request: PodRequest, constraints: Constraints
+                          ) -> Allocation | None:
+        """A pod that fits nowhere whole: a home, and its slice from another node."""
+        if not self.serving.remote_for(request):
+            return None
+        homes = self.serving.homes(self.state, request, constraints)
+        home = choose_home(self.state, request, homes)
+        if home is None:
+            return None
+        served = self.serving.decide(self.state, request, self.state.nodes[home].name,
+                                     self.rng, constraints)
+        self.last_tier = served.tier.rank if served.tier is not None else 0
+        return served.allocation
 
     def _decide(self, request: PodRequest, constraints: Constraints, among: IntArray | None
                 ) -> Allocation | None:

@@ -6,7 +6,10 @@ pod counts per GPU request class, the GPU shares of sharing pods, how much CPU
 and memory pods ask, and which share of GPU pods accept only some GPU models
 (and which). Every mix runs on the published 1,213-node cluster
 (``synthetic_nodes(1213)``, identical to the trace's node list), so it needs no
-trace file. The mixes gpupool is measured on are in ``mixes.yaml`` beside this
+trace file; ``cpu_nodes`` adds nodes without GPUs in the published proportions of the
+trace's 310 (``CPU_NODE_TYPES``), and ``zones`` deals the nodes round-robin into that
+many zones (``topology.kubernetes.io/zone``: ``zone-0``, ...) for remote slices to
+prefer (``gpupool.sim.remote``). The mixes gpupool is measured on are in ``mixes.yaml`` beside this
 module (``gpupool simulate --mix NAME``); ``--mixes FILE`` reads your own.
 
 A mix file::
@@ -23,6 +26,8 @@ A mix file::
         memory_scale: 1.0                  # memory of every pod × this
         pods: 8152
         seed: 2023
+        cpu_nodes: 310                     # nodes without GPUs (published: 310)
+        zones: 4                           # topology zones (default 0: no zone label)
 
 Every key but ``name`` is optional; an absent key keeps the published figure.
 A pod's CPU and memory are capped at the largest node's, and a multi-GPU pod
@@ -34,18 +39,20 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from gpupool.core.errors import InvalidInput
-from gpupool.core.model import Node
+from gpupool.core.model import Node, freeze_labels, uniform_node
 from gpupool.core.request import GpuDemand, Mode, PodRequest
+from gpupool.core.serving import ZONE_LABEL
 from gpupool.sim import native
 from gpupool.sim.native_schema import MIXES
 from gpupool.sim.scenario import Scenario, TracePod
 from gpupool.sim.synthetic import (
     CPU_MILLI_LADDER,
+    GIB,
     GPU_CLASSES,
     MEMORY_MIB_LADDER,
     NODE_TYPES,
@@ -53,6 +60,7 @@ from gpupool.sim.synthetic import (
     TRACE_NODES,
     TRACE_PODS,
     WORKLOAD_SEED,
+    apportion,
     draw,
     synthetic_nodes,
 )
@@ -61,8 +69,14 @@ MIXES_FILE = Path(__file__).with_name("mixes.yaml")
 """The mixes gpupool's packing figures are measured on (docs/benchmarks.md)."""
 CLASS_GPUS = {name: gpus for name, gpus, _ in GPU_CLASSES}
 KEYS = frozenset({"name", "about", "constrained", "models", "classes", "shares", "cpu_scale",
-                  "memory_scale", "pods", "seed"})
+                  "memory_scale", "pods", "seed", "cpu_nodes", "zones"})
 MAX_PODS = 1_000_000
+MAX_EXTRA_NODES = 100_000
+CPU_NODE_TYPES: tuple[tuple[int, int, int], ...] = (
+    # (cores, memory GiB, nodes) of the 310 nodes without GPUs in the trace's all-node list
+    (32, 64, 10), (32, 128, 23), (32, 256, 129), (64, 128, 4), (64, 256, 8), (64, 512, 22),
+    (96, 384, 30), (96, 512, 59), (96, 768, 1), (104, 192, 1), (104, 512, 20), (104, 768, 3),
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +93,8 @@ class WorkloadMix:
     memory_scale: float = 1.0
     pods: int = TRACE_PODS
     seed: int = WORKLOAD_SEED
+    cpu_nodes: int = 0  # nodes without GPUs at the published scale (1,213 GPU nodes)
+    zones: int = 0  # topology zones the nodes are dealt into (0: no zone label)
     caps: tuple[int, int] = field(default=(0, 0), compare=False)  # largest node's CPU, memory
     widest: tuple[tuple[str, int], ...] = field(default=(), compare=False)  # GPUs per node
 
@@ -89,6 +105,10 @@ class WorkloadMix:
             raise InvalidInput(f"mix {self.name}: constrained pods need a models list")
         if not 0 < self.pods <= MAX_PODS:
             raise InvalidInput(f"mix {self.name}: pods must be within 1..{MAX_PODS}")
+        for what, count in (("cpu_nodes", self.cpu_nodes), ("zones", self.zones)):
+            if not 0 <= count <= MAX_EXTRA_NODES:
+                raise InvalidInput(f"mix {self.name}: {what} must be within "
+                                   f"0..{MAX_EXTRA_NODES}")
         if self.cpu_scale <= 0 or self.memory_scale <= 0:
             raise InvalidInput(f"mix {self.name}: cpu_scale and memory_scale must be > 0")
         for what, table in (("classes", self.classes), ("shares", self.shares),
@@ -126,8 +146,9 @@ class WorkloadMix:
 
 def scenario(mix: WorkloadMix, nodes: int = TRACE_NODES) -> Scenario:
     """The mix's workload on the trace's node-type mix at ``nodes`` nodes (default: the
-    published cluster); ``mix.pods`` is scaled with the node count."""
-    cluster = synthetic_nodes(nodes)
+    published cluster); ``mix.pods`` and ``mix.cpu_nodes`` are scaled with the node count."""
+    cluster = zoned(synthetic_nodes(nodes)
+                    + cpu_only_nodes(round(mix.cpu_nodes * nodes / TRACE_NODES)), mix.zones)
     _check_models(mix, cluster)
     caps = (max(n.cpu_milli for n in cluster), max(n.memory_mib for n in cluster))
     widest: dict[str, int] = {}
@@ -138,6 +159,24 @@ def scenario(mix: WorkloadMix, nodes: int = TRACE_NODES) -> Scenario:
     count = max(1, round(mix.pods * nodes / TRACE_NODES))
     pods = tuple(TracePod(sized.request(k, rng)) for k in range(count))
     return Scenario(f"mix-{mix.name}", tuple(cluster), pods)
+
+
+def cpu_only_nodes(count: int) -> list[Node]:
+    """``count`` nodes without GPUs in the proportions of the trace's 310."""
+    out: list[Node] = []
+    for (cores, gib, _), n in zip(CPU_NODE_TYPES, apportion(count, [t[2] for t in
+                                                                  CPU_NODE_TYPES]), strict=True):
+        out += [uniform_node(f"cpu-node-{len(out) + k:04d}", cores * 1000, gib * GIB, 0, "", 1)
+                for k in range(n)]
+    return out
+
+
+def zoned(nodes: list[Node], zones: int) -> list[Node]:
+    """``nodes`` dealt round-robin into ``zones`` zones (0: as they are)."""
+    if not zones:
+        return nodes
+    return [replace(n, labels=freeze_labels({**dict(n.labels), ZONE_LABEL: f"zone-{k % zones}"}))
+            for k, n in enumerate(nodes)]
 
 
 def _fields(mix: WorkloadMix) -> dict[str, Any]:
@@ -186,7 +225,7 @@ def _mix(where: native._Where, spec: Mapping[str, Any]) -> WorkloadMix:
     for key in ("constrained", "cpu_scale", "memory_scale"):
         if key in spec:
             kwargs[key] = _number(where / key, spec[key])
-    for key in ("pods", "seed"):
+    for key in ("pods", "seed", "cpu_nodes", "zones"):
         if key in spec:
             kwargs[key] = int(_number(where / key, spec[key], whole=True))
     if "classes" in spec:

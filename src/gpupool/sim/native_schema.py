@@ -117,6 +117,8 @@ MIX = Map({
     "memory_scale": NUMBER,
     "pods": Value(frozenset({"int"}), "a whole number"),
     "seed": Value(frozenset({"int"}), "a whole number"),
+    "cpu_nodes": Value(frozenset({"int"}), "a whole number"),
+    "zones": Value(frozenset({"int"}), "a whole number"),
 }, required=frozenset({"name"}))
 MIXES = Map({"mixes": Seq(MIX)})
 """A mix file (``gpupool.sim.generate``)."""

@@ -18,7 +18,9 @@ For one seed:
    capacity.
 
 The headline is the **unallocated GPU %**: 100 − allocation % at the first pod
-where the arrived demand reaches 100 % of capacity.
+where the arrived demand reaches 100 % of capacity. With remote slices
+(``gpupool.sim.remote``) the run also reports, at the same pod, where the GPU pods'
+slices were served.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import dataclasses
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -36,9 +38,11 @@ from gpupool.core.errors import InvalidInput
 from gpupool.core.model import Node
 from gpupool.core.policies.config import PolicyConfig
 from gpupool.core.request import PodRequest
+from gpupool.core.serving import ZONE_LABEL
 from gpupool.core.state import ClusterState
 from gpupool.sim.decision import Decider
 from gpupool.sim.failure import FailureTally
+from gpupool.sim.remote import RemoteMode, ServingTally, SliceCounts
 from gpupool.sim.scenario import Scenario, demand_milli
 from gpupool.sim.window import ALL_NODES
 
@@ -72,6 +76,8 @@ class ProtocolRun:
     nodes_to_score: int = ALL_NODES  # kube-scheduler's percentageOfNodesToScore (0: adaptive)
     bounced_pods: int = 0  # placed only after kube-scheduler's first window was refused
     workload_refreshes: int = 0  # times the policy re-learned its workload (--learn)
+    remote: str = RemoteMode.OFF.value  # --remote: the placement every GPU pod carried
+    slices: SliceCounts = field(default_factory=SliceCounts)  # at the headline pod
 
     def summary(self) -> dict[str, object]:
         """The run's line in summary.json (the curve goes to the CSV)."""
@@ -111,19 +117,23 @@ def node_order(scenario: Scenario, seed: int) -> list[Node]:
 
 def run_protocol(scenario: Scenario, policy: str, seed: int, inflate: float,
                  config: PolicyConfig, progress: Progress | None = None,
-                 nodes_to_score: int = ALL_NODES, learn_every: float | None = None
+                 nodes_to_score: int = ALL_NODES, learn_every: float | None = None,
+                 remote: RemoteMode = RemoteMode.OFF, domains: tuple[str, ...] = (ZONE_LABEL,)
                  ) -> ProtocolRun:
     """One run of the protocol; ``progress`` is told how many pods were placed since last
     call; ``nodes_to_score`` < 100: each pod sees kube-scheduler's window of nodes only;
-    ``learn_every``: the policy learns its workload every that many arrivals."""
+    ``learn_every``: the policy learns its workload every that many arrivals; ``remote``:
+    the GPU pods' placement, ``domains`` the topology labels remote slices prefer."""
     rng = random.Random(seed)
     state = ClusterState(node_order(scenario, seed))
     capacity = state.usage().capacity_milli
     order = arrival_order(scenario.requests, capacity, inflate, rng)
-    decider = Decider(state, policy, config, seed, scenario.classes, nodes_to_score, learn_every)
+    decider = Decider(state, policy, config, seed, scenario.classes, nodes_to_score, learn_every,
+                      remote, domains)
     demands = [demand_milli(r) for r in order]
+    served = ServingTally(state, len(order), domains)
     started = time.perf_counter()
-    allocated, decision_s, tally = _place_all(decider, order, demands, progress)
+    allocated, decision_s, tally = _place_all(decider, order, demands, progress, served)
     wall = time.perf_counter() - started
     arrived_milli = np.cumsum(demands)
     full = int(np.searchsorted(arrived_milli, capacity, side="left"))
@@ -136,11 +146,12 @@ def run_protocol(scenario: Scenario, policy: str, seed: int, inflate: float,
         round(float(np.median(decision_s)) * 1e3, 4),
         round(float(np.percentile(decision_s, 99)) * 1e3, 4), round(float(decision_s.sum()), 4),
         decider.window.percentage, decider.bounced,
-        0 if decider.learner is None else decider.learner.refreshes)
+        0 if decider.learner is None else decider.learner.refreshes, remote.value,
+        served.counts(full + 1))
 
 
 def _place_all(decider: Decider, order: Sequence[PodRequest], demands: Sequence[int],
-               progress: Progress | None
+               progress: Progress | None, served: ServingTally
                ) -> tuple[npt.NDArray[np.int64], FloatArray, FailureTally]:
     """The hot loop: decide, reserve, record. Nothing here copies or explains."""
     state = decider.state
@@ -155,6 +166,7 @@ def _place_all(decider: Decider, order: Sequence[PodRequest], demands: Sequence[
         decision_s[i] = clock() - t0
         if allocation is not None:
             state.reserve(allocation)
+            served.record(i, request, allocation, decider.last_tier)
             tally.changed()
             now = now + demands[i] if additive else state.usage().allocated_milli
         else:
