@@ -94,7 +94,7 @@ def test_the_table_marks_the_chosen_node_and_gives_reasons(
     (["--pod", "{deployment}"], "kind is 'Deployment'"),
     (["--pod", "{too_much_core}"], "gpupool.io/gpu-core=150 must be 1..100"),
     (["--pod", "{list}"], "expected one Pod object, got list"),
-    (["--pod", "{ok}", "--policy", "fastest"], "unknown policy 'fastest'"),
+    (["--pod", "{ok}", "--policy", "fastest"], "--policy fastest: no such policy"),
     (["--pod", "{ok}", "--nodes", "{bad_cluster}"],
      "bad_cluster.yaml:2:42: nodes[0].gpus: missing required key 'memory'"),
     (["--pod", "{ok}", "--seed", "x"], "invalid int value"),

@@ -105,10 +105,36 @@ def test_simulate_writes_what_finished_and_exits_130(
     assert code == 130
     assert err == (f"gpupool simulate: interrupted; 1 of 3 runs finished and were written "
                    f"to {out}; the others were cancelled\n")
-    summary = json.loads((out / "summary.json").read_text())
     assert sorted(p.name for p in out.iterdir()) == ["allocation.png", "curves.csv",
                                                     "summary.json"]
-    assert summary
+
+
+def test_an_interrupted_simulation_is_marked_partial_in_its_summary_and_table(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(simulate_cli, "run_campaign", interrupt_after_first_run(run_campaign))
+    out = tmp_path / "out"
+    assert main(["simulate", "--policy", "random", "--seeds", "1-3", "--synthetic-nodes", "20",
+                 "--out", str(out)]) == 130
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["partial"] is True and summary["interrupted"] is True
+    assert summary["seeds"] == [1]
+    assert summary["planned"] == {"policies": ["random"], "seeds": [1, 2, 3], "runs": 3}
+    assert [(r["policy"], r["seed"]) for r in summary["runs"]] == [("random", 1)]
+    assert summary["policies"]["random"]["runs"] == 1
+    shown = capsys.readouterr().out
+    assert "protocol mode, PARTIAL (interrupted): 1 of 3 runs, seeds 1 of 1-3\n" in shown
+    row = next(line for line in shown.splitlines() if line.startswith("│ random"))
+    assert row.split("│")[2].strip() == "1 of 3"  # the runs column, only in a partial table
+
+
+def test_a_whole_simulation_is_not_marked_partial(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    assert main(["simulate", "--policy", "random", "--seeds", "1-2", "--synthetic-nodes", "20",
+                 "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["partial"] is False and summary["interrupted"] is False
+    assert summary["seeds"] == [1, 2] and summary["planned"]["runs"] == 2
 
 
 def test_ctrl_c_before_any_run_finished_writes_nothing(

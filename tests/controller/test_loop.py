@@ -193,4 +193,4 @@ def test_gpupool_controller_without_an_api_server_fails_in_one_line(
                  "CRITICAL"])
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("gpupool: list GPUDevices")
+    assert len(err) == 1 and err[0].startswith("gpupool controller: list GPUDevices: ")

@@ -342,6 +342,20 @@ def test_nothing_listening_is_a_kube_error_with_code_zero() -> None:
     api.close()
 
 
+def test_a_server_that_never_answers_is_named_with_the_time_waited_and_the_step() -> None:
+    with socket.socket() as silent:  # accepts connections (the kernel does), says nothing
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        url = f"https://127.0.0.1:{silent.getsockname()[1]}"
+        api = KubeApi.connect(server=url, timeout_s=0.5)
+        with pytest.raises(KubeError) as e:
+            api.list_gpu_devices()
+        api.close()
+    assert str(e.value) == (f"list GPUDevices: no answer from {url} within 0.5 s "
+                            "(connecting, TLS handshake included)")
+    assert e.value.code == 0
+
+
 def test_a_closed_api_refuses_calls(fake: FakeApiServer) -> None:
     api = KubeApi.connect(server=fake.url)
     api.close()

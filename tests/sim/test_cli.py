@@ -84,7 +84,7 @@ def test_csv_trace_runs_the_protocol(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--policy", "no-such"], "unknown policy 'no-such'"),
+        (["--policy", "no-such"], "--policy no-such: no such policy"),
         (["--nodes", "/absent/nodes.csv", "--pods", "/absent/pods.csv"], "no such file"),
         (["--nodes", str(DATA / "one_gpu_nodes.csv")], "--nodes and --pods go together"),
         (["--nodes", str(DATA), "--pods", str(DATA)], "is a folder"),

@@ -1,19 +1,21 @@
-"""Argument types several subcommands share."""
+"""Argument types and checks several subcommands share.
+
+Light on purpose (every command's parser is built from here before it runs): the
+policy and weight checks import the core when they are called.
+"""
 
 from __future__ import annotations
 
 import argparse
 import difflib
+import functools
+import importlib
 import math
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NoReturn, TypeVar
 
-from gpupool.core.errors import InvalidInput
-from gpupool.core.policies import POLICIES, make_policy
-from gpupool.core.policies.config import PolicyConfig
-from gpupool.core.request import GpuDemand, Mode, PodRequest
-from gpupool.core.workload import TargetWorkload
+from gpupool.core.errors import InvalidInput, UnknownName
 
 N = TypeVar("N", int, float)
 
@@ -53,6 +55,35 @@ def weight(text: str) -> tuple[str, float]:
     return name.strip(), number
 
 
+def later(module: str, function: str) -> Callable[[argparse.Namespace], int]:
+    """A command's ``func``: ``module.function``, imported when the command runs, so that
+    building the parser (``--help``, a bad flag) does not load what running it needs."""
+    def run(args: argparse.Namespace) -> int:
+        return int(getattr(importlib.import_module(module), function)(args))
+    return run
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str | None:
+    """The name of ``known`` closest to a mistyped ``name``, if one is close enough; the one
+    rule every "did you mean" of the command line follows."""
+    near = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.5)
+    return near[0] if near else None
+
+
+def check_policies(names: Sequence[str]) -> tuple[str, ...]:
+    """``names`` without repeats, or ``UnknownName`` for the first that is no policy, with
+    the closest policy name (one line)."""
+    from gpupool.core.policies import POLICIES  # numpy: only once a command runs
+
+    for name in names:
+        if name not in POLICIES:
+            near = did_you_mean(name, POLICIES)
+            hint = f"did you mean {near}? " if near else ""
+            raise UnknownName(f"--policy {name}: no such policy ({hint}known: "
+                              f"{', '.join(sorted(POLICIES))})")
+    return tuple(dict.fromkeys(names))
+
+
 class _Asked(dict[str, float]):
     """A weights map that remembers every name a policy asks it for."""
 
@@ -65,17 +96,27 @@ class _Asked(dict[str, float]):
         return super().get(key, default)
 
 
+@functools.cache
 def weight_names(policy: str) -> frozenset[str]:
     """The weights ``policy`` reads: asked of the policy itself, built on a one-pod
     workload, so the list is always the code's own."""
+    from gpupool.core.policies import make_policy
+    from gpupool.core.policies.config import PolicyConfig
+    from gpupool.core.request import GpuDemand, Mode, PodRequest
+    from gpupool.core.workload import TargetWorkload
+
+    probe = TargetWorkload.from_requests(
+        [PodRequest("probe", 1000, 1024, (GpuDemand(1, 1024, 50, Mode.SHARED),))])
     asked = _Asked()
-    make_policy(policy, PolicyConfig(_PROBE_WORKLOAD, asked))
+    make_policy(policy, PolicyConfig(probe, asked))
     return frozenset(asked.asked)
 
 
 def check_weights(weights: Sequence[tuple[str, float]], policies: Sequence[str]) -> None:
     """Refuse a ``--weight`` no policy of ``policies`` reads, naming the closest name
     and the policy that reads it (``InvalidInput``, one line)."""
+    from gpupool.core.policies import POLICIES
+
     used = {name: p for p in policies for name in weight_names(p)}
     every = {name: p for p in sorted(POLICIES) for name in weight_names(p)}
     for name, _ in weights:
@@ -84,14 +125,10 @@ def check_weights(weights: Sequence[tuple[str, float]], policies: Sequence[str])
         if name in every:
             raise InvalidInput(f"--weight {name}: only policy {every[name]} reads it, and it "
                                f"is not run (--policy {every[name]})")
-        near = difflib.get_close_matches(name, sorted(used or every), n=1, cutoff=0.5)
-        hint = f"did you mean {near[0]}?" if near else \
+        near = did_you_mean(name, used or every)
+        hint = f"did you mean {near}?" if near else \
             f"weights of {', '.join(policies)}: {', '.join(sorted(used)) or 'none'}"
         raise InvalidInput(f"--weight {name}: no such weight ({hint})")
-
-
-_PROBE_WORKLOAD = TargetWorkload.from_requests(
-    [PodRequest("probe", 1000, 1024, (GpuDemand(1, 1024, 50, Mode.SHARED),))])
 
 
 class _Deprecated(argparse.Action):

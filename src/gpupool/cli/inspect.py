@@ -28,8 +28,9 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from gpupool.cli.args import check_policies
 from gpupool.cli.inspect_fit import NodeVerdict, nodes_json, ordered, slices_text, verdicts
-from gpupool.cli.inspect_live import CONNECTION_HELP, VIEWS_HELP, add_options, add_views
+from gpupool.cli.inspect_views import CONNECTION_HELP, VIEWS_HELP, add_options, add_views
 from gpupool.contract.podshape import POD
 from gpupool.contract.podspec_request import pod_request
 from gpupool.contract.yamlcheck import load_text
@@ -167,9 +168,7 @@ def inspect(args: argparse.Namespace) -> int:
     if args.nodes is None or args.pod is None:
         raise InvalidInput("name a live view (nodes, pod [NAMESPACE/]NAME, groups), or give "
                            "--nodes FILE and --pod FILE to explain offline")
-    if args.policy not in POLICIES:
-        raise InvalidInput(f"unknown policy {args.policy!r}; known policies: "
-                           f"{', '.join(sorted(POLICIES))}")
+    check_policies([args.policy])
     pod = read_pod(args.pod)
     request = pod_request(pod)
     workload = TargetWorkload.from_requests([request])

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from gpupool import __version__
-from gpupool.cli.inspect_live import CONNECTION_HELP, VIEWS_HELP, add_options, add_views
+from gpupool.cli.inspect_views import CONNECTION_HELP, VIEWS_HELP, add_options, add_views
 from gpupool.cli.main import quiet_stdout
 from gpupool.core.errors import GpupoolError
 

@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import NoReturn
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from gpupool.cli.args import bounded, check_weights, weight
-from gpupool.core.errors import InvalidInput, UnknownName
+from gpupool.cli.args import bounded, check_policies, check_weights, weight
+from gpupool.cli.tables import screen, show
+from gpupool.core.errors import InvalidInput
 from gpupool.core.policies import POLICIES
 from gpupool.sim.campaign import (
     Campaign,
@@ -34,14 +34,11 @@ from gpupool.sim.campaign import (
 from gpupool.sim.generate import MIXES_FILE, find_mix
 from gpupool.sim.generate import scenario as mix_scenario
 from gpupool.sim.learning import LEARN_EVERY
-from gpupool.sim.report import write_all
 from gpupool.sim.scenario import Scenario
 from gpupool.sim.sources import scenario_from_files
 from gpupool.sim.synthetic import DEFAULT_NODES, TRACE_NODES, synthetic_scenario
 from gpupool.sim.tenants import Tenancy, tenancy_for
 from gpupool.sim.tenants_replay import GRACE_S, run_tenants
-from gpupool.sim.tenants_report import limits_table, write_tenants
-from gpupool.sim.tenants_report import table as tenant_table
 from gpupool.sim.window import ALL_NODES, nodes_to_find
 
 DEFAULT_POLICIES = ("fgd", "fgd-balance", "best-fit", "random")
@@ -65,6 +62,17 @@ def seeds(spec: str) -> tuple[int, ...]:
             raise argparse.ArgumentTypeError(f"bad seed range {part.strip()!r}")
         out.update(dict.fromkeys(range(first, last + 1)))
     return tuple(out)
+
+
+def seeds_text(chosen: Sequence[int]) -> str:
+    """Seeds as ``seeds`` reads them, runs of consecutive seeds as ranges: ``42-46,50``."""
+    parts: list[str] = []
+    for seed in chosen:
+        if parts and parts[-1].split("-")[-1] == str(seed - 1):
+            parts[-1] = f"{parts[-1].split('-')[0]}-{seed}"
+        else:
+            parts.append(str(seed))
+    return ",".join(parts)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -124,6 +132,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--eviction-grace", type=bounded(float, 0.0), default=GRACE_S, metavar="SECONDS",
                    help=f"with tenants: seconds a reclaimed or preempted pod keeps its GPUs "
                         f"(default {GRACE_S:g}, Kubernetes' termination grace period)")
+    p.add_argument("--wide", action="store_true",
+                   help="print every column of the tables, however wide the screen (by "
+                        "default a table wider than the screen, or than 80 columns in a "
+                        "pipe, leaves out its least important columns and names them)")
     p.set_defaults(func=simulate)
     _one_line_errors(p)
 
@@ -162,14 +174,6 @@ def load(args: argparse.Namespace) -> Scenario:
     return scenario_from_files(args.nodes, args.pods)
 
 
-def check_policies(names: Sequence[str]) -> tuple[str, ...]:
-    unknown = [n for n in names if n not in POLICIES]
-    if unknown:
-        raise UnknownName(f"unknown policy {unknown[0]!r}; known policies: "
-                          f"{', '.join(sorted(POLICIES))}")
-    return tuple(dict.fromkeys(names))
-
-
 def simulate(args: argparse.Namespace) -> int:
     policies = check_policies(args.policy or DEFAULT_POLICIES)
     tenanted = _tenanted(args)
@@ -184,28 +188,42 @@ def simulate(args: argparse.Namespace) -> int:
     try:
         runs = _with_progress(campaign, workers)
     except CampaignInterrupted as stop:
-        return _interrupted(args.out, campaign, stop, time.perf_counter() - started)
+        return _interrupted(args, campaign, stop, time.perf_counter() - started)
     wall = time.perf_counter() - started
-    _report(args.out, campaign, runs, wall)
+    _report(args, campaign, runs, wall)
     return 0
 
 
-def _report(out: Path, campaign: Campaign, runs: list[Run], wall: float) -> None:
+def _report(args: argparse.Namespace, campaign: Campaign, runs: list[Run], wall: float,
+            interrupted: bool = False) -> None:
     """Write the outputs (each to a temporary file renamed into place) and print the table."""
+    from gpupool.sim.report import write_all  # matplotlib: only once there is a plot to draw
+
     stats = aggregate(runs)
     try:
-        written = write_all(out, campaign, runs, stats, wall)
+        written = write_all(args.out, campaign, runs, stats, wall, interrupted)
     except OSError as exc:
-        raise InvalidInput(f"cannot write to {out}: {exc.strerror or exc}") from None
-    console = Console()
-    console.print(_table(campaign, stats, wall))
-    console.print(f"wrote {', '.join(str(p) for p in written)}")
+        raise InvalidInput(f"cannot write to {args.out}: {exc.strerror or exc}") from None
+    console = screen()
+    show(console, _table(campaign, runs, stats, wall), wide=args.wide,
+         optional=("decision ms", "wall s", "bounced pods"), more="--wide shows them")
+    console.print(wrote(written), soft_wrap=True)
 
 
-def _interrupted(out: Path, campaign: Campaign, stop: CampaignInterrupted, wall: float) -> int:
+def wrote(paths: Sequence[Path]) -> str:
+    """``wrote a, b to DIR`` (one line, never broken inside a path)."""
+    folders = {p.parent for p in paths}
+    if len(folders) == 1:
+        return f"wrote {', '.join(p.name for p in paths)} to {folders.pop()}"
+    return f"wrote {', '.join(str(p) for p in paths)}"
+
+
+def _interrupted(args: argparse.Namespace, campaign: Campaign, stop: CampaignInterrupted,
+                 wall: float) -> int:
     """Ctrl-C: the queued runs were cancelled; what finished is reported and written."""
+    out = args.out
     if stop.runs:
-        _report(out, campaign, stop.runs, wall)
+        _report(args, campaign, stop.runs, wall, interrupted=True)
         print(f"gpupool simulate: interrupted; {len(stop.runs)} of {stop.planned} runs "
               f"finished and were written to {out}; the others were cancelled", file=sys.stderr)
     else:
@@ -219,6 +237,14 @@ def _with_progress(campaign: Campaign, workers: int) -> list[Run]:
     console = Console(stderr=True)
     if total < PROGRESS_MIN_PODS or not console.is_terminal:
         return run_campaign(campaign, workers)
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
+
     columns = (TextColumn("simulating"), BarColumn(), MofNCompleteColumn(), TextColumn("pods"),
                TimeRemainingColumn())
     with Progress(*columns, console=console, transient=True) as bar:
@@ -226,19 +252,29 @@ def _with_progress(campaign: Campaign, workers: int) -> list[Run]:
         return run_campaign(campaign, workers, lambda n: bar.advance(task, n))
 
 
-def _table(campaign: Campaign, stats: Sequence[PolicyStats], wall: float) -> Table:
+def _table(campaign: Campaign, runs: Sequence[Run], stats: Sequence[PolicyStats],
+           wall: float) -> Table:
     s = campaign.scenario
-    title = (f"{s.name}: {len(s.nodes)} nodes, {s.gpu_capacity_milli // 1000} GPUs, "
-             f"{len(s.pods)} pods, {len(campaign.seeds)} seed(s), {campaign.mode.value} mode")
+    ran = [seed for seed in campaign.seeds if any(r.seed == seed for r in runs)]
+    partial = len(runs) < len(campaign.jobs)
+    lines = [f"{s.name}: {len(s.nodes)} nodes, {s.gpu_capacity_milli // 1000} GPUs, "
+             f"{len(s.pods)} pods",
+             f"{campaign.mode.value} mode, " + (
+                 f"PARTIAL (interrupted): {len(runs)} of {len(campaign.jobs)} runs, seeds "
+                 f"{seeds_text(ran)} of {seeds_text(campaign.seeds)}" if partial else
+                 f"{len(campaign.seeds)} seed(s) {seeds_text(campaign.seeds)}")]
     windowed = campaign.nodes_to_score < ALL_NODES
     if windowed:
-        title += (f", kube-scheduler window {nodes_to_find(len(s.nodes), campaign.nodes_to_score)}"
-                  f" nodes")
+        lines.append(f"kube-scheduler window "
+                     f"{nodes_to_find(len(s.nodes), campaign.nodes_to_score)} nodes")
     if campaign.learn_every is not None:
-        title += f", workload learned every {campaign.learn_every:g}"
+        lines.append(f"workload learned every {campaign.learn_every:g}")
+    title = "\n".join(lines)
     table = Table(title=title, caption=f"mean ± std over seeds; failed pods: mean per run; "
                                        f"decision: median; total wall time {wall:.1f} s")
-    table.add_column("policy")
+    table.add_column("policy", no_wrap=True)
+    if partial:
+        table.add_column("runs", justify="right")
     protocol = campaign.mode is SimMode.PROTOCOL
     table.add_column("unallocated GPU %" if protocol else "peak GPU alloc. %", justify="right")
     for name in ("failed pods", *(("bounced pods",) if windowed else ()), "decision ms",
@@ -248,8 +284,9 @@ def _table(campaign: Campaign, stats: Sequence[PolicyStats], wall: float) -> Tab
         headline = (f"{p.mean_unallocated_gpu_pct:.2f} ± {p.std_unallocated_gpu_pct:.2f}"
                     if p.mean_unallocated_gpu_pct is not None
                     else f"{p.mean_peak_allocation_pct or 0.0:.2f}")
+        done = (f"{p.runs} of {len(campaign.seeds)}",) if partial else ()
         bounced = (f"{p.mean_bounced_pods:.1f}",) if windowed else ()
-        table.add_row(p.policy, headline, f"{p.mean_failed_pods:.1f}", *bounced,
+        table.add_row(p.policy, *done, headline, f"{p.mean_failed_pods:.1f}", *bounced,
                       f"{p.decision_median_ms:.3f}", f"{p.wall_s:.1f}")
     return table
 
@@ -271,6 +308,14 @@ def _simulate_tenants(args: argparse.Namespace, policies: Sequence[str], scenari
                       tenancy: Tenancy) -> int:
     """One replay with the cohorts (and, sharing fairly, one first come first served) and
     one without (same quotas), per policy and seed."""
+    from gpupool.sim.tenants_report import (  # matplotlib: only once there is a plot to draw
+        LIMITS_OPTIONAL,
+        TABLE_OPTIONAL,
+        limits_table,
+        write_tenants,
+    )
+    from gpupool.sim.tenants_report import table as tenant_table
+
     started = time.perf_counter()
     config = Campaign(scenario, tuple(policies), args.seeds, SimMode.TIMED).config()
     variants = (tenancy, tenancy.without_cohorts()) if tenancy.borrows else (tenancy,)
@@ -285,12 +330,15 @@ def _simulate_tenants(args: argparse.Namespace, policies: Sequence[str], scenari
     title = (f"{scenario.name}: {len(scenario.nodes)} nodes, "
              f"{scenario.gpu_capacity_milli // 1000} GPUs, {len(scenario.pods)} pods, "
              f"tenants in timed mode, {time.perf_counter() - started:.1f} s")
-    console = Console()
+    console = screen()
+    more = f"--wide shows them; {args.out}/ has every column"
     for p in policies:
         for s in args.seeds:
             for run in (r for r in runs if r.policy == p and r.seed == s):
-                console.print(tenant_table(run, f"{title}; policy {p}, seed {s}"))
+                show(console, tenant_table(run, f"{title}; policy {p}, seed {s}"),
+                     optional=TABLE_OPTIONAL, wide=args.wide, more=more)
                 if run.tenants:
-                    console.print(limits_table(run, f"policy {p}, seed {s}"))
-    console.print(f"wrote {', '.join(str(p) for p in written)}")
+                    show(console, limits_table(run, f"policy {p}, seed {s}"),
+                         optional=LIMITS_OPTIONAL, wide=args.wide, more=more)
+    console.print(wrote(written), soft_wrap=True)
     return 0

@@ -35,6 +35,7 @@ DEVICE_ISOLATED = "Isolated"  # GPUDevice status.isolation.state: takes no new p
 # labels gpupool puts on GPUDevice objects (and GPU label facts selectors see)
 LABEL_NODE = "gpupool.io/node"
 LABEL_MODEL = "gpupool.io/model"
+LABEL_POOL = "gpupool.io/pool"  # (spec.labels) the pool a GPU is counted in, by default
 
 PHASE_ALLOCATING = "allocating"
 PHASE_ALLOCATED = "allocated"

@@ -44,7 +44,7 @@ from gpupool.core.policies.observed import observed_workload
 from gpupool.core.quota import Amount, Charge, Limit, QuotaBook, amount_of_allocation
 from gpupool.core.state import MILLI, ClusterState
 
-POOL_LABEL = "gpupool.io/pool"
+POOL_LABEL = names.LABEL_POOL
 NO_POOL = "none"
 ROOMY_MILLI = 10**12  # nodes' CPU and memory: the controller does not know them
 PENDING_REASONS = ("waiting", "gated", "scheduler-error", "quota", "gpupool", "preempting",

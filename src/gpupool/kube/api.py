@@ -98,6 +98,8 @@ def _translated(what: str) -> Iterator[None]:
         raise KubeError(f"{what}: the answer is not what the API serves ({exc})") from None
     except ConfigError as exc:
         raise KubeError(f"{what}: {exc}") from None
+    except httpx2.ConnectTimeout as exc:
+        raise KubeError(f"{what}: {_no_answer(exc)}") from None
     except httpx2.HTTPError as exc:
         raise KubeError(f"{what}: {type(exc).__name__}: {exc}") from None
     except RuntimeError as exc:  # httpx: the client was closed (``KubeApi.close``)
@@ -106,6 +108,19 @@ def _translated(what: str) -> Iterator[None]:
         if isinstance(exc.__context__, httpx2.HTTPStatusError):  # lightkube could not read
             raise _answer_error(exc.__context__.response, what) from None  # an error answer
         raise
+
+
+def _no_answer(exc: httpx2.ConnectTimeout) -> str:
+    """``no answer from <server> within <n> s (...)``: which server and how long, instead of
+    the SSL library's words."""
+    try:
+        url, limits = exc.request.url, exc.request.extensions.get("timeout", {})
+    except RuntimeError:  # no request attached
+        return f"no answer in time ({type(exc).__name__}: {exc})"
+    seconds = limits.get("connect")
+    within = f" within {seconds:g} s" if isinstance(seconds, int | float) else ""
+    return (f"no answer from {url.scheme}://{url.netloc.decode()}{within} (connecting, TLS "
+            "handshake included)")
 
 
 def _api_error(exc: lightkube.ApiError, what: str) -> KubeError:

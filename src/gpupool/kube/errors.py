@@ -1,6 +1,8 @@
 """Errors of Kubernetes API calls (I/O), on top of ``gpupool.core.errors.GpupoolError``.
 
     GpupoolError
+    ├── InvalidInput
+    │   └── KubeconfigError  a Kubernetes configuration that cannot be used (``kubeconfig``)
     └── KubeError            an API call failed (``code``: HTTP status, 0 = no answer)
         ├── NotFound         404: the object does not exist
         ├── Conflict         409: a resourceVersion precondition failed, or the pod is bound
@@ -10,7 +12,11 @@
 
 from __future__ import annotations
 
-from gpupool.core.errors import GpupoolError
+from gpupool.core.errors import GpupoolError, InvalidInput
+
+
+class KubeconfigError(InvalidInput):
+    """A Kubernetes configuration that cannot be used; the message names the file."""
 
 
 class KubeError(GpupoolError):

@@ -41,8 +41,8 @@ from lightkube.config.kubeconfig import SERVICE_ACCOUNT, KubeConfig
 from lightkube.config.models import Cluster, Context, User
 from lightkube.core.exceptions import ConfigError
 
-from gpupool.core.errors import InvalidInput
 from gpupool.kube.connection import proxy_for
+from gpupool.kube.errors import KubeconfigError as KubeconfigError  # raised from here too
 
 DEFAULT_FILE = "~/.kube/config"
 DEFAULT_NAMESPACE = "default"
@@ -52,10 +52,6 @@ SECTIONS = (("clusters", "cluster", Cluster), ("contexts", "context", Context),
             ("users", "user", User))
 _PATHS = {"cluster": ("certificate-authority",),
           "user": ("client-certificate", "client-key", "tokenFile")}
-
-
-class KubeconfigError(InvalidInput):
-    """A Kubernetes configuration that cannot be used; the message names the file."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,9 +3,13 @@
 * ``summary.json`` — the scenario, per run (``policy``, ``seed``,
   ``unallocated_gpu_pct``, failures by kind and reason, decision times, ...)
   and per policy (``mean_unallocated_gpu_pct``, ``std_unallocated_gpu_pct``, ...);
+  ``seeds`` are the seeds that ran; ``partial`` is true when fewer runs finished
+  than ``planned`` (policies, seeds, runs), ``interrupted`` when Ctrl-C stopped them;
 * ``curves.csv`` — per policy and seed, allocation % against arrived demand %
   (protocol) or against time (timed);
-* ``allocation.png`` — the mean curve of every policy.
+* ``allocation.png`` — the mean curve of every policy with a band from its lowest to
+  its highest seed; in protocol mode a second panel zooms in on arrived demand from
+  80 % of the GPU capacity on, where the policies part.
 
 Each file is written to a temporary name and renamed, so a reader never sees
 half a file.
@@ -24,7 +28,9 @@ from pathlib import Path
 
 import numpy as np
 from matplotlib.axes import Axes
+from matplotlib.collections import PolyCollection
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 
 from gpupool.sim.campaign import Campaign, PolicyStats, Run, SimMode
 from gpupool.sim.protocol import ProtocolRun
@@ -33,8 +39,18 @@ from gpupool.sim.timed import TimedRun
 SUMMARY, CURVES, PLOT = "summary.json", "curves.csv", "allocation.png"
 
 
+ZOOM_FROM_PCT = 80.0
+"""The zoomed panel shows arrived demand from this share of the GPU capacity on."""
+
+
+def seeds_run(campaign: Campaign, runs: Sequence[Run]) -> list[int]:
+    """The campaign's seeds of which at least one run finished, in the campaign's order."""
+    done = {r.seed for r in runs}
+    return [seed for seed in campaign.seeds if seed in done]
+
+
 def summary(campaign: Campaign, runs: Sequence[Run], stats: Sequence[PolicyStats],
-            wall_s: float) -> dict[str, object]:
+            wall_s: float, interrupted: bool = False) -> dict[str, object]:
     s = campaign.scenario
     return {
         "mode": campaign.mode.value,
@@ -44,7 +60,11 @@ def summary(campaign: Campaign, runs: Sequence[Run], stats: Sequence[PolicyStats
         "pods": len(s.pods),
         "trace_gpu_demand_pct": round(100.0 * s.gpu_demand_milli / s.gpu_capacity_milli, 4),
         "inflate": campaign.inflate if campaign.mode is SimMode.PROTOCOL else None,
-        "seeds": list(campaign.seeds),
+        "seeds": seeds_run(campaign, runs),
+        "partial": len(runs) < len(campaign.jobs),
+        "interrupted": interrupted,
+        "planned": {"policies": list(campaign.policies), "seeds": list(campaign.seeds),
+                    "runs": len(campaign.jobs)},
         "weights": dict(campaign.weights),
         "nodes_to_score": campaign.nodes_to_score,
         "learn_every": campaign.learn_every,
@@ -63,10 +83,11 @@ def _run_row(run: Run) -> dict[str, object]:
 
 
 def write_all(out: Path, campaign: Campaign, runs: Sequence[Run],
-              stats: Sequence[PolicyStats], wall_s: float) -> list[Path]:
+              stats: Sequence[PolicyStats], wall_s: float,
+              interrupted: bool = False) -> list[Path]:
     """Write the three outputs into ``out`` (created if needed); returns their paths."""
     out.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(summary(campaign, runs, stats, wall_s), indent=2) + "\n"
+    text = json.dumps(summary(campaign, runs, stats, wall_s, interrupted), indent=2) + "\n"
     _atomic(out / SUMMARY, text.encode())
     _atomic(out / CURVES, curves_csv(runs).encode())
     _atomic(out / PLOT, plot_png(campaign, runs, stats))
@@ -103,29 +124,41 @@ def curve_of(run: Run) -> tuple[tuple[float, ...], tuple[float, ...]]:
     return run.curve_time_s, run.curve_allocated_pct
 
 
-def mean_curve(runs: Sequence[Run]) -> tuple[np.ndarray, np.ndarray]:
-    """Mean allocation over runs on their common grid (protocol: arrived %, same steps)."""
+def seed_curves(runs: Sequence[Run]) -> tuple[np.ndarray, np.ndarray]:
+    """The runs' allocation curves on one grid: x, and y as [run, point]. Protocol: the
+    same arrived-demand steps, cut to the shortest run; timed: the first run's instants."""
     if isinstance(runs[0], TimedRun):
         xs, _ = curve_of(runs[0])
-        ys = np.mean([np.interp(xs, *curve_of(r)) for r in runs], axis=0)
-        return np.asarray(xs), ys
+        return np.asarray(xs), np.asarray([np.interp(xs, *curve_of(r)) for r in runs])
     n = min(len(curve_of(r)[0]) for r in runs)
     return (np.asarray(curve_of(runs[0])[0][:n]),
-            np.mean([curve_of(r)[1][:n] for r in runs], axis=0))
+            np.asarray([curve_of(r)[1][:n] for r in runs]))
+
+
+def mean_curve(runs: Sequence[Run]) -> tuple[np.ndarray, np.ndarray]:
+    """Mean allocation over runs on their common grid (``seed_curves``)."""
+    xs, ys = seed_curves(runs)
+    return xs, ys.mean(axis=0)
 
 
 def plot_png(campaign: Campaign, runs: Sequence[Run], stats: Sequence[PolicyStats]) -> bytes:
-    fig = Figure(figsize=(8, 5.5), dpi=110)  # no pyplot: no global figure state, Agg canvas
-    ax = fig.subplots()
-    if campaign.mode is SimMode.PROTOCOL:
-        _plot_protocol(ax, runs, stats)
+    protocol = campaign.mode is SimMode.PROTOCOL
+    fig = Figure(figsize=(12, 5.5) if protocol else (8, 5.5), dpi=110)  # no pyplot: no
+    if protocol:                                                          # global state
+        whole, zoom = fig.subplots(1, 2, width_ratios=(1, 1))
+        _plot_protocol(whole, runs, stats)
+        _zoom(zoom, whole, runs)
     else:
-        _plot_timed(ax, runs, stats)
-    ax.set_title(f"{campaign.scenario.name}: {len(campaign.scenario.nodes)} nodes, "
+        whole = fig.subplots()
+        _plot_timed(whole, runs, stats)
+    seeds = seeds_run(campaign, runs)
+    partial = (f", PARTIAL: {len(runs)} of {len(campaign.jobs)} runs"
+               if len(runs) < len(campaign.jobs) else "")
+    fig.suptitle(f"{campaign.scenario.name}: {len(campaign.scenario.nodes)} nodes, "
                  f"{campaign.scenario.gpu_capacity_milli // 1000} GPUs, "
-                 f"{len(campaign.seeds)} seed(s)")
-    ax.grid(True, alpha=0.3)
-    ax.legend(loc="upper left", fontsize=9)
+                 f"{len(seeds)} seed(s){partial}; bands: lowest to highest seed")
+    whole.grid(True, alpha=0.3)
+    whole.legend(loc="upper left", fontsize=9)
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
@@ -139,31 +172,82 @@ def _by_policy(runs: Sequence[Run]) -> dict[str, list[Run]]:
     return groups
 
 
+def _curve_with_band(ax: Axes, group: Sequence[Run], label: str, step: bool = False,
+                     hours: bool = False) -> Line2D:
+    """The mean curve of ``group`` and, shaded, its lowest to highest run."""
+    xs, ys = seed_curves(group)
+    if hours:
+        xs = (xs - xs[0]) / 3600.0
+    mean = ys.mean(axis=0)
+    if step:
+        (line,) = ax.step(xs, mean, where="post", linewidth=1.4, label=label)
+    else:
+        (line,) = ax.plot(xs, mean, linewidth=1.6, label=label)
+    if len(group) > 1:
+        ax.fill_between(xs, ys.min(axis=0), ys.max(axis=0), color=line.get_color(),
+                        alpha=0.2, linewidth=0, step="post" if step else None)
+    return line
+
+
 def _plot_protocol(ax: Axes, runs: Sequence[Run], stats: Sequence[PolicyStats]) -> None:
     top = max(max(curve_of(r)[0]) for r in runs)
     ax.plot([0, 100], [0, 100], color="grey", linestyle=":", linewidth=1, label="y = x")
     ax.axvline(100, color="black", linestyle="--", linewidth=1)
     headline = {s.policy: s for s in stats}
     for policy, group in _by_policy(runs).items():
-        xs, ys = mean_curve(group)
         s = headline[policy]
-        (line,) = ax.plot(xs, ys, linewidth=1.6,
-                          label=f"{policy}: {s.mean_unallocated_gpu_pct:.2f} % unallocated")
+        line = _curve_with_band(ax, group, f"{policy}: {s.mean_unallocated_gpu_pct:.2f} % "
+                                           f"unallocated")
+        xs, ys = mean_curve(group)
         at = int(np.searchsorted(xs, 100.0 - 1e-9))
         if at < xs.size:
             ax.plot([xs[at]], [ys[at]], marker="o", color=line.get_color())
     ax.text(100.5, 3, "arrived = 100 %", fontsize=8)
     ax.set_xlim(0, top)
     ax.set_ylim(0, 105)
+    ax.axvspan(ZOOM_FROM_PCT, top, color="grey", alpha=0.08, linewidth=0)
     ax.set_xlabel("Arrived GPU demand (% of GPU capacity)")
     ax.set_ylabel("GPU allocation (% of GPU capacity)")
+
+
+def _zoom(ax: Axes, whole: Axes, runs: Sequence[Run]) -> None:
+    """The curves of ``whole`` from ``ZOOM_FROM_PCT`` of arrived demand on, the allocation
+    axis fitted to them (bands included)."""
+    low, high = np.inf, -np.inf
+    for group in _by_policy(runs).values():
+        xs, ys = seed_curves(group)
+        inside = xs >= ZOOM_FROM_PCT
+        if inside.any():
+            low, high = min(low, ys[:, inside].min()), max(high, ys[:, inside].max())
+    for line in whole.get_lines():
+        if line.get_transform() is not whole.transData:  # the line at 100 %, drawn below
+            continue
+        ax.plot(*line.get_data(), color=line.get_color(), linestyle=line.get_linestyle(),
+                linewidth=line.get_linewidth(), marker=line.get_marker())
+    ax.axvline(100, color="black", linestyle="--", linewidth=1)
+    for band in whole.collections:
+        ax.add_collection(_copy_band(band))
+    margin = max((high - low) * 0.08, 0.5) if np.isfinite(low) else 1.0
+    ax.set_xlim(ZOOM_FROM_PCT, whole.get_xlim()[1])
+    ax.set_ylim(low - margin if np.isfinite(low) else 0, min(high + margin, 105)
+                if np.isfinite(high) else 105)
+    ax.set_title(f"zoom: arrived demand from {ZOOM_FROM_PCT:g} %", fontsize=10)
+    ax.set_xlabel("Arrived GPU demand (% of GPU capacity)")
+    ax.grid(True, alpha=0.3)
+
+
+def _copy_band(band: object) -> PolyCollection:
+    """A copy of a ``fill_between`` band for another axes (an artist has one axes)."""
+    assert isinstance(band, PolyCollection)
+    copy = PolyCollection([path.vertices for path in band.get_paths()],
+                          facecolors=band.get_facecolor(), linewidths=0)
+    return copy
 
 
 def _plot_timed(ax: Axes, runs: Sequence[Run], stats: Sequence[PolicyStats]) -> None:
     peak = {s.policy: s for s in stats}
     for policy, group in _by_policy(runs).items():
-        xs, ys = mean_curve(group)
         label = f"{policy}: peak {peak[policy].mean_peak_allocation_pct or 0:.1f} %"
-        ax.step((xs - xs[0]) / 3600.0, ys, where="post", linewidth=1.4, label=label)
+        _curve_with_band(ax, group, label, step=True, hours=True)
     ax.set_xlabel("Time (hours since the first arrival)")
     ax.set_ylabel("GPU allocation (% of GPU capacity)")

@@ -101,6 +101,10 @@ def limits_csv(runs: Sequence[TenantRun]) -> str:
     return buf.getvalue()
 
 
+LIMITS_OPTIONAL = ("class peak/nominal", "class quota", "nodes")
+"""The columns of ``limits_table`` a narrow screen may leave out, the first first."""
+
+
 def limits_table(run: TenantRun, title: str) -> Table:
     """One run's tenants with a tenant quota or a permission, for the terminal."""
     out = Table(title=f"{title}, {label(run)}: tenant quotas and permissions",
@@ -223,6 +227,11 @@ def write_tenants(out: Path, runs: Sequence[TenantRun]) -> list[Path]:
         _atomic(out / LIMITS, limits_csv(runs).encode())
         written.append(out / LIMITS)
     return written
+
+
+TABLE_OPTIONAL = ("fair: reclaimed/reclaims", "reclaims", "reclaimed", "preempted")
+"""The columns of ``table`` a narrow screen may leave out, the first first (tenants.csv
+holds them all)."""
 
 
 def table(run: TenantRun, title: str) -> Table:
