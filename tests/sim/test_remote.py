@@ -4,9 +4,13 @@ flags' limits."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
+from gpupool.cli.main import main
 from gpupool.core.errors import InvalidInput
 from gpupool.core.policies.config import PolicyConfig
 from gpupool.core.request import GpuDemand, Mode, PodRequest, Serving
@@ -67,9 +71,10 @@ def gpu_pod(key: str, cpu: int = 1000) -> PodRequest:
 
 def test_required_serves_a_slice_through_a_slice_server_even_on_the_pods_own_node() -> None:
     state = ClusterState([node("n0", gpus=1)])
-    alloc = decider(state, RemoteMode.REQUIRED).decide(gpu_pod("p"))
-    assert alloc is not None and (alloc.node, alloc.served_by) == ("n0", "n0")
-    assert decider(state, RemoteMode.ON).decide(gpu_pod("p")).served_by == ""  # type: ignore
+    required = decider(state, RemoteMode.REQUIRED).decide(RemoteMode.REQUIRED.asked(gpu_pod("p")))
+    assert required is not None and (required.node, required.served_by) == ("n0", "n0")
+    allowed = decider(state, RemoteMode.ON).decide(RemoteMode.ON.asked(gpu_pod("p")))
+    assert allowed is not None and allowed.served_by == ""
 
 
 def test_a_pod_without_gpus_keeps_its_placement_whatever_the_mode() -> None:
@@ -92,7 +97,7 @@ def test_the_home_is_the_best_tier_then_the_least_allocated_node() -> None:
 def test_a_pod_that_fits_nowhere_gets_no_home_and_fails_as_before() -> None:
     state = ClusterState([node("n0", gpus=1, cpu=2000), node("c0", gpus=0, cpu=2000)])
     d = decider(state, RemoteMode.ON)
-    assert d.decide(gpu_pod("big", cpu=4000)) is None
+    assert d.decide(RemoteMode.ON.asked(gpu_pod("big", cpu=4000))) is None
     assert d.last_tier == 0
 
 
@@ -142,3 +147,52 @@ def test_remote_slices_recover_most_gpus_a_cpu_heavy_workload_strands() -> None:
     assert off.unallocated_gpu_pct > 15.0 and on.unallocated_gpu_pct < 9.0
     assert on.slices.gpu_pods_on_gpuless_nodes > 300
     assert on.slices.by_tier[ZONE_LABEL] > 10 * on.slices.by_tier["any node"]
+
+
+# -- gpupool simulate --remote ---------------------------------------------------------------
+def test_simulate_remote_on_reports_where_slices_were_served(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["simulate", "--nodes", str(CLUSTER), "--pods", str(CLUSTER), "--remote", "on",
+                 "--policy", "best-fit", "--seeds", "42", "--workers", "1", "--wide",
+                 "--out", str(tmp_path)])
+    assert code == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    run = summary["runs"][0]
+    assert run["remote"] == "on" and run["unallocated_gpu_pct"] == 0.0
+    assert run["slices"] == {"gpu_pods_placed": 4, "remote_slices": 2,
+                             "gpu_pods_on_gpuless_nodes": 2, "local_slices_pct": 50.0,
+                             "by_tier": {"own node": 2, ZONE_LABEL: 1, "any node": 1}}
+    assert summary["policies"]["best-fit"]["mean_local_slices_pct"] == 50.0
+    shown = capsys.readouterr().out
+    assert "remote slices on (topology.kubernetes.io/zone first)" in shown
+    assert "local slices %" in shown
+
+
+def test_simulate_remote_takes_topology_labels_most_specific_first(tmp_path: Path) -> None:
+    code = main(["simulate", "--nodes", str(CLUSTER), "--pods", str(CLUSTER), "--remote",
+                 "required", "--topology-label", "example.com/rack", "--topology-label",
+                 ZONE_LABEL, "--policy", "best-fit", "--seeds", "42", "--out", str(tmp_path)])
+    assert code == 0
+    run = json.loads((tmp_path / "summary.json").read_text())["runs"][0]
+    assert run["slices"]["by_tier"] == {"own node": 2, "example.com/rack": 0, ZONE_LABEL: 1,
+                                        "any node": 1}
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--remote", "on", "--mode", "timed"], "protocol mode only"),
+    (["--remote", "on", "--nodes-to-score", "50"], "every node scored"),
+    (["--remote", "sometimes"], "invalid choice: 'sometimes'"),
+    (["--remote", "on", "--topology-label", "r", "--topology-label", "r"], "r is listed twice"),
+])
+def test_simulate_refuses_remote_flags_it_cannot_honour_in_one_line(
+        flags: list[str], message: str, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    try:
+        code = main(["simulate", "--nodes", str(CLUSTER), "--pods", str(CLUSTER), *flags,
+                     "--out", str(tmp_path / "out")])
+    except SystemExit as exc:  # argparse's own refusals
+        code = int(str(exc.code))
+    assert code == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()

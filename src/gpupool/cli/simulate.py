@@ -21,6 +21,7 @@ from gpupool.cli.args import bounded, check_policies, check_weights, weight
 from gpupool.cli.tables import screen, show
 from gpupool.core.errors import InvalidInput
 from gpupool.core.policies import POLICIES
+from gpupool.core.serving import ZONE_LABEL
 from gpupool.sim.campaign import (
     Campaign,
     CampaignInterrupted,
@@ -34,6 +35,7 @@ from gpupool.sim.campaign import (
 from gpupool.sim.generate import MIXES_FILE, find_mix
 from gpupool.sim.generate import scenario as mix_scenario
 from gpupool.sim.learning import LEARN_EVERY
+from gpupool.sim.remote import RemoteMode
 from gpupool.sim.scenario import Scenario
 from gpupool.sim.sources import scenario_from_files
 from gpupool.sim.synthetic import DEFAULT_NODES, TRACE_NODES, synthetic_scenario
@@ -42,6 +44,9 @@ from gpupool.sim.tenants_replay import GRACE_S, run_tenants
 from gpupool.sim.window import ALL_NODES, nodes_to_find
 
 DEFAULT_POLICIES = ("fgd", "fgd-balance", "best-fit", "random")
+REMOTE_COLUMNS = ("local slices %", "remote slices", "on GPU-less nodes")
+REMOTE_OPTIONAL = ("on GPU-less nodes", "remote slices")
+"""With --remote: the columns left out first when the table does not fit."""
 DEFAULT_SEEDS = "42-46"
 MAX_SEEDS = 10_000
 PROGRESS_MIN_PODS = 20_000
@@ -132,6 +137,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--eviction-grace", type=bounded(float, 0.0), default=GRACE_S, metavar="SECONDS",
                    help=f"with tenants: seconds a reclaimed or preempted pod keeps its GPUs "
                         f"(default {GRACE_S:g}, Kubernetes' termination grace period)")
+    p.add_argument("--remote", choices=[m.value for m in RemoteMode], default="off",
+                   help="protocol mode: every GPU pod's gpupool.io/placement: off (local), on "
+                        "(remote-allowed: a pod that fits nowhere whole runs on another node "
+                        "and gets its slice served from a GPU node) or required "
+                        "(remote-required); see docs/remote.md")
+    p.add_argument("--topology-label", action="append", metavar="LABEL",
+                   help=f"with --remote: a node label whose value is a topology domain "
+                        f"remote slices are served from first; repeatable, most specific "
+                        f"first (default {ZONE_LABEL})")
     p.add_argument("--wide", action="store_true",
                    help="print every column of the tables, however wide the screen (by "
                         "default a table wider than the screen, or than 80 columns in a "
@@ -176,6 +190,8 @@ def load(args: argparse.Namespace) -> Scenario:
 
 def simulate(args: argparse.Namespace) -> int:
     policies = check_policies(args.policy or DEFAULT_POLICIES)
+    if args.remote != RemoteMode.OFF.value and args.mode != SimMode.PROTOCOL.value:
+        raise InvalidInput("remote slices are simulated in protocol mode only (--mode protocol)")
     tenanted = _tenanted(args)
     if tenanted is not None:
         return _simulate_tenants(args, policies, *tenanted)
@@ -183,7 +199,8 @@ def simulate(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     campaign = Campaign(load(args), policies, args.seeds, SimMode(args.mode), args.inflate,
                         dict(args.weight), args.nodes_to_score,
-                        args.learn_every if args.learn else None)
+                        args.learn_every if args.learn else None, RemoteMode(args.remote),
+                        tuple(args.topology_label or (ZONE_LABEL,)))
     workers = args.workers or default_workers(len(campaign.jobs))
     try:
         runs = _with_progress(campaign, workers)
@@ -206,7 +223,8 @@ def _report(args: argparse.Namespace, campaign: Campaign, runs: list[Run], wall:
         raise InvalidInput(f"cannot write to {args.out}: {exc.strerror or exc}") from None
     console = screen()
     show(console, _table(campaign, runs, stats, wall), wide=args.wide,
-         optional=("decision ms", "wall s", "bounced pods"), more="--wide shows them")
+         optional=("decision ms", "wall s", "bounced pods", *REMOTE_OPTIONAL),
+         more="--wide shows them")
     console.print(wrote(written), soft_wrap=True)
 
 
@@ -269,6 +287,10 @@ def _table(campaign: Campaign, runs: Sequence[Run], stats: Sequence[PolicyStats]
                      f"{nodes_to_find(len(s.nodes), campaign.nodes_to_score)} nodes")
     if campaign.learn_every is not None:
         lines.append(f"workload learned every {campaign.learn_every:g}")
+    remote = campaign.remote is not RemoteMode.OFF
+    if remote:
+        lines.append(f"remote slices {campaign.remote.value} ({', '.join(campaign.domains)} "
+                     f"first); slices counted at the headline")
     title = "\n".join(lines)
     table = Table(title=title, caption=f"mean ± std over seeds; failed pods: mean per run; "
                                        f"decision: median; total wall time {wall:.1f} s")
@@ -277,8 +299,8 @@ def _table(campaign: Campaign, runs: Sequence[Run], stats: Sequence[PolicyStats]
         table.add_column("runs", justify="right")
     protocol = campaign.mode is SimMode.PROTOCOL
     table.add_column("unallocated GPU %" if protocol else "peak GPU alloc. %", justify="right")
-    for name in ("failed pods", *(("bounced pods",) if windowed else ()), "decision ms",
-                 "wall s"):
+    for name in ("failed pods", *(("bounced pods",) if windowed else ()),
+                 *(REMOTE_COLUMNS if remote else ()), "decision ms", "wall s"):
         table.add_column(name, justify="right")
     for p in stats:
         headline = (f"{p.mean_unallocated_gpu_pct:.2f} ± {p.std_unallocated_gpu_pct:.2f}"
@@ -286,8 +308,10 @@ def _table(campaign: Campaign, runs: Sequence[Run], stats: Sequence[PolicyStats]
                     else f"{p.mean_peak_allocation_pct or 0.0:.2f}")
         done = (f"{p.runs} of {len(campaign.seeds)}",) if partial else ()
         bounced = (f"{p.mean_bounced_pods:.1f}",) if windowed else ()
+        served = (f"{p.mean_local_slices_pct:.1f}", f"{p.mean_remote_slices:.1f}",
+                  f"{p.mean_gpuless_pods:.1f}") if remote else ()
         table.add_row(p.policy, *done, headline, f"{p.mean_failed_pods:.1f}", *bounced,
-                      f"{p.decision_median_ms:.3f}", f"{p.wall_s:.1f}")
+                      *served, f"{p.decision_median_ms:.3f}", f"{p.wall_s:.1f}")
     return table
 
 
