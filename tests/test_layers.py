@@ -10,8 +10,9 @@ Rules (docs/design/groups-quota-classes.md, "Layering"):
 * ``gpupool.contract`` imports only the core, itself, ``json`` and pure-language
   standard modules (typing, dataclasses, enum, re, datetime for parsing …), with
   the same clock and random rules.
-* The adapters ``gpupool.extender``, ``gpupool.nodeagent``, ``gpupool.controller``
-  and ``gpupool.sim`` do not import each other, nor the CLI.
+* The adapters ``gpupool.extender``, ``gpupool.nodeagent``, ``gpupool.controller``,
+  ``gpupool.sim``, ``gpupool.webhook`` and ``gpupool.remote`` do not import each other,
+  nor the CLI.
 * Only ``gpupool.kube`` imports ``lightkube`` or ``kubernetes``.
 * No product module imports ``gpupool_testing`` (the test fakes, never installed).
 * ``gpupool.security`` (decision signatures, certificates: pure cryptography) imports
@@ -40,7 +41,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 SRC = REPO / "src"
 ROOT = "gpupool"
-ADAPTERS = ("extender", "nodeagent", "controller", "sim", "webhook")
+ADAPTERS = ("extender", "nodeagent", "controller", "sim", "webhook", "remote")
 
 CORE_FORBIDDEN = {
     "lightkube": "a Kubernetes client",
@@ -342,3 +343,4 @@ def test_import_linter_contracts_break_on_a_violation(tmp_path: Path) -> None:
     result = _run_lint(REPO / ".importlinter", tmp_path, src)
     assert result.returncode != 0, result.stdout
     assert "asyncio" in result.stdout and "gpupool.extender" in result.stdout, result.stdout
+    ("remote/a.py", "from gpupool.nodeagent import monitor", "adapters do not import each other"),

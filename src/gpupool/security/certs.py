@@ -85,17 +85,23 @@ def new_ca(common_name: str, now: float, days: int = CA_DAYS) -> PemPair:
 
 
 def issue(ca: PemPair, common_name: str, now: float, *, dns_names: Sequence[str] = (),
-          client: bool = False, days: int = LEAF_DAYS) -> PemPair:
-    """A leaf certificate signed by ``ca``: a server certificate for ``dns_names``, or a
-    client certificate (``client=True``) whose subject is ``common_name``."""
-    if not client and not dns_names:
-        raise CertificateError(f"a server certificate for {common_name} needs DNS names")
+          client: bool = False, days: int = LEAF_DAYS, uris: Sequence[str] = (),
+          lifetime_s: float | None = None) -> PemPair:
+    """A leaf certificate signed by ``ca``: a server certificate for ``dns_names`` (or
+    ``uris``), or a client certificate (``client=True``) whose subject is ``common_name``;
+    ``uris`` are added as URI names (an identity such as ``spiffe://…``). It is valid for
+    ``lifetime_s`` seconds from ``now`` when given, else for ``days``."""
+    if not client and not dns_names and not uris:
+        raise CertificateError(f"a server certificate for {common_name} needs DNS names or "
+                               "URIs")
     ca_cert, ca_key = ca.certificate(), load_private_key(ca.key)
     if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
         raise CertificateError("the CA key is not an ECDSA key")
     key = _key()
     start = _at(now) - timedelta(minutes=1)
-    end = min(start + timedelta(days=days), ca_cert.not_valid_after_utc)
+    life = timedelta(days=days) if lifetime_s is None else \
+        timedelta(seconds=lifetime_s) + timedelta(minutes=1)
+    end = min(start + life, ca_cert.not_valid_after_utc)
     usage = ExtendedKeyUsageOID.CLIENT_AUTH if client else ExtendedKeyUsageOID.SERVER_AUTH
     builder = (x509.CertificateBuilder()
                .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
@@ -108,9 +114,10 @@ def issue(ca: PemPair, common_name: str, now: float, *, dns_names: Sequence[str]
                .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
                .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(
                    ca_key.public_key()), critical=False))
-    if dns_names:
-        builder = builder.add_extension(
-            x509.SubjectAlternativeName([x509.DNSName(n) for n in dns_names]), critical=False)
+    names: list[x509.GeneralName] = [x509.DNSName(n) for n in dns_names]
+    names += [x509.UniformResourceIdentifier(u) for u in uris]
+    if names:
+        builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
     return PemPair(_pem_cert(builder.sign(ca_key, hashes.SHA256())), _pem_key(key))
 
 
