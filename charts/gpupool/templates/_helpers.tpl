@@ -47,3 +47,9 @@ tolerations:
 {{- define "gpupool.nodeAgentUser" -}}
 system:serviceaccount:{{ .Release.Namespace }}:gpupool-node-agent
 {{- end }}
+
+{{/* "true" when the MPS helper runs (mps-helper.yaml): enabled, and some node's isolation
+provider may be mps. */}}
+{{- define "gpupool.mpsHelper" -}}
+{{- if and .Values.nodeAgent.mpsHelper.enabled (has .Values.nodeAgent.isolationProvider (list "auto" "mps")) }}true{{ end }}
+{{- end }}

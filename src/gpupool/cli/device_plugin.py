@@ -19,6 +19,7 @@ from gpupool.cli.args import (
     deprecated_alias,
 )
 from gpupool.contract import dra
+from gpupool.contract.isolation import ProviderName
 from gpupool.core.errors import GpupoolError, InvalidInput
 from gpupool.kube.api import DraApi, KubeApi
 from gpupool.kube.errors import NotFound
@@ -34,11 +35,12 @@ from gpupool.nodeagent.dra.watch import DraGuards
 from gpupool.nodeagent.exposure import DEFAULT_CDI_KIND, Exposure, Strategy
 from gpupool.nodeagent.fakegpus import FakeGpuBackend
 from gpupool.nodeagent.gpu import GpuBackend
+from gpupool.nodeagent.isolation.computemode import ComputeModeClient
 from gpupool.nodeagent.isolation.hamicore import DEFAULT_LIBRARY, HamiCoreProvider
 from gpupool.nodeagent.isolation.mps import MpsProvider
 from gpupool.nodeagent.isolation.mpsdaemon import CONTROL, MpsLayout
 from gpupool.nodeagent.isolation.none import NoIsolation
-from gpupool.nodeagent.isolation.provider import NODE_LABEL, IsolationProvider, ProviderName
+from gpupool.nodeagent.isolation.provider import NODE_LABEL, IsolationProvider
 from gpupool.nodeagent.kubeview import KubeEvents, KubeEvictions, KubeInventory, KubePods
 from gpupool.nodeagent.logical import DEFAULT_MIB_PER_DEVICE, Split
 from gpupool.nodeagent.metrics import NodeMetrics, serve
@@ -131,6 +133,10 @@ def _isolation_flags(p: Any) -> None:
                         "(default /run/gpupool/mps)")
     p.add_argument("--mps-control", default=CONTROL, metavar="FILE",
                    help=f"the MPS control executable (default {CONTROL})")
+    p.add_argument("--compute-mode-socket", type=Path, default=None, metavar="FILE",
+                   help="mps: ask `gpupool mps-helper` on this unix socket to set GPU compute "
+                        "modes (which needs CAP_SYS_ADMIN); default: set them through NVML "
+                        "itself")
     p.add_argument("--hami-core-library", type=Path, default=Path(DEFAULT_LIBRARY), metavar="FILE",
                    help=f"HAMi-core's libvgpu.so on the host (default {DEFAULT_LIBRARY})")
     p.add_argument("--state-dir", type=Path, default=Path("/var/lib/gpupool"), metavar="DIR",
@@ -287,7 +293,9 @@ def _provider(args: argparse.Namespace, api: KubeApi, backend: GpuBackend
             raise InvalidInput(f"node {args.node_name}: label {NODE_LABEL}={name!r} names no "
                                f"isolation provider (mps, hami-core or none)")
     if name == ProviderName.MPS:
-        return MpsProvider(MpsLayout(args.mps_root), backend, args.mps_control)
+        modes = ComputeModeClient(args.compute_mode_socket) if args.compute_mode_socket \
+            else backend
+        return MpsProvider(MpsLayout(args.mps_root), modes, args.mps_control)
     if name == ProviderName.HAMI_CORE:
         return HamiCoreProvider(args.hami_core_library, args.state_dir)
     return NoIsolation()

@@ -30,6 +30,7 @@ COMMANDS: dict[str, str] = {
     "inspect": "explain where pods are and would go, and why (live cluster or files)",
     "webhook": "serve gpupool's admission webhook",
     "keys": "show, rotate or retire decision signing keys",
+    "mps-helper": "set GPU compute modes for the mps isolation provider (privileged)",
     "slice-server": "serve one remote GPU slice behind mutual TLS (on the GPU node)",
     "slice-client": "the sidecar of a remote GPU slice (in the workload's pod)",
     "slice-stub": "run the stub data-plane provider (a stand-in for remote-slice tests and "
