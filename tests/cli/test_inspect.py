@@ -81,8 +81,10 @@ def test_the_table_marks_the_chosen_node_and_gives_reasons(
                  "--policy", "best-fit"])
     out = capsys.readouterr().out
     assert code == 0
-    big = next(line for line in out.splitlines() if "big" in line and "★" in line)
-    assert "#0 81920 MiB 100 % (main), #1 81920 MiB 100 % (main)" in big
+    lines = out.splitlines()
+    at = next(k for k, line in enumerate(lines) if "big" in line and "★" in line)
+    assert "#0 81920 MiB 100 % (main)" in lines[at]  # a GPU a line
+    assert "#1 81920 MiB 100 % (main)" in lines[at + 1]
     assert any("small" in line and "2 GPUs needed, node has 1" in line
                for line in out.splitlines())
     assert "1 of 3 nodes fit" in out and "policy best-fit" in out

@@ -37,6 +37,10 @@ def register(subparsers: Any) -> None:
                    metavar="SECONDS",
                    help="reconcile at least this often even without events (default 300)")
     p.add_argument("--once", action="store_true", help="reconcile once, print, exit")
+    p.add_argument("--request-timeout", type=bounded(float, 0, 600, above=True), default=10.0,
+                   metavar="SECONDS",
+                   help="how long to wait for the API server to connect, and then for each "
+                        "answer (default 10)")
     p.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE") or "gpupool-system",
                    help="gpupool's namespace, where the decision keys are published (default: "
                         "$POD_NAMESPACE, else gpupool-system)")
@@ -99,7 +103,8 @@ def run(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "httpx2"):  # one line per API request at INFO
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.root.level))
-    api = ControllerApi.open(kubeconfig=args.kubeconfig, server=args.server)
+    api = ControllerApi.open(kubeconfig=args.kubeconfig, server=args.server,
+                             timeout_s=args.request_timeout)
     from gpupool.cli.controller_run import reconcile  # the controller's own modules
 
     return reconcile(args, api)

@@ -41,7 +41,8 @@ def reconcile(args: argparse.Namespace, api: ControllerApi) -> int:
     else:
         log.warning("counting decisions without checking their signatures "
                     "(--trust-unsigned-decisions): any pod author can claim GPUs")
-    dra_api = DraApi.connect(args.kubeconfig, args.server) if args.device_classes else None
+    dra_api = DraApi.connect(args.kubeconfig, args.server, args.request_timeout) \
+        if args.device_classes else None
     classes = DeviceClassSync(dra_api, args.dra_extended_resources) \
         if isinstance(dra_api, DraApi) else None
     if args.once:

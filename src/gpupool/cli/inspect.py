@@ -19,18 +19,19 @@ from __future__ import annotations
 import argparse
 import json
 import random
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
 import yaml
-from rich.console import Console
 from rich.table import Table
 
-from gpupool.cli.args import check_policies
+from gpupool.cli.args import bounded, check_policies
 from gpupool.cli.inspect_fit import NodeVerdict, nodes_json, ordered, slices_text, verdicts
 from gpupool.cli.inspect_views import CONNECTION_HELP, VIEWS_HELP, add_options, add_views
+from gpupool.cli.tables import screen, show
 from gpupool.contract.podshape import POD
 from gpupool.contract.podspec_request import pod_request
 from gpupool.contract.yamlcheck import load_text
@@ -47,6 +48,8 @@ from gpupool.core.workload import TargetWorkload
 from gpupool.sim.sources import read_cluster, read_pods
 
 MAX_POD_BYTES = 1024 * 1024
+DEFAULT_LIMIT = 20
+"""Nodes the offline table lists unless told (the rest are counted, by reason)."""
 
 
 DESCRIPTION = f"""Explain where pods are and would go, and why.
@@ -83,7 +86,13 @@ def register(subparsers: Any) -> None:
                          help="a Kubernetes Pod manifest (YAML or JSON)")
     offline.add_argument("--running", type=Path, metavar="FILE",
                          help="pods to place first (gpupool YAML or Alibaba pod CSV)")
-    offline.add_argument("--json", action="store_true", help="the same as --output json")
+    offline.add_argument("--json", action="store_const", dest="output", const="json",
+                         default=argparse.SUPPRESS,
+                         help="the same as -o json (with -o too, the last one given wins)")
+    offline.add_argument("--limit", type=bounded(int, 0), default=DEFAULT_LIMIT, metavar="N",
+                         help=f"list at most N nodes in the table, the best first, and count "
+                              f"the others by their reason (default {DEFAULT_LIMIT}; 0: every "
+                              f"node; -o json and yaml always hold every node)")
     p.add_argument("--policy", default=DEFAULT_POLICY, metavar="NAME",
                    help=f"placement policy that scores the nodes a pod fits (default "
                         f"{DEFAULT_POLICY}; known: {', '.join(sorted(POLICIES))})")
@@ -118,6 +127,9 @@ def read_pod(path: Path) -> Mapping[str, Any]:
     if len(text) > MAX_POD_BYTES:
         raise InvalidInput(f"{path}: larger than {MAX_POD_BYTES} bytes; not a Pod manifest")
     doc = _checked_pod(text, path)
+    if doc is None:
+        raise InvalidInput(f"{path}: empty (no YAML or JSON document, only blank lines or "
+                           "comments); expected one Pod")
     if not isinstance(doc, Mapping):
         raise InvalidInput(f"{path}: expected one Pod object, got {type(doc).__name__}")
     return doc
@@ -176,7 +188,7 @@ def inspect(args: argparse.Namespace) -> int:
     cluster = build_cluster(args.nodes, args.running, placer, args.seed)
     found, blocked = verdicts(cluster.state, request, cluster.catalogue, placer,
                               random.Random(args.seed))
-    output = "json" if args.json else args.output
+    output = args.output
     if output != "table":
         report = as_json(request, args.policy, found, blocked)
         report["running"] = {"placed": cluster.placed, "unplaced": list(cluster.unplaced)}
@@ -184,12 +196,16 @@ def inspect(args: argparse.Namespace) -> int:
               yaml.safe_dump(report, sort_keys=False, allow_unicode=True), end="\n" if
               output == "json" else "")
     else:
-        Console(markup=False, highlight=False).print(table(request, args.policy, found,
-                                                            blocked))
+        console = screen()
+        shown = table(request, args.policy, found, blocked, args.limit)
+        show(console, shown)
+        left = ordered(found)[shown.row_count:]
+        if left:
+            console.print(left_out(left))
         if args.running is not None:
-            Console(stderr=True).print(
+            screen(stderr=True).print(
                 f"--running: {cluster.placed} pods placed first, {len(cluster.unplaced)} did "
-                "not fit" + _first_few(cluster.unplaced), markup=False, highlight=False)
+                "not fit" + _first_few(cluster.unplaced))
     return 0 if any(v.allocation is not None for v in found) else 1
 
 
@@ -210,19 +226,36 @@ def as_json(request: PodRequest, policy: str, found: Sequence[NodeVerdict],
 
 
 def table(request: PodRequest, policy: str, found: Sequence[NodeVerdict],
-          blocked: Reason | None) -> Table:
+          blocked: Reason | None, limit: int = 0) -> Table:
+    """The nodes, best first: those that fit with the GPUs they would give, then those that
+    do not with why; at most ``limit`` of them (0: all)."""
     fitting = sum(v.allocation is not None for v in found)
     caption = (f"refused before any node: {blocked.message}" if blocked is not None
                else f"{fitting} of {len(found)} nodes fit; ★ = the node {policy} picks")
-    t = Table(title=f"{request.key}: {request.describe()} — policy {policy}", caption=caption)
-    for name, justify in (("node", "left"), ("fits", "center"), ("score", "right"),
-                          ("GPUs it would take / why not", "left")):
-        t.add_column(name, justify=justify)  # type: ignore[arg-type]
-    for v in ordered(found):
+    t = Table(title=f"{request.key}: {request.describe()}; policy {policy}", caption=caption)
+    t.add_column("node")
+    t.add_column("fits", justify="center", no_wrap=True)
+    t.add_column("score", justify="right")
+    t.add_column("GPUs it would take / why not")
+    listed = ordered(found)
+    for v in listed[:limit] if limit else listed:
         if v.allocation is not None:
             t.add_row(v.node, "★ yes" if v.chosen else "yes", f"{v.score:.4g}",
-                      slices_text(v.allocation))
+                      slices_text(v.allocation).replace(", ", "\n"))  # a GPU a line
         else:
             why = v.reason.message if v.reason is not None else "does not fit"
             t.add_row(v.node, "no", "", why)
     return t
+
+
+def left_out(rest: Sequence[NodeVerdict]) -> str:
+    """One line per reason for the nodes the table did not list: how many fit, and how
+    many do not for each reason (``Reason.common``: the same words for every node)."""
+    fit = sum(v.allocation is not None for v in rest)
+    why = Counter(v.reason.common() if v.reason is not None else "does not fit"
+                  for v in rest if v.allocation is None)
+    lines = [f"{len(rest)} more nodes not listed (--limit 0 lists every node):"]
+    if fit:
+        lines.append(f"  {fit} fit")
+    lines += [f"  {n} do not: {reason}" for reason, n in why.most_common()]
+    return "\n".join(lines)

@@ -16,6 +16,8 @@ import yaml
 from rich.console import Console, RenderableType
 from rich.table import Table
 
+from gpupool.cli.tables import screen, show
+
 Report = dict[str, Any]
 OUTPUTS = ("table", "json", "yaml")
 
@@ -38,9 +40,12 @@ def _emit(report: Report, output: str, console: Console | None) -> None:
     if output == "yaml":
         print(yaml.safe_dump(report, sort_keys=False, allow_unicode=True), end="")
         return
-    console = console or Console(markup=False, highlight=False)  # names may hold [brackets]
+    console = console or screen()
     for part in TABLES[report["kind"]](report):
-        console.print(part)
+        if isinstance(part, Table):
+            show(console, part)  # the title above it, at the screen's width
+        else:
+            console.print(part)
     _footer(report, console)
 
 

@@ -7,6 +7,7 @@ the file, the line and the closest known key. A new key is one line in its map.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import yaml
@@ -123,7 +124,32 @@ MIX = Map({
 MIXES = Map({"mixes": Seq(MIX)})
 """A mix file (``gpupool.sim.generate``)."""
 
+class Marked(dict[Any, Any]):
+    """A map as read from a file, with the line (from 1) where it starts and where each of
+    its keys is, so that a bad value found later is said with its line."""
+
+    def __init__(self, line: int = 0) -> None:
+        super().__init__()
+        self.line = line
+        self.lines: dict[Any, int] = {}
+
+
+class MarkedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, whose maps are ``Marked``."""
+
+
+def _marked_map(loader: MarkedLoader, node: yaml.MappingNode) -> Iterator[Marked]:
+    data = Marked(node.start_mark.line + 1)
+    yield data  # first, as PyYAML's own map constructor does, for maps that hold themselves
+    data.update(loader.construct_mapping(node))  # merge keys resolved here
+    data.lines = {key.value: key.start_mark.line + 1 for key, _ in node.value
+                  if isinstance(key, yaml.ScalarNode)}
+
+
+MarkedLoader.add_constructor("tag:yaml.org,2002:map", _marked_map)
+
+
 def loaded_text(text: str, file: str, shape: Shape = NATIVE) -> Any:
-    """The document in ``text``; ``YamlProblems`` (every problem, ``file:line:col: ...``)
-    unless it is well-formed YAML of ``shape``."""
-    return load_text(text, file, shape, yaml.SafeLoader, yaml.YAMLError)
+    """The document in ``text``, its maps ``Marked``; ``YamlProblems`` (every problem,
+    ``file:line:col: ...``) unless it is well-formed YAML of ``shape``."""
+    return load_text(text, file, shape, MarkedLoader, yaml.YAMLError)

@@ -19,7 +19,8 @@ Rows become core values here, and only here:
 
 The trace's fraction covers both GPU memory and GPU time; gpupool accounts it
 on the compute axis only (1 % units; every trace value is a multiple of 10).
-A malformed row raises ``InvalidInput`` naming the file and line.
+A malformed row raises ``InvalidInput`` naming the file and line. A file may start
+with a UTF-8 byte order mark (as spreadsheets write them).
 """
 
 from __future__ import annotations
@@ -29,9 +30,9 @@ import math
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from gpupool.core.errors import InvalidInput
+from gpupool.core.errors import GpupoolError, InvalidInput
 from gpupool.core.model import Node, uniform_node
-from gpupool.core.request import GpuDemand, Mode, PodRequest
+from gpupool.core.request import MAX_GPUS_PER_POD, GpuDemand, Mode, PodRequest
 from gpupool.sim.scenario import TracePod
 
 GIB = 1024
@@ -65,7 +66,7 @@ class _Rows:
 
     def __iter__(self) -> Iterator[dict[str, str]]:
         try:
-            with self.path.open(newline="", encoding="utf-8") as handle:
+            with self.path.open(newline="", encoding="utf-8-sig") as handle:
                 yield from self._read(handle)
         except OSError as exc:
             raise InvalidInput(f"cannot read {self.path}: {exc.strerror or exc}") from None
@@ -149,8 +150,12 @@ def read_pods(path: Path) -> list[TracePod]:
         if name in seen:
             raise rows.error(f"pod {name} appears twice")
         seen.add(name)
-        request = PodRequest(name, rows.integer(row, "cpu_milli"), rows.integer(row, "memory_mib"),
-                             _gpu_demand(rows, row), _models(row.get("gpu_spec", "")))
+        cpu, memory = rows.integer(row, "cpu_milli"), rows.integer(row, "memory_mib")
+        demand = _gpu_demand(rows, row)
+        try:
+            request = PodRequest(name, cpu, memory, demand, _models(row.get("gpu_spec", "")))
+        except GpupoolError as exc:
+            raise rows.error(str(exc)) from None
         created = rows.seconds(row, "creation_time")
         deleted = rows.seconds(row, "deletion_time")
         if created is not None and deleted is not None and deleted < created:
@@ -163,6 +168,8 @@ def read_pods(path: Path) -> list[TracePod]:
 
 def _gpu_demand(rows: _Rows, row: Mapping[str, str]) -> tuple[GpuDemand, ...]:
     count, milli = rows.integer(row, "num_gpu"), rows.integer(row, "gpu_milli")
+    if count > MAX_GPUS_PER_POD:
+        raise rows.error(f"num_gpu must be 0..{MAX_GPUS_PER_POD}, got {count}")
     if count == 0:
         if milli:
             raise rows.error(f"gpu_milli is {milli} but num_gpu is 0")
