@@ -159,3 +159,30 @@ def test_inspect_without_files_or_a_view_says_what_to_give(
     [line] = capsys.readouterr().err.strip().splitlines()
     assert line == ("gpupool: name a live view (nodes, pod [NAMESPACE/]NAME, groups), or give "
                     "--nodes FILE and --pod FILE to explain offline")
+
+
+@pytest.mark.parametrize(("flags", "form"), [
+    (["--json", "-o", "yaml"], "yaml"), (["-o", "yaml", "--json"], "json"),
+    (["-o", "json", "-o", "table"], "table")], ids=["yaml last", "json last", "table last"])
+def test_of_json_and_output_the_last_one_given_wins(
+        capsys: pytest.CaptureFixture[str], flags: list[str], form: str) -> None:
+    main(["inspect", "--nodes", str(CLUSTER), "--pod", str(DATA / "two_gpus_pod.yaml"), *flags])
+    out = capsys.readouterr().out
+    assert out.startswith({"json": "{", "yaml": "pod: lab/train", "table": "lab/train: "}[form])
+
+
+def test_the_table_lists_the_best_nodes_and_counts_the_others_by_reason(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["inspect", "--nodes", str(CLUSTER), "--pod", str(DATA / "two_gpus_pod.yaml"),
+                 "--policy", "best-fit", "--limit", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = [line for line in lines if line.startswith("│ ") and line[2:4].strip()]
+    assert [row.split("│")[1].strip() for row in rows] == ["big"]
+    assert lines[-3:] == ["2 more nodes not listed (--limit 0 lists every node):",
+                          "  1 do not: 2 GPUs needed, node has 1",
+                          "  1 do not: 2 GPUs needed, node has 0"]
+
+
+def test_json_holds_every_node_whatever_the_limit(capsys: pytest.CaptureFixture[str]) -> None:
+    _, report = inspect_json(capsys, "--pod", str(DATA / "two_gpus_pod.yaml"), "--limit", "1")
+    assert len(report["nodes"]) == 3

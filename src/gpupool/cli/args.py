@@ -7,14 +7,14 @@ policy and weight checks import the core when they are called.
 from __future__ import annotations
 
 import argparse
-import difflib
 import functools
 import importlib
 import math
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TypeVar
 
+from gpupool.contract.yamlcheck import closest
 from gpupool.core.errors import InvalidInput, UnknownName
 
 N = TypeVar("N", int, float)
@@ -63,11 +63,9 @@ def later(module: str, function: str) -> Callable[[argparse.Namespace], int]:
     return run
 
 
-def did_you_mean(name: str, known: Iterable[str]) -> str | None:
-    """The name of ``known`` closest to a mistyped ``name``, if one is close enough; the one
-    rule every "did you mean" of the command line follows."""
-    near = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.5)
-    return near[0] if near else None
+NEAR = 0.5
+"""How like a known name (difflib's ratio) a mistyped policy or weight must be to be
+offered in its place (``closest``, the rule YAML keys follow too)."""
 
 
 def check_policies(names: Sequence[str]) -> tuple[str, ...]:
@@ -77,7 +75,7 @@ def check_policies(names: Sequence[str]) -> tuple[str, ...]:
 
     for name in names:
         if name not in POLICIES:
-            near = did_you_mean(name, POLICIES)
+            near = closest(name, sorted(POLICIES), NEAR)
             hint = f"did you mean {near}? " if near else ""
             raise UnknownName(f"--policy {name}: no such policy ({hint}known: "
                               f"{', '.join(sorted(POLICIES))})")
@@ -125,7 +123,7 @@ def check_weights(weights: Sequence[tuple[str, float]], policies: Sequence[str])
         if name in every:
             raise InvalidInput(f"--weight {name}: only policy {every[name]} reads it, and it "
                                f"is not run (--policy {every[name]})")
-        near = did_you_mean(name, used or every)
+        near = closest(name, sorted(used or every), NEAR)
         hint = f"did you mean {near}?" if near else \
             f"weights of {', '.join(policies)}: {', '.join(sorted(used)) or 'none'}"
         raise InvalidInput(f"--weight {name}: no such weight ({hint})")
