@@ -35,10 +35,10 @@ from lightkube.resources.core_v1 import Node
 
 from gpupool.contract import dra
 from gpupool.core.allocation import Allocation, Slice
-from gpupool.extender.app import verb_handlers
-from gpupool.extender.cache import ClusterCache
+from gpupool.extender.edge.app import verb_handlers
 from gpupool.extender.metrics import Metrics
 from gpupool.extender.service import Extender, Settings
+from gpupool.extender.state.cache import ClusterCache
 
 MODE = {dra.NODE_MODE_LABEL: dra.MODE_DRA}
 

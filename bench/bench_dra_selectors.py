@@ -45,11 +45,11 @@ import numpy as np
 from lightkube.resources.core_v1 import Node
 
 from gpupool.contract import dra
-from gpupool.extender.app import verb_handlers
-from gpupool.extender.cache import ClusterCache
-from gpupool.extender.drascores import device_masks
+from gpupool.extender.dra.drascores import device_masks
+from gpupool.extender.edge.app import verb_handlers
 from gpupool.extender.metrics import Metrics
 from gpupool.extender.service import Extender, Settings
+from gpupool.extender.state.cache import ClusterCache
 
 MODE = {dra.NODE_MODE_LABEL: dra.MODE_DRA}
 MODELS = ("A100", "A100", "A100", "A100", "H100", "H100", "H100", "H100")

@@ -81,14 +81,14 @@ from gpupool.contract.annotations import encode
 from gpupool.contract.names import ANNOTATION_SIGNATURE
 from gpupool.core.allocation import Allocation, Slice
 from gpupool.core.policies import DEFAULT_POLICY
-from gpupool.extender.app import build_app, verb_handlers
-from gpupool.extender.cache import ClusterCache
-from gpupool.extender.feeds import long_lived, start_feeds
-from gpupool.extender.ledger import Entry
+from gpupool.extender.edge.app import build_app, verb_handlers
+from gpupool.extender.edge.server import ThreadedServer
 from gpupool.extender.metrics import Metrics
-from gpupool.extender.server import ThreadedServer
 from gpupool.extender.service import Extender, Settings
-from gpupool.extender.signatures import DecisionCheck, DecisionKeys
+from gpupool.extender.state.cache import ClusterCache
+from gpupool.extender.state.feeds import long_lived, start_feeds
+from gpupool.extender.state.ledger import Entry
+from gpupool.extender.state.signatures import DecisionCheck, DecisionKeys
 from gpupool.kube.api import KubeApi
 from gpupool.kube.keystore import SIGNING_SECRET, read_signing_keys
 from gpupool.security.signing import SigningKeys, claims_of

@@ -62,11 +62,11 @@ from bench_extender import (
 )
 
 from gpupool.core.policies import DEFAULT_POLICY
-from gpupool.extender.app import build_verbs
-from gpupool.extender.connections import ConnectionRules
-from gpupool.extender.feeds import long_lived, start_feeds
-from gpupool.extender.server import ThreadedServer
-from gpupool.extender.tls import CLIENT_SECRET, ReloadingContext, TlsSource
+from gpupool.extender.edge.app import build_verbs
+from gpupool.extender.edge.connections import ConnectionRules
+from gpupool.extender.edge.server import ThreadedServer
+from gpupool.extender.edge.tls import CLIENT_SECRET, ReloadingContext, TlsSource
+from gpupool.extender.state.feeds import long_lived, start_feeds
 from gpupool.kube.api import KubeApi
 from gpupool.security.certs import CLIENT_SCHEDULER
 from gpupool.sim.window import ADAPTIVE, nodes_to_find

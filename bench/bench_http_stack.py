@@ -27,10 +27,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_extender import LoopbackClient, pct  # the scheduler stand-in
 
 from gpupool.core.policies import DEFAULT_POLICY
-from gpupool.extender.app import build_app
-from gpupool.extender.cache import ClusterCache
+from gpupool.extender.edge.app import build_app
 from gpupool.extender.metrics import Metrics
 from gpupool.extender.service import Extender, Settings
+from gpupool.extender.state.cache import ClusterCache
 
 STACKS = (("h11", "asyncio"), ("httptools", "uvloop"))  # baseline first
 BODY = b'{"PodName":"p","PodNamespace":"bench","PodUID":"u","Node":"nowhere"}'

@@ -47,12 +47,12 @@ from gpupool.contract.annotations import encode
 from gpupool.contract.names import ANNOTATION_SIGNATURE
 from gpupool.core.allocation import Allocation, Slice
 from gpupool.core.policies import DEFAULT_POLICY
-from gpupool.extender import protocol
-from gpupool.extender.cache import ClusterCache
-from gpupool.extender.feeds import start_feeds
 from gpupool.extender.metrics import Metrics
 from gpupool.extender.service import Extender, Settings
-from gpupool.extender.signatures import DecisionCheck, DecisionKeys
+from gpupool.extender.state.cache import ClusterCache
+from gpupool.extender.state.feeds import start_feeds
+from gpupool.extender.state.signatures import DecisionCheck, DecisionKeys
+from gpupool.extender.wire import protocol
 from gpupool.kube.api import FIELD_MANAGER, KubeApi
 from gpupool.kube.connection import ApiTransport
 from gpupool.security.signing import SigningKeys, claims_of

@@ -42,11 +42,11 @@ from gpupool.core.model import uniform_node
 from gpupool.core.request import GpuDemand, Mode, PodRequest
 from gpupool.core.state import ClusterState
 from gpupool.core.victims import Candidate, Limits, Room, Selection, below, select
-from gpupool.extender import planner
-from gpupool.extender.cache import ClusterCache
 from gpupool.extender.metrics import Metrics
-from gpupool.extender.pods import PodFacts
+from gpupool.extender.preemption import planner
 from gpupool.extender.service import Extender, Settings
+from gpupool.extender.state.cache import ClusterCache
+from gpupool.extender.state.pods import PodFacts
 
 GIB = 1024
 CASES = {

@@ -43,12 +43,12 @@ from gpupool.core.quota import Charge, amount_of_allocation
 from gpupool.core.request import GpuDemand, Mode, PodRequest
 from gpupool.core.state import ClusterState
 from gpupool.core.victims import Limits, NoVictims
-from gpupool.extender import planner, tenantpreempt
-from gpupool.extender.cache import ClusterCache
 from gpupool.extender.metrics import Metrics
-from gpupool.extender.plans import Plan
-from gpupool.extender.pods import PodFacts
+from gpupool.extender.preemption import planner, tenantpreempt
+from gpupool.extender.preemption.plans import Plan
 from gpupool.extender.service import Extender, Settings
+from gpupool.extender.state.cache import ClusterCache
+from gpupool.extender.state.pods import PodFacts
 
 GIB = 1024
 DEMAND = GpuDemand(1, 40 * GIB, 0, Mode.SHARED)

@@ -30,9 +30,9 @@ from bench_extender import FakeApi  # the script's folder is on sys.path
 from gpupool.core.allocation import Allocation, Slice
 from gpupool.core.quota import Limit
 from gpupool.core.tenants import TenantQuota
-from gpupool.extender.cache import ClusterCache
-from gpupool.extender.ledger import Entry
-from gpupool.extender.quotaledger import QuotaGate, QuotaLedgers
+from gpupool.extender.state.cache import ClusterCache
+from gpupool.extender.state.ledger import Entry
+from gpupool.extender.tenancy.quotaledger import QuotaGate, QuotaLedgers
 from gpupool.kube.api import KubeApi
 
 from machine import line as machine_line

@@ -42,9 +42,9 @@ from gpupool.core.allocation import Allocation, Slice
 from gpupool.core.model import uniform_node
 from gpupool.core.quota import Charge, amount_of_allocation
 from gpupool.core.state import ClusterState
-from gpupool.extender.cache import ClusterCache
 from gpupool.extender.metrics import Metrics
 from gpupool.extender.service import Extender, Settings
+from gpupool.extender.state.cache import ClusterCache
 
 GIB = 1024
 NAMESPACES = [f"ns-{i}" for i in range(60)]

@@ -18,6 +18,9 @@ Rules (docs/design/groups-quota-classes.md, "Layering"):
 * ``gpupool.security`` (decision signatures, certificates: pure cryptography) imports
   only the core, the contract and itself besides ``cryptography`` and the standard
   library; it does no I/O, so the core's clock and random rules apply too.
+* Inside ``gpupool.extender`` the rooms point downwards (``EXTENDER_ROOMS``, top first:
+  a room imports only rooms of a later rank, rooms of one rank not each other) and no
+  module imports, directly or round about, a module that imports it.
 
 The checker reads source with ``ast`` (so it sees every module, imported or not,
 including imports inside functions and ``importlib.import_module("…")`` with a
@@ -72,6 +75,11 @@ CONTRACT_STDLIB = frozenset({
 SECURITY_FORBIDDEN = {k.split(".")[0]: v for k, v in CORE_FORBIDDEN.items()
                       if k not in ("time", "secrets", "uuid")}
 CLOCK_CALLS = frozenset({"now", "utcnow", "today"})
+EXTENDER = f"{ROOT}.extender"
+EXTENDER_ROOMS: tuple[frozenset[str], ...] = tuple(frozenset(rank.split()) for rank in (
+    "edge", "service", "bind preemption dra", "tenancy", "state", "wire", "metrics workload"))
+"""The extender's rooms (subpackages, or modules beside them), top first
+(docs/architecture.md, "The extender's rooms")."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,12 +218,168 @@ def violations(src: Path, root: str = ROOT) -> list[Violation]:
     return sorted(set(found), key=lambda v: (v.module, v.line, v.message))
 
 
+# -- the extender's rooms -----------------------------------------------------------------
+
+
+def module_graph(src: Path, package: str) -> dict[str, set[str]]:
+    """Every module of ``package`` -> the modules of ``package`` it imports (at any depth
+    of its source: in functions and under ``TYPE_CHECKING`` too)."""
+    root, _, _ = package.partition(".")
+    found = dict(modules(src, root))
+    names = {m for m in found if _within(m, package)}
+    graph: dict[str, set[str]] = {}
+    for module in sorted(names):
+        path = found[module]
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        targets = set()
+        for target, _ in imported(module, path.name == "__init__.py", tree):
+            while target and target not in names:
+                target = target.rpartition(".")[0]
+            if target and target != module:
+                targets.add(target)
+        graph[module] = targets
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle (``a -> b -> ... -> a``) per group of modules that import each other."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:  # Tarjan's strongly connected components
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                found.append(_cycle_through(graph, set(group), min(group)))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def _cycle_through(graph: dict[str, set[str]], group: set[str], start: str) -> list[str]:
+    """A shortest path from ``start`` back to itself inside ``group``."""
+    paths = {start: [start]}
+    frontier = [start]
+    while frontier:
+        after = []
+        for node in frontier:
+            for nxt in sorted(graph[node] & group):
+                if nxt == start:
+                    return paths[node] + [start]
+                if nxt not in paths:
+                    paths[nxt] = paths[node] + [nxt]
+                    after.append(nxt)
+        frontier = after
+    raise AssertionError(f"{start} is in no cycle")
+
+
+def room_rank(module: str) -> tuple[str, int] | None:
+    """The extender room of ``module`` and its rank (0 = top); None for the package."""
+    rest = module[len(EXTENDER) + 1:].split(".")[0] if module != EXTENDER else ""
+    for rank, rooms in enumerate(EXTENDER_ROOMS):
+        if rest in rooms:
+            return rest, rank
+    return None
+
+
+def room_violations(src: Path) -> list[str]:
+    """Imports between the extender's modules that point to a room above or beside their
+    own, modules outside every room, and import cycles."""
+    graph = module_graph(src, EXTENDER)
+    found = []
+    for module, targets in sorted(graph.items()):
+        mine = room_rank(module)
+        if mine is None:
+            if module != EXTENDER:
+                found.append(f"{module}: in no room of EXTENDER_ROOMS")
+            continue
+        for target in sorted(targets):
+            theirs = room_rank(target)
+            if theirs is None or theirs[0] == mine[0]:
+                continue
+            if theirs[1] <= mine[1]:
+                where = "beside" if theirs[1] == mine[1] else "above"
+                found.append(f"{module} imports {target}: room {theirs[0]} is {where} "
+                             f"room {mine[0]}")
+    found += ["import cycle: " + " -> ".join(c) for c in cycles(graph)]
+    return found
+
+
 # -- tests ----------------------------------------------------------------------------------
 
 
 def test_gpupool_imports_point_only_downwards() -> None:
     found = violations(SRC)
     assert not found, "layering violations:\n" + "\n".join(map(str, found))
+
+
+def test_the_extender_rooms_point_downwards_without_cycles() -> None:
+    found = room_violations(SRC)
+    assert not found, "extender room violations:\n" + "\n".join(found)
+    rooms = {r[0] for m in module_graph(SRC, EXTENDER) if (r := room_rank(m)) is not None}
+    assert rooms == set().union(*EXTENDER_ROOMS)
+
+
+ROOM_BAD = [
+    ({"state/a.py": "from gpupool.extender.bind import b", "bind/b.py": ""},
+     "room bind is above room state"),
+    ({"bind/a.py": "def f():\n    from gpupool.extender.dra.b import X", "dra/b.py": "X = 1"},
+     "room dra is beside room bind"),
+    ({"wire/a.py": "from gpupool.extender import service", "service.py": ""},
+     "room service is above room wire"),
+    ({"state/a.py": "from gpupool.extender.state import b", "state/b.py":
+      "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .a import A"},
+     "import cycle: gpupool.extender.state.a -> gpupool.extender.state.b -> "
+     "gpupool.extender.state.a"),
+    ({"dra/a.py": "import gpupool.extender.dra.b", "dra/b.py": "import gpupool.extender.dra.c",
+      "dra/c.py": "from gpupool.extender.dra.a import X"}, "import cycle"),
+    ({"lobby/a.py": ""}, "in no room"),
+]
+
+
+def _extender(tmp: Path, files: dict[str, str]) -> Path:
+    for relpath, source in files.items():
+        src = _package(tmp, f"extender/{relpath}", source)
+        for parent in Path(relpath).parents:
+            init = src / ROOT / "extender" / parent / "__init__.py"
+            if not init.exists():
+                init.write_text("", encoding="utf-8")
+    return tmp / "src"
+
+
+@pytest.mark.parametrize(("files", "expected"), ROOM_BAD, ids=[e for _, e in ROOM_BAD])
+def test_the_room_checker_fails_on_a_violation(tmp_path: Path, files: dict[str, str],
+                                               expected: str) -> None:
+    found = room_violations(_extender(tmp_path, files))
+    assert any(expected in v for v in found), found
+
+
+def test_the_room_checker_accepts_imports_downwards_and_within_a_room(tmp_path: Path) -> None:
+    src = _extender(tmp_path, {
+        "edge/a.py": "from gpupool.extender import service", "service.py":
+        "from gpupool.extender.bind import b\nfrom gpupool.extender.dra.c import X",
+        "bind/b.py": "from gpupool.extender.bind.d import Y\nfrom gpupool.extender.state import e",
+        "bind/d.py": "Y = 1", "dra/c.py": "from gpupool.extender.wire.f import Z\nX = 1",
+        "state/e.py": "from gpupool.extender import metrics", "wire/f.py": "Z = 1",
+        "metrics.py": ""})
+    assert room_violations(src) == []
 
 
 def test_the_checker_reads_every_module_of_every_layer() -> None:
@@ -344,3 +508,17 @@ def test_import_linter_contracts_break_on_a_violation(tmp_path: Path) -> None:
     assert result.returncode != 0, result.stdout
     assert "asyncio" in result.stdout and "gpupool.extender" in result.stdout, result.stdout
     ("remote/a.py", "from gpupool.nodeagent import monitor", "adapters do not import each other"),
+
+
+def test_import_linter_room_contracts_break_on_a_violation(tmp_path: Path) -> None:
+    src = _extender(tmp_path, {"state/a.py": "from gpupool.extender.bind import b",
+                               "bind/b.py": "import gpupool.extender.bind.c",
+                               "bind/c.py": "import gpupool.extender.bind.b"})
+    for pkg in ("", "cli", "contract", "core"):
+        (src / ROOT / pkg).mkdir(exist_ok=True)
+        (src / ROOT / pkg / "__init__.py").write_text("", encoding="utf-8")
+    result = _run_lint(REPO / ".importlinter", tmp_path, src)
+    assert result.returncode != 0, result.stdout
+    broken = [line for line in result.stdout.splitlines() if "BROKEN" in line]
+    assert len(broken) == 2, result.stdout
+    assert "gpupool.extender.state.a -> gpupool.extender.bind.b" in result.stdout, result.stdout

@@ -25,9 +25,9 @@ import pytest
 import yaml
 
 from gpupool.controller.metrics import ControllerMetrics
-from gpupool.extender.cache import ClusterCache
 from gpupool.extender.metrics import Metrics as ExtenderMetrics
 from gpupool.extender.service import Extender, Settings
+from gpupool.extender.state.cache import ClusterCache
 from gpupool.nodeagent.metrics import NodeMetrics
 from gpupool.webhook.metrics import Metrics as WebhookMetrics
 

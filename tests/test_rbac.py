@@ -21,7 +21,7 @@ from gpupool.contract import dra
 from gpupool.controller.deviceclasses import DeviceClassSync
 from gpupool.controller.leader import ElectionTiming, LeaderElector
 from gpupool.controller.loop import Controller
-from gpupool.extender.reconcile import LedgerReconciler
+from gpupool.extender.bind.reconcile import LedgerReconciler
 from gpupool.kube.api import DraApi, KubeApi
 from gpupool.kube.controller_ops import ControllerApi
 from gpupool.kube.keystore import PUBLIC_CONFIG_MAP, KeyRingSource

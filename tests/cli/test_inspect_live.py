@@ -36,7 +36,7 @@ from gpupool.contract import annotations as records
 from gpupool.contract import names
 from gpupool.core.allocation import Allocation, Slice
 from gpupool.core.workload import TargetWorkload
-from gpupool.extender.ledger import Entry
+from gpupool.extender.state.ledger import Entry
 from gpupool.extender.workload import BUILTIN_WORKLOAD
 from gpupool.security.signing import SigningKeys, claims_of
 

@@ -16,8 +16,8 @@ from gpupool.controller.observed import holding_of
 from gpupool.core.allocation import Allocation, Slice
 from gpupool.core.errors import InvalidInput
 from gpupool.core.request import Affinity, Mode
-from gpupool.extender import pods as extender_pods
-from gpupool.extender import podspec as extender_podspec
+from gpupool.extender.state import pods as extender_pods
+from gpupool.extender.wire import podspec as extender_podspec
 from gpupool.kube.summaries import PodSummary
 
 

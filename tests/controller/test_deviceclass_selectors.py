@@ -16,7 +16,7 @@ from gpupool.contract.devices import read_device
 from gpupool.controller.celselector import class_cel
 from gpupool.core.deviceselectors import DeviceSelectors, device_of
 from gpupool.core.selector import Selector
-from gpupool.extender.draselect import device_of_gpu
+from gpupool.extender.dra.draselect import device_of_gpu
 from gpupool.nodeagent.dra.slices import attributes, capacity
 from gpupool.nodeagent.inventory import device_object
 from tests.controller.test_deviceclasses import _NOW, GPUS, SELECTORS, core_labels

@@ -16,7 +16,7 @@ from gpupool.controller.figures import PENDING_REASONS, figures, pending_reason
 from gpupool.controller.metrics import ControllerMetrics, VerifyTally, serve
 from gpupool.controller.observed import observe
 from gpupool.core.quota import Amount, Limit
-from gpupool.extender.refusals import PREFIX
+from gpupool.extender.wire.refusals import PREFIX
 from gpupool.security.signing import SignatureError
 from tests.controller.builders import GIB, device, group, placed_pod, slices, verify
 

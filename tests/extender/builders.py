@@ -13,12 +13,12 @@ from gpupool.contract import annotations as records
 from gpupool.contract import names
 from gpupool.core.allocation import Allocation
 from gpupool.core.policies import DEFAULT_POLICY
-from gpupool.extender.cache import ClusterCache
-from gpupool.extender.feeds import Feeds, start_feeds
 from gpupool.extender.metrics import Metrics
-from gpupool.extender.plans import PreemptionSettings
+from gpupool.extender.preemption.plans import PreemptionSettings
 from gpupool.extender.service import Extender, Settings
-from gpupool.extender.signatures import DecisionCheck, DecisionKeys
+from gpupool.extender.state.cache import ClusterCache
+from gpupool.extender.state.feeds import Feeds, start_feeds
+from gpupool.extender.state.signatures import DecisionCheck, DecisionKeys
 from gpupool.kube.api import KubeApi
 from gpupool.kube.keystore import ensure_signing_keys, read_signing_keys
 from gpupool.security.signing import SigningKeys, claims_of

@@ -11,7 +11,7 @@ from starlette.testclient import TestClient
 from waiting import wait_for
 
 from gpupool.core.allocation import Allocation, Slice
-from gpupool.extender.app import build_app
+from gpupool.extender.edge.app import build_app
 
 from .builders import Replica, node_obj, pod_obj, signed
 

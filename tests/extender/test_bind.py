@@ -161,7 +161,7 @@ def test_preemption_keeps_only_nodes_where_the_victims_free_enough_gpu(
 
 
 def test_the_sweep_marks_a_gpu_unhealthy_once_its_heartbeat_is_stale(fake: FakeApiServer) -> None:
-    from gpupool.extender.cache import ClusterCache
+    from gpupool.extender.state.cache import ClusterCache
 
     from .builders import seed_cluster
     nodes = seed_cluster(fake, 1, 2)

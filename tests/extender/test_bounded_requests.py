@@ -15,10 +15,10 @@ import msgspec
 import pytest
 from prometheus_client import generate_latest
 
-from gpupool.extender.app import build_probes, build_verbs
-from gpupool.extender.connections import ConnectionRules
-from gpupool.extender.server import ThreadedServer
-from gpupool.extender.sizing import MIB, BodyLimits
+from gpupool.extender.edge.app import build_probes, build_verbs
+from gpupool.extender.edge.connections import ConnectionRules
+from gpupool.extender.edge.server import ThreadedServer
+from gpupool.extender.edge.sizing import MIB, BodyLimits
 
 from .builders import Replica, pod_obj
 

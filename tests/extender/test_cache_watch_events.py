@@ -14,9 +14,9 @@ from lightkube.resources.core_v1 import Node
 
 from gpupool.contract import names
 from gpupool.core.allocation import Allocation, Slice
-from gpupool.extender.cache import ClusterCache
-from gpupool.extender.ledger import Entry
-from gpupool.extender.signatures import DecisionCheck
+from gpupool.extender.state.cache import ClusterCache
+from gpupool.extender.state.ledger import Entry
+from gpupool.extender.state.signatures import DecisionCheck
 from gpupool.kube.summaries import PodSummary
 
 from .builders import gpu_obj, local_keys, node_obj, pod_obj, signed

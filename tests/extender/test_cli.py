@@ -13,7 +13,7 @@ import httpx
 import pytest
 from gpupool_testing.fake_apiserver import FakeApiServer
 
-from gpupool.extender.tls import CLIENT_SECRET
+from gpupool.extender.edge.tls import CLIENT_SECRET
 from tests.ports import free_port
 
 from .builders import NAMESPACE, pod_obj

@@ -17,7 +17,7 @@ from waiting import wait_for
 from gpupool.contract.annotations import decode, has_decision
 from gpupool.core.model import uniform_node
 from gpupool.core.state import ClusterState
-from gpupool.extender.reconcile import LedgerReconciler
+from gpupool.extender.bind.reconcile import LedgerReconciler
 
 from .builders import Replica, pod_obj, schedule, seed_cluster
 

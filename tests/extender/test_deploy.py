@@ -13,13 +13,13 @@ import yaml
 from gpupool.contract import names
 from gpupool.core.allocation import Allocation
 from gpupool.core.selector import Operator
-from gpupool.extender.app import build_verbs
-from gpupool.extender.cache import ClusterCache
-from gpupool.extender.gate import DEFAULT_SCHEDULER
-from gpupool.extender.ledger import BIND, HOLD, Entry
+from gpupool.extender.bind.gate import DEFAULT_SCHEDULER
+from gpupool.extender.edge.app import build_verbs
+from gpupool.extender.edge.tls import CLIENT_SECRET, SERVICE
 from gpupool.extender.metrics import Metrics
 from gpupool.extender.service import Extender, Settings
-from gpupool.extender.tls import CLIENT_SECRET, SERVICE
+from gpupool.extender.state.cache import ClusterCache
+from gpupool.extender.state.ledger import BIND, HOLD, Entry
 from gpupool.security.certs import service_names
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"

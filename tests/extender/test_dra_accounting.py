@@ -14,11 +14,11 @@ from lightkube.resources.core_v1 import Node
 
 from gpupool.contract import dra
 from gpupool.core.errors import InvalidInput
-from gpupool.extender.cache import ClusterCache
-from gpupool.extender.draclaims import SOURCE
 from gpupool.extender.metrics import Metrics
 from gpupool.extender.service import Extender, Settings
-from gpupool.extender.signatures import DecisionCheck
+from gpupool.extender.state.cache import ClusterCache
+from gpupool.extender.state.draclaims import SOURCE
+from gpupool.extender.state.signatures import DecisionCheck
 
 from .builders import gpu_obj, local_keys, node_obj, pod_obj
 

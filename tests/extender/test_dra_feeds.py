@@ -11,9 +11,9 @@ from gpupool_testing.fake_apiserver import FakeApiServer
 from waiting import wait_for
 
 from gpupool.contract import dra
-from gpupool.extender.cache import ClusterCache
-from gpupool.extender.feeds import start_claim_feeds, start_feeds
-from gpupool.extender.signatures import DecisionCheck
+from gpupool.extender.state.cache import ClusterCache
+from gpupool.extender.state.feeds import start_claim_feeds, start_feeds
+from gpupool.extender.state.signatures import DecisionCheck
 from gpupool.kube.api import DraApi, KubeApi
 
 from .builders import Replica, gpu_obj, local_keys, node_obj, pod_obj

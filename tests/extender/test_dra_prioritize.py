@@ -16,13 +16,13 @@ from lightkube.resources.core_v1 import Node
 from gpupool.contract import dra
 from gpupool.core.errors import InvalidInput
 from gpupool.core.request import Mode, PodRequest
-from gpupool.extender.app import build_verbs, verb_handlers
-from gpupool.extender.cache import ClusterCache
-from gpupool.extender.draclaims import DraClaims
-from gpupool.extender.drapods import claim_names, claims_request
+from gpupool.extender.dra.drapods import claim_names, claims_request
+from gpupool.extender.edge.app import build_verbs, verb_handlers
 from gpupool.extender.metrics import Metrics
 from gpupool.extender.service import Extender, Settings
-from gpupool.extender.signatures import DecisionCheck
+from gpupool.extender.state.cache import ClusterCache
+from gpupool.extender.state.draclaims import DraClaims
+from gpupool.extender.state.signatures import DecisionCheck
 
 from .builders import gpu_obj, local_keys, node_obj, pod_obj
 

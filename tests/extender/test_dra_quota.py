@@ -17,11 +17,11 @@ from gpupool.core.permissions import Permission
 from gpupool.core.quota import Limit
 from gpupool.core.selector import Selector
 from gpupool.core.tenants import TenantBook, TenantQuota
-from gpupool.extender.app import verb_handlers
-from gpupool.extender.cache import ClusterCache
-from gpupool.extender.draquota import _unique_rows
+from gpupool.extender.dra.draquota import _unique_rows
+from gpupool.extender.edge.app import verb_handlers
 from gpupool.extender.metrics import Metrics
 from gpupool.extender.service import Extender, Settings
+from gpupool.extender.state.cache import ClusterCache
 from tests.go_format import sprintf
 
 from .test_dra_prioritize import NS, ask, claim, claim_pod

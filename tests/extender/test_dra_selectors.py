@@ -17,14 +17,14 @@ from gpupool.core.classes import ResourceClass
 from gpupool.core.permissions import Permission
 from gpupool.core.request import PodRequest
 from gpupool.core.selector import Selector
-from gpupool.extender.app import verb_handlers
-from gpupool.extender.cache import ClusterCache
-from gpupool.extender.draasks import claim_asks
-from gpupool.extender.drascores import device_masks
-from gpupool.extender.draselect import fitting
+from gpupool.extender.dra.draasks import claim_asks
+from gpupool.extender.dra.drascores import device_masks
+from gpupool.extender.dra.draselect import fitting
+from gpupool.extender.edge.app import verb_handlers
 from gpupool.extender.metrics import Metrics
 from gpupool.extender.service import Extender, Settings
-from gpupool.extender.signatures import DecisionCheck
+from gpupool.extender.state.cache import ClusterCache
+from gpupool.extender.state.signatures import DecisionCheck
 
 from .builders import gpu_obj, local_keys, node_obj
 from .test_dra_prioritize import ask, claim, claim_pod
@@ -189,7 +189,7 @@ def test_a_broken_selector_matches_nothing_never_crashes_and_is_logged_once_nami
     cache = cluster({"a": ("A100",), "h": ("H100",)})
     with cache.lock:
         cache.dra.sync_claims(cache, [claim("bad", [with_selectors(ask(), expression)])])
-    caplog.set_level(logging.WARNING, "gpupool.extender.draselect")
+    caplog.set_level(logging.WARNING, "gpupool.extender.dra.draselect")
     for _ in range(3):
         assert scores(cache, claim_pod("p", ("gpu", "bad")), ["a", "h"]) == {}
     logged = [r.getMessage() for r in caplog.records if "team-a/bad" in r.getMessage()]

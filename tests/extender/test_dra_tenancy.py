@@ -14,11 +14,11 @@ from gpupool.core.classes import ResourceClass
 from gpupool.core.quota import Limit
 from gpupool.core.selector import Selector
 from gpupool.core.tenants import Permission, TenantBook, TenantQuota
-from gpupool.extender.app import build_verbs, verb_handlers
-from gpupool.extender.cache import ClusterCache
+from gpupool.extender.edge.app import build_verbs, verb_handlers
 from gpupool.extender.metrics import Metrics
 from gpupool.extender.service import Extender, Settings
-from gpupool.extender.signatures import DecisionCheck
+from gpupool.extender.state.cache import ClusterCache
+from gpupool.extender.state.signatures import DecisionCheck
 
 from .builders import gpu_obj, local_keys, node_obj, pod_obj
 from .test_deploy import scheduler_config

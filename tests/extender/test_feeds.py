@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gpupool.extender.feeds import long_lived
+from gpupool.extender.state.feeds import long_lived
 
 
 @pytest.fixture

@@ -9,11 +9,11 @@ from collections.abc import Iterator
 import pytest
 from gpupool_testing.fake_apiserver import FakeApiServer
 
-from gpupool.extender.cache import ClusterCache
-from gpupool.extender.feeds import LENIENT_SYNC_S, Feeds, start_feeds
 from gpupool.extender.metrics import Metrics
 from gpupool.extender.service import Extender, Settings
-from gpupool.extender.signatures import DecisionCheck
+from gpupool.extender.state.cache import ClusterCache
+from gpupool.extender.state.feeds import LENIENT_SYNC_S, Feeds, start_feeds
+from gpupool.extender.state.signatures import DecisionCheck
 from gpupool.kube.api import KubeApi
 from tests.extender.builders import decision_keys, pod_obj, seed_cluster
 from tests.waiting import wait_for

@@ -12,7 +12,7 @@ import msgspec
 import pytest
 from gpupool_testing.fake_apiserver import FakeApiServer
 
-from gpupool.extender.app import verb_handlers
+from gpupool.extender.edge.app import verb_handlers
 
 from .builders import Replica, pod_obj, schedule
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 from lightkube.resources.core_v1 import Node
 
 from gpupool.core.policies import DEFAULT_POLICY
-from gpupool.extender.cache import ClusterCache
 from gpupool.extender.metrics import Metrics
 from gpupool.extender.service import Extender, Settings
+from gpupool.extender.state.cache import ClusterCache
 
 from .builders import gpu_obj, node_obj, pod_obj
 

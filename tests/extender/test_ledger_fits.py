@@ -13,7 +13,7 @@ from gpupool.core.allocation import Allocation, Slice
 from gpupool.core.errors import OverCommit, UnknownName
 from gpupool.core.model import Gpu, Node
 from gpupool.core.state import ClusterState
-from gpupool.extender.ledger import FitCheck, gpu_only
+from gpupool.extender.state.ledger import FitCheck, gpu_only
 
 CHECK = FitCheck()  # one for the whole module: checks reuse its kept states, as binds do
 NODE = Node("n1", 64_000, 512 * 1024, tuple(Gpu(f"GPU-n1-{j}", j, "A100", 40_960)

@@ -11,7 +11,7 @@ from gpupool_testing.fake_apiserver import FakeApiServer, merge_patch
 
 from gpupool.contract import names
 from gpupool.core.allocation import Allocation, Slice
-from gpupool.extender.ledger import HOLD, Entry, Ledgers, View, advanced, view_of
+from gpupool.extender.state.ledger import HOLD, Entry, Ledgers, View, advanced, view_of
 from gpupool.kube.api import KubeApi
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import httpx
 from gpupool_testing.fake_apiserver import FakeApiServer
 
-from gpupool.extender.app import build_app
-from gpupool.extender.server import ThreadedServer
+from gpupool.extender.edge.app import build_app
+from gpupool.extender.edge.server import ThreadedServer
 
 from .builders import Replica, pod_obj
 

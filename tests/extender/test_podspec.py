@@ -10,8 +10,8 @@ from lightkube.core.decoders import decode_object
 
 from gpupool.core.errors import InvalidInput
 from gpupool.core.request import Affinity, Mode
-from gpupool.extender.pods import facts_of
-from gpupool.extender.podspec import pod_request
+from gpupool.extender.state.pods import facts_of
+from gpupool.extender.wire.podspec import pod_request
 from gpupool.kube.summaries import PodSummary
 
 from .builders import pod_obj

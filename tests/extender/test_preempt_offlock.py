@@ -16,8 +16,8 @@ from typing import Any
 from gpupool_testing.fake_apiserver import FakeApiServer
 
 from gpupool.core.victims import NoVictims, Selection
-from gpupool.extender import planner
-from gpupool.extender.preemptor import Preemptor
+from gpupool.extender.preemption import planner
+from gpupool.extender.preemption.preemptor import Preemptor
 from tests.waiting import wait_for
 
 from .builders import Replica, pod_obj, schedule

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 from gpupool_testing.fake_apiserver import FakeApiServer
 
-from gpupool.extender.plans import PreemptionSettings
-from gpupool.extender.reconcile import LedgerReconciler
+from gpupool.extender.bind.reconcile import LedgerReconciler
+from gpupool.extender.preemption.plans import PreemptionSettings
 from tests.go_format import sprintf
 from tests.waiting import wait_for
 

@@ -10,7 +10,8 @@ import msgspec
 import pytest
 
 from gpupool.core.errors import InvalidInput
-from gpupool.extender import preemption, protocol
+from gpupool.extender.preemption import proposals
+from gpupool.extender.wire import protocol
 
 POD = {"metadata": {"name": "big", "namespace": "default", "uid": "u-big"}}
 
@@ -31,7 +32,7 @@ def pods_body() -> dict[str, Any]:
 @pytest.mark.parametrize("body", [meta_body(), pods_body()], ids=["meta victims", "pods"])
 def test_kube_schedulers_spelling_reads_as_the_general_reader_does(body: dict[str, Any]
                                                                    ) -> None:
-    fast = preemption.read_preemption(msgspec.json.encode(body))
+    fast = proposals.read_preemption(msgspec.json.encode(body))
     general = protocol.parse_preemption(body)
     assert fast == general
 
@@ -39,7 +40,7 @@ def test_kube_schedulers_spelling_reads_as_the_general_reader_does(body: dict[st
 def test_a_small_body_spelled_otherwise_is_still_read() -> None:
     body = {"pod": POD, "nodeNameToMetaVictims": {"n0": {"pods": [{"uid": "a"}],
                                                          "numPDBViolations": 0}}}
-    args = preemption.read_preemption(msgspec.json.encode(body))
+    args = proposals.read_preemption(msgspec.json.encode(body))
     assert args.victims == {"n0": ["a"]}
 
 
@@ -47,13 +48,13 @@ def test_a_large_body_spelled_otherwise_is_refused_with_the_reason() -> None:
     body = {"pod": POD, "nodeNameToMetaVictims": {"n0": {"pods": [
         {"uid": f"{k:036d}"} for k in range(30_000)]}}}
     raw = msgspec.json.encode(body)
-    assert len(raw) > preemption.GENERAL_BYTES
+    assert len(raw) > proposals.GENERAL_BYTES
     with pytest.raises(InvalidInput, match="spelled as kube-scheduler writes it"):
-        preemption.read_preemption(raw)
+        proposals.read_preemption(raw)
 
 
 @pytest.mark.parametrize("broken", [b"{", b"[]", b'{"Pod":{},"NodeNameToMetaVictims":7}',
                                     b'{"NodeNameToMetaVictims":{"n0":{"Pods":[]}}}'])
 def test_a_broken_body_says_what_is_wrong(broken: bytes) -> None:
     with pytest.raises(InvalidInput):
-        preemption.read_preemption(broken)
+        proposals.read_preemption(broken)

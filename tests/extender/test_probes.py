@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from starlette.testclient import TestClient
 
-from gpupool.extender.app import build_probes
-from gpupool.extender.cache import ClusterCache
+from gpupool.extender.edge.app import build_probes
 from gpupool.extender.metrics import Metrics
 from gpupool.extender.service import READY_KINDS, Extender, Settings
+from gpupool.extender.state.cache import ClusterCache
 
 
 def extender(listed: bool) -> Extender:

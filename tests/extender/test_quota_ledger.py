@@ -14,9 +14,9 @@ from waiting import wait_for
 
 from gpupool.core.quota import Amount, Charge, Limit
 from gpupool.core.tenants import TenantQuota
-from gpupool.extender.cache import ClusterCache
-from gpupool.extender.quotaledger import ledger_name, scopes_of
-from gpupool.extender.reconcile import LedgerReconciler
+from gpupool.extender.bind.reconcile import LedgerReconciler
+from gpupool.extender.state.cache import ClusterCache
+from gpupool.extender.tenancy.quotaledger import ledger_name, scopes_of
 from gpupool.kube.errors import NotFound
 from tests.rbac_grants import grants, manifest, needed, refused, writes
 

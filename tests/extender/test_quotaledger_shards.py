@@ -14,10 +14,10 @@ from gpupool_testing.fake_apiserver import FakeApiServer
 from waiting import wait_for
 
 from gpupool.core.allocation import Allocation, Slice
-from gpupool.extender.ledger import Entry, decode_entry
-from gpupool.extender.quotaledger import QuotaLedgers
-from gpupool.extender.quotashards import PREFIX, shard_name
-from gpupool.extender.reconcile import LedgerReconciler
+from gpupool.extender.bind.reconcile import LedgerReconciler
+from gpupool.extender.state.ledger import Entry, decode_entry
+from gpupool.extender.tenancy.quotaledger import QuotaLedgers
+from gpupool.extender.tenancy.quotashards import PREFIX, shard_name
 from gpupool.kube.api import KubeApi
 
 from .builders import Replica, now_rfc3339, pod_obj, schedule, seed_cluster

@@ -8,8 +8,8 @@ import time
 
 from gpupool_testing.fake_apiserver import FakeApiServer
 
-from gpupool.extender.reconcile import LedgerReconciler
-from gpupool.extender.tls import SERVING_SECRET, TlsSource
+from gpupool.extender.bind.reconcile import LedgerReconciler
+from gpupool.extender.edge.tls import SERVING_SECRET, TlsSource
 from tests.rbac_grants import grants, manifest, needed, refused, writes
 from tests.waiting import wait_for
 

@@ -27,10 +27,10 @@ from gpupool.core.model import Node as CoreNode
 from gpupool.core.reasons import Check, for_scheduler
 from gpupool.core.request import GpuDemand, PodRequest
 from gpupool.core.state import ClusterState
-from gpupool.extender.cache import ClusterCache
 from gpupool.extender.metrics import Metrics
-from gpupool.extender.refusals import CHECKS
 from gpupool.extender.service import Extender, Settings
+from gpupool.extender.state.cache import ClusterCache
+from gpupool.extender.wire.refusals import CHECKS
 from tests.go_format import sprintf
 
 from .builders import Replica, gpu_obj, node_obj, pod_obj

@@ -19,7 +19,7 @@ import pytest
 from gpupool_testing.fake_apiserver import FakeApiServer
 from starlette.testclient import TestClient
 
-from gpupool.extender.app import build_app
+from gpupool.extender.edge.app import build_app
 
 from .builders import Replica, gpu_obj, node_obj
 

@@ -18,7 +18,7 @@ from waiting import wait_for
 from gpupool.contract import names
 from gpupool.contract.annotations import encode
 from gpupool.core.allocation import Allocation, Slice
-from gpupool.extender.signatures import DecisionCheck, DecisionKeys
+from gpupool.extender.state.signatures import DecisionCheck, DecisionKeys
 from gpupool.kube.keystore import rotate
 from gpupool.security.signing import Claims, SigningKeys, claims_of
 

@@ -13,9 +13,9 @@ from gpupool_testing import ROOT
 from lightkube.resources.core_v1 import Node
 
 from gpupool.core.policies import DEFAULT_POLICY
-from gpupool.extender.cache import ClusterCache
 from gpupool.extender.metrics import Metrics
 from gpupool.extender.service import Extender, Settings
+from gpupool.extender.state.cache import ClusterCache
 
 from .builders import gpu_obj, node_obj, pod_obj
 

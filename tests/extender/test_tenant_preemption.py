@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from gpupool_testing.fake_apiserver import FakeApiServer
 
-from gpupool.extender.plans import PreemptionSettings
+from gpupool.extender.preemption.plans import PreemptionSettings
 from tests.waiting import wait_for
 
 from .builders import Replica, pod_obj, schedule, seed_cluster

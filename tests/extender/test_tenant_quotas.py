@@ -177,8 +177,8 @@ def test_namespaces_the_controller_selected_by_label_count_for_the_tenant(
 
 def test_an_extender_starts_on_a_cluster_without_the_tenancy_crds_and_says_so(
         fake: FakeApiServer, nodes: list[str]) -> None:
-    from gpupool.extender.cache import ClusterCache
-    from gpupool.extender.feeds import start_feeds
+    from gpupool.extender.state.cache import ClusterCache
+    from gpupool.extender.state.feeds import start_feeds
     from gpupool.kube.api import KubeApi
 
     for _ in range(50):  # every listing answers 404, as for a CRD that is not applied

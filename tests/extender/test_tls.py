@@ -16,10 +16,10 @@ import pytest
 from gpupool_testing.fake_apiserver import FakeApiServer
 from prometheus_client import generate_latest
 
-from gpupool.extender.app import build_probes, build_verbs
-from gpupool.extender.connections import ConnectionRules
-from gpupool.extender.server import ThreadedServer
-from gpupool.extender.tls import (
+from gpupool.extender.edge.app import build_probes, build_verbs
+from gpupool.extender.edge.connections import ConnectionRules
+from gpupool.extender.edge.server import ThreadedServer
+from gpupool.extender.edge.tls import (
     CLIENT_SECRET,
     SERVING_SECRET,
     ReloadingContext,

@@ -15,11 +15,11 @@ from prometheus_client import generate_latest
 from starlette.testclient import TestClient
 
 from gpupool.core.policies import DEFAULT_POLICY
-from gpupool.extender.app import build_app
-from gpupool.extender.cache import ClusterCache
+from gpupool.extender.edge.app import build_app
+from gpupool.extender.edge.sizing import BodyLimits
 from gpupool.extender.metrics import Metrics
 from gpupool.extender.service import Extender, Settings
-from gpupool.extender.sizing import BodyLimits
+from gpupool.extender.state.cache import ClusterCache
 
 from .builders import gpu_obj, node_obj, pod_obj
 

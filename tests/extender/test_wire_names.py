@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpupool.core.errors import InvalidInput
-from gpupool.extender import nodenames
-from gpupool.extender.nodenames import NameTable, _hash, _words, tokens
+from gpupool.extender.wire import nodenames
+from gpupool.extender.wire.nodenames import NameTable, _hash, _words, tokens
 
 NAMES = [f"n{i}" for i in range(40)] + ["gpu-node-a.example.com", "x" * 8, "y" * 16,
                                         "ip-10-0-12-34.eu-west-1.compute.internal", "z" * 253]

@@ -10,9 +10,9 @@ from gpupool.core.policies import DEFAULT_POLICY
 from gpupool.core.request import GpuDemand, Mode, PodRequest
 from gpupool.core.state import ClusterState
 from gpupool.core.workload import TaskShape
-from gpupool.extender.cache import ClusterCache
 from gpupool.extender.metrics import Metrics
 from gpupool.extender.service import Extender, Settings
+from gpupool.extender.state.cache import ClusterCache
 from gpupool.extender.workload import (
     BUILTIN_WORKLOAD,
     MIN_SAMPLES,

@@ -12,8 +12,8 @@ from gpupool_testing.fake_apiserver import FakeApiServer
 from waiting import wait_for
 
 from gpupool.core.allocation import Allocation, Slice
-from gpupool.extender.ledger import Entry
-from gpupool.extender.quotaledger import QuotaLedgers
+from gpupool.extender.state.ledger import Entry
+from gpupool.extender.tenancy.quotaledger import QuotaLedgers
 from gpupool.kube.api import KubeApi
 from tests.extender.builders import Replica, pod_obj, schedule, seed_cluster
 

@@ -15,8 +15,8 @@ import pytest
 from gpupool_testing.fake_apiserver import FakeApiServer
 
 from gpupool.core.allocation import Allocation, Slice
-from gpupool.extender.ledger import Entry
-from gpupool.extender.quotaledger import QuotaLedgers
+from gpupool.extender.state.ledger import Entry
+from gpupool.extender.tenancy.quotaledger import QuotaLedgers
 from gpupool.kube.api import KubeApi
 
 ETCD_REQUEST_LIMIT_BYTES = 1_572_864  # etcd's default --max-request-bytes (1.5 MiB)

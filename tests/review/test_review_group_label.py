@@ -20,8 +20,8 @@ from lightkube.core.decoders import decode_object
 from lightkube.resources.core_v1 import Node
 
 from gpupool.core.allocation import Allocation, Slice
-from gpupool.extender.cache import ClusterCache
-from gpupool.extender.signatures import DecisionCheck
+from gpupool.extender.state.cache import ClusterCache
+from gpupool.extender.state.signatures import DecisionCheck
 from gpupool.kube.summaries import PodSummary
 from tests.extender.builders import gpu_obj, local_keys, node_obj, pod_obj, signed
 

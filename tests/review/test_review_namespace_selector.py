@@ -18,7 +18,7 @@ from gpupool_testing.fake_apiserver import FakeApiServer
 
 from gpupool.controller.quotastatus import resolved
 from gpupool.core.tenants import TenantQuota
-from gpupool.extender.plans import PreemptionSettings
+from gpupool.extender.preemption.plans import PreemptionSettings
 from tests.extender.builders import Replica, pod_obj, schedule, seed_cluster
 from tests.waiting import wait_for
 

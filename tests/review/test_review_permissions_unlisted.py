@@ -16,11 +16,11 @@ from collections.abc import Iterator
 import pytest
 from gpupool_testing.fake_apiserver import FakeApiServer
 
-from gpupool.extender.cache import ClusterCache
-from gpupool.extender.feeds import start_feeds
 from gpupool.extender.metrics import Metrics
 from gpupool.extender.service import Extender, Settings
-from gpupool.extender.signatures import DecisionCheck
+from gpupool.extender.state.cache import ClusterCache
+from gpupool.extender.state.feeds import start_feeds
+from gpupool.extender.state.signatures import DecisionCheck
 from gpupool.kube.api import KubeApi
 from tests.extender.builders import decision_keys, gpu_obj, node_obj, pod_obj, seed_cluster
 

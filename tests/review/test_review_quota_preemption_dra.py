@@ -15,7 +15,7 @@ import pytest
 from gpupool_testing.fake_apiserver import FakeApiServer
 
 from gpupool.contract import dra
-from gpupool.extender.plans import PreemptionSettings
+from gpupool.extender.preemption.plans import PreemptionSettings
 from tests.extender.builders import Replica, gpu_obj, node_obj, pod_obj, schedule
 from tests.waiting import wait_for
 

@@ -33,19 +33,13 @@ import uvicorn
 from gpupool.cli.args import KUBECONFIG_HELP, add_log_level, bounded, check_weights, weight
 from gpupool.core.policies import DEFAULT_POLICY, POLICIES, make_policy
 from gpupool.core.policies.config import PolicyConfig
-from gpupool.extender.app import build_app, build_probes, build_verbs
-from gpupool.extender.cache import ClusterCache
-from gpupool.extender.connections import ConnectionRules
-from gpupool.extender.feeds import long_lived, start_feeds
-from gpupool.extender.gate import DEFAULT_SCHEDULER
-from gpupool.extender.metrics import Metrics
-from gpupool.extender.plans import PreemptionSettings
-from gpupool.extender.reconcile import LedgerReconciler
-from gpupool.extender.server import ThreadedServer, uvicorn_config
-from gpupool.extender.service import Extender, Settings
-from gpupool.extender.signatures import DecisionCheck, DecisionKeys
-from gpupool.extender.sizing import MAX_NODES, BodyLimits
-from gpupool.extender.tls import (
+from gpupool.extender.bind.gate import DEFAULT_SCHEDULER
+from gpupool.extender.bind.reconcile import LedgerReconciler
+from gpupool.extender.edge.app import build_app, build_probes, build_verbs
+from gpupool.extender.edge.connections import ConnectionRules
+from gpupool.extender.edge.server import ThreadedServer, uvicorn_config
+from gpupool.extender.edge.sizing import MAX_NODES, BodyLimits
+from gpupool.extender.edge.tls import (
     CLIENT_SECRET,
     SERVICE,
     SERVING_SECRET,
@@ -53,6 +47,12 @@ from gpupool.extender.tls import (
     ServingMaterial,
     TlsSource,
 )
+from gpupool.extender.metrics import Metrics
+from gpupool.extender.preemption.plans import PreemptionSettings
+from gpupool.extender.service import Extender, Settings
+from gpupool.extender.state.cache import ClusterCache
+from gpupool.extender.state.feeds import long_lived, start_feeds
+from gpupool.extender.state.signatures import DecisionCheck, DecisionKeys
 from gpupool.extender.workload import BUILTIN_WORKLOAD
 from gpupool.kube.api import DraApi, KubeApi
 from gpupool.kube.keystore import ensure_signing_keys, read_signing_keys

@@ -39,8 +39,8 @@ from gpupool.core.errors import GpupoolError, InvalidInput
 from gpupool.core.groups import GroupCatalog
 from gpupool.core.quota import Charge, QuotaBook, amount_of_allocation
 from gpupool.core.state import ClusterState
-from gpupool.extender import inventory, ledger
-from gpupool.extender.pods import PodFacts, facts_of
+from gpupool.extender.state import inventory, ledger
+from gpupool.extender.state.pods import PodFacts, facts_of
 from gpupool.security.signing import KeyRing, SignatureError, claims_of
 
 VERIFIED, FORGED, UNCHECKED, LEDGER = "verified", "forged", "unchecked", "ledger"

@@ -1,16 +1,15 @@
-"""The kube-scheduler HTTP extender: filter, prioritize and bind decided by the core.
+"""The kube-scheduler HTTP extender: filter, prioritize, bind and preempt decided by the core.
 
-* ``podspec`` — pod JSON -> ``PodRequest`` (the edge);
-* ``inventory`` — Nodes, GPUDevices, ResourceClasses, ResourceGroups -> core values;
-* ``pods`` — what the cache keeps of each watched pod;
-* ``cache`` — ``ClusterCache``: one lock, one ``ClusterState``, fed by ``feeds``;
-* ``ledger`` — the per-node GPULedger compare-and-swap that keeps replicas honest;
-* ``service`` — ``Extender``: the filter / prioritize / preempt decisions, and
-  bind through ``binder.Binder``; ``refusals`` — filter's cached explanations;
-* ``feeds`` — the informers that keep the cache in step, in rebuild order;
-* ``server`` — uvicorn on a thread (loopback tests, benchmarks);
-* ``protocol`` — the extender wire format; ``app`` — the starlette app;
-* ``metrics`` — Prometheus metrics; ``workload`` — FGD's target workload.
+Rooms by stage, each importing only the rooms below it (tests/test_layers.py checks it):
+
+* ``edge/`` — the HTTP apps, their server, connections, TLS and body limits;
+* ``service`` — ``Extender``: filter, prioritize, bind and preempt, composed from the rooms
+  below; ``workload`` — FGD's target workload; ``metrics`` — Prometheus metrics;
+* ``bind/`` — bind's gate, ledger compare-and-swap and reconciliation;
+  ``preemption/`` — choosing and evicting victims; ``dra/`` — pods with ResourceClaims;
+* ``tenancy/`` — the QuotaLedgers and the tenants' gauges;
+* ``state/`` — ``ClusterCache`` and what feeds it: inventory, pods, GPULedgers, claims;
+* ``wire/`` — kube-scheduler's bodies and node names, pods' requests, filter's reasons.
 
 Design: docs/design/extender.md; wire and annotations: docs/protocol.md.
 """

@@ -61,19 +61,20 @@ from gpupool.core.policies import make_policy
 from gpupool.core.policies.config import PolicyConfig
 from gpupool.core.request import PodRequest
 from gpupool.core.state import ClusterState, IntArray
-from gpupool.extender import preemption, protocol
-from gpupool.extender.binder import Binder
-from gpupool.extender.cache import ClusterCache
-from gpupool.extender.drascores import claim_priorities
-from gpupool.extender.gate import DEFAULT_SCHEDULER, bindable_request
+from gpupool.extender.bind.binder import Binder
+from gpupool.extender.bind.gate import DEFAULT_SCHEDULER, bindable_request
+from gpupool.extender.dra.drascores import claim_priorities
 from gpupool.extender.metrics import Metrics
-from gpupool.extender.nodenames import MAX_SCORE, Matched, NameTable
-from gpupool.extender.plans import PreemptionSettings
-from gpupool.extender.podspec import pod_request
-from gpupool.extender.preemptor import Preemptor
-from gpupool.extender.refusals import Refusals, noted
-from gpupool.extender.signatures import DecisionKeys
-from gpupool.extender.tenantmetrics import TenancyCollector
+from gpupool.extender.preemption import proposals
+from gpupool.extender.preemption.plans import PreemptionSettings
+from gpupool.extender.preemption.preemptor import Preemptor
+from gpupool.extender.state.cache import ClusterCache
+from gpupool.extender.state.signatures import DecisionKeys
+from gpupool.extender.tenancy.tenantmetrics import TenancyCollector
+from gpupool.extender.wire import protocol
+from gpupool.extender.wire.nodenames import MAX_SCORE, Matched, NameTable, scaled
+from gpupool.extender.wire.podspec import pod_request
+from gpupool.extender.wire.refusals import Refusals, noted
 from gpupool.extender.workload import BUILTIN_WORKLOAD, observed_workload
 from gpupool.kube.api import KubeApi
 
@@ -374,9 +375,9 @@ class Extender:
     def preempt(self, body: Any) -> dict[str, Any]:
         """Keep only the nodes where evicting the proposed victims frees enough GPU for
         the pod (kube-scheduler chooses victims by its own rules, blind to GPU slices).
-        ``body``: the request's bytes (``preemption``), or decoded JSON."""
+        ``body``: the request's bytes (``proposals``), or decoded JSON."""
         try:
-            args = preemption.read_preemption(body) if isinstance(body, bytes | bytearray) \
+            args = proposals.read_preemption(body) if isinstance(body, bytes | bytearray) \
                 else protocol.parse_preemption(body)
             request = self._request(args.pod)
         except GpupoolError as exc:
@@ -386,7 +387,7 @@ class Extender:
         with self.cache.lock, self.cache.without(request.key):
             self.cache.flush()
             kept = {node: uids for node, uids in args.victims.items()
-                    if preemption.fits_without(self.cache, self.placer, request, node, uids)}
+                    if proposals.fits_without(self.cache, self.placer, request, node, uids)}
         self.metrics.decisions.labels("preempt", "kept" if kept else "none").inc()
         return protocol.preemption_result(kept, args.pdb_violations)
 
@@ -421,14 +422,6 @@ def _sent(table: NameTable, args: protocol.ExtenderArgs) -> Matched:
     """The rows of the nodes ``args`` sends (names decoded already are not parsed again)."""
     return table.match(args.names_json) if args.names is None else \
         table.match_names(args.names)
-
-
-def scaled(values: np.ndarray) -> np.ndarray:
-    """Scores mapped linearly onto 0..10 (all equal: all 10)."""
-    lo, hi = float(values.min()), float(values.max())
-    if hi - lo <= 1e-12:
-        return np.full(values.shape, MAX_SCORE, np.int64)
-    return np.rint((values - lo) * MAX_SCORE / (hi - lo)).astype(np.int64)
 
 
 READY_KINDS = frozenset({"nodes", "devices", "pods", "ledgers", "tenantquotas",

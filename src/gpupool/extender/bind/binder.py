@@ -1,0 +1,230 @@
+"""Bind: re-decide on the chosen node, win the node's GPULedger compare-and-swap, then
+create the Binding that carries the signed decision; roll back on any failure.
+
+The caller (``service.Extender``) has checked the pod as the API server has it (it
+exists, is pending and unbound, names gpupool's scheduler, has the UID asked) and made
+``request`` from it.
+
+1. Under the cache lock: let go of whatever the pod held before its Binding (a bind of
+   an earlier attempt, its leftover ledger entries: ``Commitments.readopt``), decide
+   among the one node against the freshest state, hold the allocation (``bind``).
+2. Check the ledger's entries at the version read plus the new allocation fit the
+   node's GPUs, and write the entry with that resourceVersion as a precondition (it
+   replaces the pod's own older entry there); a conflict takes in the fresh ledger and
+   decides again (``attempts`` times).
+3. For each quota scope the pod's charge falls under (a TenantQuota, a cohort, a
+   ResourceGroup with a quota, a namespace limit), check the charge against the scope's
+   ``QuotaLedger`` and write it there by compare-and-swap (``quotaledger.QuotaGate``);
+   a refusal removes what was written, the node's entry included, and answers the
+   quota's reason. A pod under no limit skips this step.
+4. Sign the decision (``DecisionKeys``) and create one Binding whose annotations are
+   the decision and its signature (the API server copies them onto the pod in the same
+   write). No Binding is sent once ``BIND_DEADLINE_S`` has passed since the bind began
+   (an entry older than that, of a pod still pending, is known to be abandoned:
+   ``commitments``). If the Binding fails, the ledger entry and the holds go; if it
+   succeeds, entries the pod left on other nodes in earlier attempts are removed (its
+   QuotaLedger entries are keyed by pod: each write replaced the earlier one).
+
+A crash at any step leaves at most ledger entries of a pending pod: its next bind
+re-uses or replaces it, and it stops holding anything ``PENDING_GRACE_S`` after its
+bind time (docs/design/extender.md, "Crash-consistent binds").
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+
+from gpupool.contract import annotations as records
+from gpupool.contract import names
+from gpupool.core.allocation import Allocation
+from gpupool.core.eligibility import charge_of
+from gpupool.core.errors import OverCommit
+from gpupool.core.placement import Placer
+from gpupool.core.request import PodRequest
+from gpupool.extender.metrics import Metrics
+from gpupool.extender.state.cache import ClusterCache
+from gpupool.extender.state.ledger import Entry, FitCheck, Ledgers, View, counted
+from gpupool.extender.state.signatures import DecisionCheck, DecisionKeys
+from gpupool.extender.tenancy.quotaledger import QuotaGate, QuotaLedgers
+from gpupool.extender.wire.protocol import BindingArgs
+from gpupool.extender.wire.refusals import UNKNOWN_NODE
+from gpupool.kube.api import KubeApi
+from gpupool.kube.errors import Conflict, KubeError
+from gpupool.security.signing import claims_of
+
+log = logging.getLogger(__name__)
+
+BIND_DEADLINE_S = 20.0  # no Binding is sent later than this after the bind began
+
+Step = tuple[Allocation, str | None, View, list[str], Any]
+
+
+class Binder:
+    """Binds pods for one extender; thread-safe (state through the cache lock)."""
+
+    def __init__(self, cache: ClusterCache, kube: KubeApi, metrics: Metrics, attempts: int,
+                 clock: Callable[[], float], keys: DecisionKeys):
+        self.cache = cache
+        self.kube = kube
+        self.ledgers = Ledgers(kube)
+        self.fits = FitCheck()
+        self.metrics = metrics
+        self.attempts = attempts
+        self.clock = clock
+        self.keys = keys
+        self.deadline_s = BIND_DEADLINE_S
+        self.quotas = QuotaGate(cache, QuotaLedgers(kube), attempts, metrics.conflicts.inc)
+
+    def bind(self, args: BindingArgs, request: PodRequest, placer: Placer,
+             rng: random.Random) -> str:
+        """'' when bound, else why not (the scheduler shows it and retries)."""
+        began = time.monotonic()
+        stamp = self.now()  # one bind time, in the ledger entry and on the pod alike
+        placed = self._commit(args, request, placer, rng, stamp)
+        if isinstance(placed, str):
+            return placed
+        scopes, refused = self.quotas.admit(request.key, self._entry(args, request, *placed,
+                                                                     stamp))
+        if refused:
+            self._roll_back(args.node, request.key)
+            return f"node {args.node}: {refused}"
+        notes = self._signed(args, *placed, stamp)
+        if time.monotonic() - began > self.deadline_s:
+            self._roll_back(args.node, request.key, scopes)
+            return (f"binding {args.namespace}/{args.name} to {args.node} took longer than "
+                    f"{self.deadline_s:.0f}s (the API server is slow); the scheduler will retry")
+        try:
+            self.kube.bind_pod(args.namespace, args.name, args.uid, args.node, notes)
+        except KubeError as exc:
+            self._roll_back_failed(args, request.key, scopes)
+            return f"binding {args.namespace}/{args.name} to {args.node} failed: {exc}"
+        with self.cache.lock:
+            self.cache.unhold(request.key, "bind")
+        self._remove_superseded(args.node, request.key)
+        return ""
+
+    def _signed(self, args: BindingArgs, alloc: Allocation, group: str | None,
+                stamp: str) -> dict[str, str]:
+        """The decision's annotations with their signature (remembered as valid, so that
+        this replica's watch need not verify its own signature again)."""
+        notes = records.encode(alloc, stamp, names.PHASE_ALLOCATING)
+        if group:
+            notes[names.ANNOTATION_RESOURCE_GROUP] = group
+        claims = claims_of(args.uid, args.namespace, args.name, notes)
+        notes[names.ANNOTATION_SIGNATURE] = signature = self.keys.sign(claims)
+        check: DecisionCheck = self.cache.decisions
+        check.vouch(claims, signature)
+        return notes
+
+    def _remove_superseded(self, node: str, key: str) -> None:
+        """Entries of earlier attempts of this pod on other nodes (a crash between a ledger
+        write and its Binding): the pod is bound now, so they hold nothing."""
+        for other in sorted(self.cache.entry_nodes_of(key) - {node}):
+            try:
+                self.ledgers.remove(other, key)
+            except KubeError as exc:  # stale anyway: the next writer of that ledger prunes it
+                log.warning("removing %s from the GPU ledger of %s: %s", key, other, exc)
+
+    def _commit(self, args: BindingArgs, request: PodRequest, placer: Placer,
+                rng: random.Random, stamp: str) -> tuple[Allocation, str | None] | str:
+        """Decide on the node and win the ledger's compare-and-swap; or say why not."""
+        for _ in range(self.attempts):
+            step = self._decide_on(args, request, placer, rng)
+            if isinstance(step, str):
+                return step
+            alloc, group, view, prune, node = step
+            entry = self._entry(args, request, alloc, group, stamp)
+            try:
+                held = counted(view, prune, replacing=request.key)
+                self.fits.check(node, held, alloc, self.cache.state.memory_unit_mib)
+                new_view = self.ledgers.commit(view, request.key, entry, prune)
+            except (OverCommit, Conflict):
+                self.metrics.conflicts.inc()
+                self._refresh_ledger(args.node)
+                continue
+            except KubeError as exc:
+                self._roll_back(None, request.key)
+                return f"recording the GPUs of {request.key} on {args.node} failed: {exc}"
+            self.cache.ledger_update(new_view)
+            return alloc, group
+        self._roll_back(None, request.key)
+        return (f"node {args.node} kept changing under {request.key} "
+                f"({self.attempts} attempts); the scheduler will retry")
+
+    def _decide_on(self, args: BindingArgs, request: PodRequest, placer: Placer,
+                   rng: random.Random) -> Step | str:
+        with self.cache.lock:
+            self.cache.flush()
+            self.cache.readopt(request.key)
+            state = self.cache.state
+            i = state.index.get(args.node)
+            if i is None:
+                return f"node {args.node}: {UNKNOWN_NODE}"
+            c = self.cache.modes.constraints(state, request, self.cache.catalogue)
+            placement = placer.decide(state, request, rng, c, among=np.array([i], np.int64),
+                                      explain_limit=1)
+            if placement.allocation is None:
+                return placement.reasons[0].sentence() if placement.reasons else \
+                    f"node {args.node}: {request.describe()} does not fit now"
+            alloc = placement.allocation
+            if not self.cache.hold(alloc, "bind", charge_of(request, alloc, c)):
+                return f"node {args.node}: could not reserve {alloc.describe()}"
+            view = self.cache.ledgers.get(args.node) or View(args.node)
+            return alloc, c.group, view, self.cache.prunable(view), state.nodes[i]
+
+    @staticmethod
+    def _entry(args: BindingArgs, request: PodRequest, alloc: Allocation, group: str | None,
+               stamp: str) -> Entry:
+        return Entry(alloc, f"{args.namespace}/{args.name}", stamp, request.tenant,
+                     request.gpu_class, group)
+
+    def _refresh_ledger(self, node: str) -> None:
+        try:
+            self.cache.ledger_update(self.ledgers.fetch(node))
+        except KubeError as exc:
+            log.warning("reading the GPU ledger of %s: %s", node, exc)
+
+    def _roll_back_failed(self, args: BindingArgs, key: str, scopes: list[str]) -> None:
+        """After a failed Binding: if the pod is bound all the same (another bind of it won,
+        or the API server applied it and the answer was lost), the entries under its uid
+        are the winner's and stay (the node's only when it is bound there); else all go."""
+        bound = self._bound_node(args)
+        if bound is None:
+            self._roll_back(args.node, key, scopes)
+            return
+        log.info("binding %s/%s to %s failed but the pod is bound to %s: its ledger "
+                 "entries are kept", args.namespace, args.name, args.node, bound)
+        if bound != args.node:
+            self._roll_back(args.node, key, [])
+
+    def _bound_node(self, args: BindingArgs) -> str | None:
+        """The node the pod with ``args``' uid is bound to (None: not bound, or unknown)."""
+        try:
+            pod = self.kube.get_pod_json(args.namespace, args.name)
+        except KubeError:
+            return None
+        meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+        node = spec.get("nodeName")
+        return str(node) if node and meta.get("uid") == args.uid else None
+
+    def _roll_back(self, node: str | None, key: str, scopes: list[str] | None = None) -> None:
+        self.quotas.roll_back(scopes or (), key)
+        if node is not None:
+            try:
+                self.ledgers.remove(node, key)
+            except KubeError as exc:  # stale once the pending grace has passed
+                log.warning("removing %s from the GPU ledger of %s: %s", key, node, exc)
+        with self.cache.lock:
+            self.cache.unhold(key, "bind")
+            self.cache.unhold(key, "ledger")
+            self.cache.restore(key)  # its entries left elsewhere (a preemption's hold)
+
+    def now(self) -> str:
+        return datetime.fromtimestamp(self.clock(), UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")

@@ -1,0 +1,4 @@
+"""The HTTP edge: the starlette apps that answer kube-scheduler's verbs and the probes
+(``app``), the body limits sized to the cluster (``sizing``), uvicorn on the serving port
+or a thread (``server``), connection rules (``connections``) and mutual TLS that reloads
+its certificates (``tls``). It calls ``service.Extender`` and decides nothing itself."""

@@ -1,0 +1,134 @@
+"""The extender's HTTP/1.1 connections: who may hold one, and for how long.
+
+``guarded_protocol`` makes a subclass of uvicorn's httptools protocol (the one uvicorn
+uses for ``http="httptools"``) that
+
+* closes a TLS connection at once when the client's certificate (already verified
+  against the CA by the TLS handshake) does not name one of ``client_names``: another
+  certificate of the same CA (a server certificate, a node's) is not kube-scheduler's;
+* closes a connection that sends nothing for ``idle_s`` after it opened or after its
+  last answer (uvicorn's keep-alive timer, armed at the start as well);
+* closes a connection whose request (headers and body) has not fully arrived
+  ``read_s`` after its first byte (a slow or half-sent request), and one whose headers
+  grow past ``header_bytes``.
+
+Each close is counted in ``gpupool_extender_connections_closed_total{reason}``. The TLS
+handshake itself is bounded by asyncio (60 s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import Counter
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from gpupool.extender.edge.tls import peer_name
+
+log = logging.getLogger(__name__)
+
+HEADER_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionRules:
+    idle_s: float = 30.0
+    read_s: float = 10.0
+    header_bytes: int = HEADER_BYTES
+    client_names: frozenset[str] | None = None  # None: no client certificate asked
+
+
+def guarded_protocol(rules: ConnectionRules, closed: Counter) -> type[asyncio.Protocol]:
+    """A uvicorn ``http`` protocol class that applies ``rules``."""
+
+    class Guarded(GuardedHttp):
+        pass
+    Guarded.rules = rules
+    Guarded.closed = closed
+    return Guarded
+
+
+class GuardedHttp(HttpToolsProtocol):
+    rules: ConnectionRules = ConnectionRules()
+    closed: Counter
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._deadline: asyncio.TimerHandle | None = None
+        self._in_headers = True
+        self._header_seen = 0
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        names = self.rules.client_names
+        if names is not None and not allowed(transport.get_extra_info("peercert"), names):
+            self._close("client-certificate", "a client certificate of %s, not of %s",
+                        peer_name(transport.get_extra_info("peercert")) or "nobody",
+                        ", ".join(sorted(names)))
+            return
+        self.timeout_keep_alive_task = self.loop.call_later(self.rules.idle_s,
+                                                            self._idle)
+
+    def data_received(self, data: bytes) -> None:
+        counting = self._in_headers
+        super().data_received(data)
+        if counting and self._in_headers:  # still no end of the headers in what came
+            self._header_seen += len(data)
+            if self._header_seen > self.rules.header_bytes and not self.transport.is_closing():
+                self._close("header-too-large", "request headers over %d bytes",
+                            self.rules.header_bytes)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._cancel_deadline()
+        self._deadline = self.loop.call_later(self.rules.read_s, self._too_slow)
+
+    def on_headers_complete(self) -> None:
+        self._in_headers = False
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._cancel_deadline()
+        self._in_headers, self._header_seen = True, 0
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_deadline()
+        super().connection_lost(exc)
+
+    def timeout_keep_alive_handler(self) -> None:
+        self._idle()
+
+    def _idle(self) -> None:
+        if not self.transport.is_closing():
+            self.closed.labels("idle").inc()
+            self.transport.close()
+
+    def _too_slow(self) -> None:
+        self._deadline = None
+        self._close("slow-request", "a request not complete %.0fs after it began",
+                    self.rules.read_s)
+
+    def _cancel_deadline(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _close(self, reason: str, why: str, *args: Any) -> None:
+        self.closed.labels(reason).inc()
+        where = f"{self.client[0]}:{self.client[1]}" if self.client else "?"
+        log.info("closing the connection from %s: " + why, where, *args)
+        if self.cycle is not None and not self.cycle.response_complete:
+            self.cycle.disconnected = True
+            self.cycle.message_event.set()
+        self.transport.abort()
+
+
+def allowed(peercert: Any, names: Iterable[str]) -> bool:
+    """Whether a verified peer certificate's subject common name is one of ``names``."""
+    name = peer_name(peercert)
+    return name is not None and name in set(names)

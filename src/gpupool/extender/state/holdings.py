@@ -1,0 +1,151 @@
+"""Holdings: what the extender's ``ClusterState`` holds, by pod UID and by source.
+
+A holding is reserved once and kept while at least one *source* justifies it:
+``pod`` (a bound pod's decision annotation), ``load`` (a bound pod's CPU and memory
+without a gpupool decision), ``ledger`` (an entry in a node's GPULedger, possibly
+another replica's) and ``bind`` (this replica's bind in flight). A pod's own record
+wins over a ledger entry or a guess. A holding that does not fit this replica's view
+yet (its own binds in flight took the room) waits per node and is retried whenever
+something on that node is released. Quota is charged per key alongside. ``ClusterCache``
+is a ``Holdings``: it owns the state these methods reserve in, and calls them under
+its lock.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+
+from gpupool.core.allocation import Allocation
+from gpupool.core.eligibility import Catalogue
+from gpupool.core.errors import InvalidInput, OverCommit, UnknownName
+from gpupool.core.quota import Charge
+from gpupool.core.state import ClusterState
+from gpupool.extender.state import ledger
+
+log = logging.getLogger(__name__)
+
+FINISHED_MEMORY = 200_000  # pod UIDs remembered as gone (so late ledger entries are ignored)
+
+
+class Holdings:
+    """Holdings by key and source, waiting holdings per node, quota charges per key."""
+
+    def __init__(self, state: ClusterState, catalogue: Catalogue):
+        self.state = state
+        self.catalogue = catalogue
+        self.sources: dict[str, set[str]] = {}
+        self.charges: dict[str, Charge] = {}
+        self.finished: OrderedDict[str, None] = OrderedDict()
+        self.conflicts = 0  # holdings that could not be reserved when they arrived
+        self.waiting: dict[str, dict[str, tuple[Allocation, set[str], Charge | None]]] = {}
+        self.waiting_on: dict[str, str] = {}  # key -> node of its waiting holding
+
+    def hold(self, alloc: Allocation, source: str, charge: Charge | None = None) -> bool:
+        """Reserve ``alloc`` for ``source`` (idempotent). False if it cannot be held."""
+        key = alloc.key
+        if key in self.finished:
+            return False
+        held = self.state.allocations.get(key)
+        if held is not None:
+            if held == alloc or (held.node == alloc.node and
+                                 held.slices == self._positioned(alloc).slices):
+                self.sources.setdefault(key, set()).add(source)
+                return True
+            if source != "pod":  # the pod's own record wins over a ledger or a guess
+                return False
+            self._release(key)
+        if alloc.node not in self.state.index:
+            return False
+        try:
+            self._reserve(alloc)
+        except OverCommit as exc:
+            self.conflicts += 1
+            if source != "bind":  # a record of the cluster: hold it once room frees up
+                self._wait(alloc, source, charge)
+            log.debug("%s waits: %s", key, exc)
+            return False
+        except (UnknownName, InvalidInput) as exc:
+            log.info("cannot hold %s: %s", key, exc)
+            return False
+        self._unwait(key)
+        self.sources[key] = {source}
+        if charge is not None:
+            self._charge(key, charge)
+        return True
+
+    def _wait(self, alloc: Allocation, source: str, charge: Charge | None) -> None:
+        """Park a holding that does not fit this replica's view yet (e.g. its own binds in
+        flight took the room); it is retried whenever something on the node is released."""
+        queue = self.waiting.setdefault(alloc.node, {})
+        _, sources, _ = queue.get(alloc.key, (alloc, set(), charge))
+        queue[alloc.key] = (alloc, sources | {source}, charge)
+        self.waiting_on[alloc.key] = alloc.node
+
+    def _unwait(self, key: str, source: str | None = None) -> None:
+        node = self.waiting_on.get(key)
+        if node is None:
+            return
+        queue = self.waiting.get(node, {})
+        entry = queue.get(key)
+        if entry is not None and source is not None:
+            entry[1].discard(source)
+            if entry[1]:
+                return
+        queue.pop(key, None)
+        del self.waiting_on[key]
+
+    def _retry(self, node: str) -> None:
+        queue = self.waiting.pop(node, {})
+        for key, (alloc, sources, charge) in queue.items():
+            self.waiting_on.pop(key, None)
+            for source in sorted(sources):
+                self.hold(alloc, source, charge)
+
+    def _reserve(self, alloc: Allocation) -> None:
+        try:
+            self.state.reserve(alloc)
+        except UnknownName:  # positions differ (GPU indices with gaps): look up by uuid
+            self.state.reserve(self._positioned(alloc))
+
+    def _positioned(self, alloc: Allocation) -> Allocation:
+        """``alloc`` with GPU positions looked up by uuid (indices may have gaps)."""
+        node = self.state.nodes[self.state.index[alloc.node]]
+        if all(s.gpu_position < len(node.gpus) and node.gpus[s.gpu_position].uuid == s.gpu_uuid
+               for s in alloc.slices):
+            return alloc
+        remapped = ledger.gpu_only(alloc, node)
+        return Allocation(alloc.key, alloc.node, alloc.cpu_milli, alloc.memory_mib,
+                          remapped.slices, alloc.exclusive)
+
+    def _charge(self, key: str, charge: Charge) -> None:
+        try:
+            self.catalogue.quotas.charge(key, charge)
+            self.charges[key] = charge
+        except InvalidInput as exc:
+            log.info("quota charge of %s: %s", key, exc)
+
+    def unhold(self, key: str, source: str) -> None:
+        """Withdraw ``source``; the key is released when no source is left."""
+        self._unwait(key, source)
+        sources = self.sources.get(key)
+        if sources is None:
+            return
+        sources.discard(source)
+        if not sources:
+            self._release(key)
+
+    def _release(self, key: str) -> None:
+        alloc = self.state.release(key)
+        self.sources.pop(key, None)
+        if self.charges.pop(key, None) is not None:
+            self.catalogue.quotas.refund(key)
+        if alloc is not None and alloc.node in self.waiting:
+            self._retry(alloc.node)
+
+    def _finish(self, key: str) -> None:
+        self._unwait(key)
+        self._release(key)
+        self.finished[key] = None
+        while len(self.finished) > FINISHED_MEMORY:
+            self.finished.popitem(last=False)
