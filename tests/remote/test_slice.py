@@ -3,15 +3,21 @@ provider as a real process: the data path, credentials, heartbeats and release."
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import socket
+import ssl
+import struct
 from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
 
-from gpupool.remote.channel import Timing
+from gpupool.remote.channel import Timing, hello
 from gpupool.remote.client import ClientConfig, SliceClient
+from gpupool.remote.frames import PREFIX, encode
 from gpupool.remote.provider import (
     Isolation,
     ProviderError,
@@ -107,8 +113,13 @@ def test_a_sidecar_with_credentials_not_for_this_slice_is_refused(
         loop: LoopThread, authority: Authority, make: object, why: str) -> None:
     server = start_server(loop, authority)
     try:
-        client = start_client(loop, server, make(authority))  # type: ignore[operator]
+        credentials = make(authority)  # type: ignore[operator]
+        client = start_client(loop, server, credentials)
         assert wait_for(lambda: client.state == "refused"), client.status()
+        with contextlib.suppress(ssl.SSLError, OSError), tls_to(server, credentials) as sock:
+            sock.sendall(encode(hello("control")))  # what the server says to it, directly
+            answer = answer_of(sock)
+            assert answer is None or answer["ok"] is False
         assert wait_for(lambda: any(why in r["reason"] for r in server.status()["refusals"])), \
             server.status()["refusals"]
         assert server.status()["sessions"] == {"data": 0, "control": 0}
@@ -193,3 +204,85 @@ def test_a_provider_that_cannot_start_is_a_clear_error_and_nothing_runs(
         with pytest.raises(ProviderError, match=why):
             loop.run(server.start())
         assert provider.proc is None or provider.proc.returncode is not None
+
+
+def test_an_open_session_whose_certificate_expires_is_closed_and_cannot_come_back(
+        loop: LoopThread, authority: Authority) -> None:
+    server = start_server(loop, authority)
+    try:
+        client = start_client(loop, server, authority.client(lifetime_s=2.0))
+        assert wait_for(client.ready)
+        assert wait_for(lambda: client.state == "refused", timeout_s=20), client.status()
+        assert "certificate expired at" in client.reason
+        assert server.status()["sessions"] == {"data": 0, "control": 0}
+    finally:
+        stop(loop, server)
+
+
+def tls_to(server: SliceServer, credentials: Path) -> ssl.SSLSocket:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.load_verify_locations(str(credentials / "ca.crt"))
+    ctx.load_cert_chain(str(credentials / "tls.crt"), str(credentials / "tls.key"))
+    raw = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    return ctx.wrap_socket(raw)
+
+
+def answer_of(sock: ssl.SSLSocket) -> dict[str, object] | None:
+    data = b""
+    while len(data) < PREFIX.size:
+        chunk = sock.recv(PREFIX.size - len(data))
+        if not chunk:
+            return None
+        data += chunk
+    head, _ = PREFIX.unpack(data)
+    body = b""
+    while len(body) < head:
+        body += sock.recv(head - len(body))
+    return json.loads(body)  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(("sent", "why"), [
+    (struct.pack("!II", 10**6, 0), "frame-too-large"),
+    (struct.pack("!II", 5, 0) + b"nope!", "malformed-frame"),
+    (encode({"op": "alloc", "size": 1}), "the first frame must be a hello"),
+    (encode({"op": "hello", "protocol": 1, "channel": "debug"}), "unknown channel 'debug'"),
+    (encode({"op": "hello", "protocol": 9, "channel": "data"}), "protocol 9 is not spoken"),
+], ids=["oversized", "not JSON", "no hello", "unknown channel", "unknown protocol"])
+def test_a_bad_hello_is_answered_and_closed_and_the_slice_serves_on(
+        loop: LoopThread, authority: Authority, sent: bytes, why: str) -> None:
+    server = start_server(loop, authority)
+    try:
+        with tls_to(server, authority.client()) as sock:
+            sock.sendall(sent)
+            answer = answer_of(sock)
+            assert answer is not None and answer["ok"] is False
+            assert why in str(answer["error"]) + str(answer["message"]), answer
+            assert answer_of(sock) is None  # closed
+        for junk in (b"GET / HTTP/1.1\r\n\r\n", b"\x16\x03\x01" + bytes(200), b""):
+            with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
+                s.sendall(junk)
+        client = start_client(loop, server, authority.client(name="good"))
+        assert wait_for(client.ready)
+        assert server.state == "serving" and server.status()["refused_total"] >= 3
+    finally:
+        stop(loop, server)
+
+
+def test_a_silent_tls_client_is_cut_off_after_the_handshake_time(
+        loop: LoopThread, authority: Authority) -> None:
+    spec = slice_spec()
+    port = free_port()
+    provider = ProviderProcess(ProviderSpec(stub_argv(port, spec), dict(os.environ), port))
+    config = ServerConfig(spec, "127.0.0.1", 0, paths(authority.server()), FAST,
+                          handshake_s=0.3)
+    server = loop.call(lambda: SliceServer(config, provider))
+    loop.run(server.start())
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
+            assert s.recv(1) == b""  # closed by the server, no handshake ever began
+        assert wait_for(lambda: any("TLS handshake failed: SSL handshake is taking longer"
+                                    in r["reason"] for r in server.status()["refusals"])), \
+            server.status()["refusals"]
+    finally:
+        stop(loop, server)

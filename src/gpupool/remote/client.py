@@ -150,6 +150,9 @@ class SliceClient:
         """A TLS channel of ``kind`` to the server, greeted; ``Refused`` with the reason."""
         c = self.config
         self.credentials.refresh()
+        own = self.credentials.own_refusal()
+        if own:
+            raise Refused(own)
         try:
             reader, writer = await asyncio.wait_for(asyncio.open_connection(
                 c.server_host, c.server_port, ssl=self.credentials.context,
@@ -165,7 +168,8 @@ class SliceClient:
             await frames.send(writer, channel.hello(kind))
             answer = await frames.read(reader, channel.HELLO)
             if answer is None:
-                raise Refused("the server closed the connection without answering")
+                raise Refused("the server closed the connection without answering (see its "
+                              "/status for why it refused)")
             if not answer.header.get("ok"):
                 raise Refused(f"the server refused: {answer.header.get('message')}")
             self.slice = dict(answer.header.get("slice") or {})

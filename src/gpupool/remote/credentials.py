@@ -56,6 +56,7 @@ class Credentials:
         self.server = server
         self.wall = wall
         self.revoked: frozenset[int] = frozenset()
+        self.own: sessions.Credential | None = None
         self._stamps: dict[tuple[str, Path], tuple[int, int, int] | None] = {}
         self._context: ssl.SSLContext | None = None
         self.refresh(strict=True)
@@ -95,8 +96,21 @@ class Credentials:
             raise InvalidInput(message)
         log.warning("%s; keeping what was loaded before", message)
 
+    def own_refusal(self) -> str | None:
+        """Why this process's own certificate is not valid now (None: it is)."""
+        if self.own is None:
+            return None
+        now = self.wall()
+        if now >= self.own.not_after:
+            return f"this process's certificate expired at {sessions.iso(self.own.not_after)}"
+        if now < self.own.not_before:
+            return (f"this process's certificate is not valid before "
+                    f"{sessions.iso(self.own.not_before)}")
+        return None
+
     def _make_context(self) -> ssl.SSLContext:
         p = self.paths
+        self.own = sessions.read_credential(ssl.PEM_cert_to_DER_cert(p.cert.read_text()))
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER if self.server else ssl.PROTOCOL_TLS_CLIENT)
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
         ctx.check_hostname = False  # the peer is checked by its gpupool identity (``admit``)

@@ -128,15 +128,16 @@ def refusal(peer: Credential, identity: str, now: float,
     if not (peer.client if client else peer.server):
         return f"the certificate is not a {'client' if client else 'server'} certificate"
     if now >= peer.not_after:
-        return f"the certificate expired at {_iso(peer.not_after)}"
+        return f"the certificate expired at {iso(peer.not_after)}"
     if now < peer.not_before:
-        return f"the certificate is not valid before {_iso(peer.not_before)}"
+        return f"the certificate is not valid before {iso(peer.not_before)}"
     if peer.serial in revoked:
         return f"the certificate (serial {peer.serial:x}) is revoked"
     return None
 
 
-def _iso(t: float) -> str:
+def iso(t: float) -> str:
+    """Seconds since the epoch as RFC 3339 (UTC, whole seconds)."""
     return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
