@@ -83,3 +83,26 @@ def test_an_isolated_gpu_keeps_its_health_but_takes_no_placements() -> None:
     assert read_device(obj).takes_placements
     obj["status"]["isolation"] = "garbage"
     assert read_device(obj).takes_placements
+
+
+@pytest.mark.parametrize("links, field", [
+    ({}, r"spec.links must be a list"),
+    (["GPU-b"], r"spec.links\[0\] must be an object"),
+    ([{"nvlinks": 2}], r"spec.links\[0\].peer must be a GPU uuid"),
+    ([{"peer": "GPU-b", "nvlinks": -1}], r"spec.links\[0\]: nvlinks and nvlinkVersion"),
+    ([{"peer": "GPU-b", "pcie": "PIX"}], r"spec.links\[0\].pcie: PCIe path 'PIX'"),
+])
+def test_a_broken_link_is_named_with_its_entry(links: Any, field: str) -> None:
+    with pytest.raises(InvalidInput, match=f"GPUDevice gpu-1: {field}"):
+        read_device(device(links=links))
+
+
+def test_links_are_read_into_the_gpu_and_degraded_counts_as_healthy() -> None:
+    from gpupool.core.topology import Link, PciePath
+    obj = device(links=[{"peer": "GPU-b", "nvlinks": 12, "nvlinkVersion": 3,
+                         "pcie": "NUMANode"}, {"peer": "GPU-c", "pcie": "System"}])
+    obj["status"] = {"health": "Healthy", "healthLevel": "Degraded", "reason": "hot"}
+    dev = read_device(obj)
+    assert dev.gpu.links == (("GPU-b", Link(12, 3, PciePath.NUMA_NODE)),
+                             ("GPU-c", Link(pcie=PciePath.SYSTEM)))
+    assert dev.reported_healthy and dev.takes_placements

@@ -5,11 +5,16 @@ from __future__ import annotations
 import ast
 import inspect
 import time
+from pathlib import Path
 
 import pynvml
 import pytest
 
 from gpupool.nodeagent import nvml
+
+from .fake_nvml import FakeNvml
+
+BOARDS = Path(__file__).resolve().parents[2] / "examples" / "boards"
 
 
 def nvml_loads() -> bool:
@@ -37,56 +42,13 @@ def test_every_pynvml_name_the_backend_uses_exists_in_nvidia_ml_py() -> None:
     assert sorted(name for name in used if not hasattr(pynvml, name)) == []
 
 
-class _Driver:
-    """FAKE libnvidia-ml behind pynvml's functions (one GPU, scripted XID events).
-
-    Only the C library is replaced: return values are pynvml's own ctypes
-    structures and errors are pynvml's own exception classes, so the backend's
-    handling of them is what runs on a node.
-    """
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch):
-        self.events: list[int] = []
-        self.lost = False
-        memory = pynvml.c_nvmlMemory_t()
-        memory.total = 80 * 1024 ** 3
-        calls = {
-            "nvmlInit": lambda: None, "nvmlShutdown": lambda: None,
-            "nvmlDeviceGetCount": lambda: 1, "nvmlDeviceGetHandleByIndex": lambda i: "h0",
-            "nvmlDeviceGetHandleByUUID": lambda u: "h0",
-            "nvmlDeviceGetUUID": lambda h: b"GPU-aaaa",
-            "nvmlDeviceGetName": lambda h: "NVIDIA A100-SXM4-80GB",
-            "nvmlDeviceGetMemoryInfo": self._memory(memory),
-            "nvmlDeviceGetNumaNodeId": lambda h: 1,
-            "nvmlDeviceGetArchitecture": lambda h: pynvml.NVML_DEVICE_ARCH_AMPERE,
-            "nvmlEventSetCreate": lambda: "set", "nvmlDeviceRegisterEvents": lambda h, t, s: None,
-            "nvmlEventSetWait_v2": self._wait,
-        }
-        for name, fn in calls.items():
-            monkeypatch.setattr(pynvml, name, fn)
-
-    def _memory(self, memory: object) -> object:
-        def get(handle: object) -> object:
-            if self.lost:
-                raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
-            return memory
-        return get
-
-    def _wait(self, event_set: object, timeout_ms: int) -> object:
-        if not self.events:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
-        data = pynvml.c_nvmlEventData_t()
-        data.eventType = pynvml.nvmlEventTypeXidCriticalError
-        data.eventData = self.events.pop(0)
-        return data
-
-
 def test_nvml_discovery_xid_faults_and_recovery(monkeypatch: pytest.MonkeyPatch) -> None:
-    driver = _Driver(monkeypatch)
+    driver = FakeNvml(monkeypatch, BOARDS / "mixed-dgx1-v100.yaml",
+                      architecture=pynvml.NVML_DEVICE_ARCH_VOLTA)
     backend = nvml.NvmlGpuBackend(poll_s=0.01, recover_after_s=0.2)
-    (gpu,) = backend.discover()
+    gpu = backend.discover()[0]
     assert (gpu.uuid, gpu.model, gpu.memory_mib, gpu.numa_node, gpu.architecture) == (
-        "GPU-aaaa", "A100-SXM4-80GB", 81920, 1, "ampere")
+        "GPU-c3000000-0000-0000-0000-000000000000", "V100-SXM2-16GB", 16384, 0, "volta")
     seen: list[tuple[bool, str]] = []
     events = backend._register_events()
 
@@ -94,16 +56,16 @@ def test_nvml_discovery_xid_faults_and_recovery(monkeypatch: pytest.MonkeyPatch)
         backend._wait_event(events, lambda gs: seen.append((gs[0].healthy, gs[0].reason)))
         backend._poll(lambda gs: seen.append((gs[0].healthy, gs[0].reason)))
 
-    driver.events = [13]  # an application XID: ignored
+    driver.xids = [(0, 13)]  # an application XID: ignored
     step()
     assert seen == []
-    driver.events = [79]  # GPU fallen off the bus: unhealthy
+    driver.xids = [(0, 79)]  # GPU fallen off the bus: unhealthy
     step()
     assert seen == [(False, "critical XID 79")]
     time.sleep(0.25)  # quiet for recover_after_s: healthy again
     step()
     assert seen[-1] == (True, "")
-    driver.lost = True
+    driver.fail("nvmlDeviceGetMemoryInfo", pynvml.NVML_ERROR_UNKNOWN, gpu=0)
     step()
     assert not seen[-1][0] and "NVML cannot query the GPU" in seen[-1][1]
 

@@ -11,6 +11,10 @@ them takes in is never refused by the other:
   whole number ≥ 0 (0 when absent); ``spec.architecture``: a string, also offered to
   class selectors as the label ``gpupool.io/architecture``;
 * ``spec.labels``: a map (values read as strings);
+* ``spec.links``: absent, or a list of ``{peer, nvlinks, nvlinkVersion, pcie}`` — how the
+  GPU is joined to each other GPU of its node (``peer``: its uuid; ``nvlinks`` and
+  ``nvlinkVersion``: whole numbers, 0 without NVLink; ``pcie``: a ``PciePath`` spelling,
+  ``Switch``, ``System``, ...), read into ``Gpu.links`` (``gpupool.core.topology``);
 * ``status.health``: ``Healthy`` unless it says otherwise; ``status.heartbeatTime``
   and ``metadata.creationTimestamp``: RFC 3339 (unreadable times count as absent);
 * ``status.isolation``: absent, or ``{state: Isolated | None, reason, pods}`` — the node
@@ -35,6 +39,7 @@ from typing import Any, TypeGuard
 from gpupool.contract import names
 from gpupool.core.errors import InvalidInput
 from gpupool.core.model import Gpu, freeze_labels
+from gpupool.core.topology import GpuLinks, Link, PciePath, freeze_links
 
 ARCHITECTURE_LABEL = "gpupool.io/architecture"
 
@@ -96,7 +101,8 @@ def read_device(obj: Mapping[str, Any]) -> DeviceRecord:
     arch = spec.get("architecture")
     if isinstance(arch, str) and arch:
         labels = {ARCHITECTURE_LABEL: arch, **labels}
-    gpu = Gpu(uuid, index, model, memory, numa, True, freeze_labels(labels))
+    gpu = Gpu(uuid, index, model, memory, numa, True, freeze_labels(labels),
+              read_links(spec.get("links"), f"GPUDevice {name}: spec.links"))
     healthy = status.get("health", names.DEVICE_HEALTHY) == names.DEVICE_HEALTHY
     isolation = _map(status.get("isolation"))
     isolated = isolation.get("state") == names.DEVICE_ISOLATED
@@ -104,6 +110,38 @@ def read_device(obj: Mapping[str, Any]) -> DeviceRecord:
                         parse_time(status.get("heartbeatTime")),
                         parse_time(meta.get("creationTimestamp")), isolated,
                         str(isolation.get("reason") or "") if isolated else "")
+
+
+def read_links(value: Any, where: str) -> GpuLinks:
+    """``spec.links`` (or a fake GPU file's ``links``) -> ``Gpu.links``; ``InvalidInput``
+    names the entry and the field."""
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise InvalidInput(f"{where} must be a list")
+    out = []
+    for i, entry in enumerate(value):
+        at = f"{where}[{i}]"
+        if not isinstance(entry, Mapping):
+            raise InvalidInput(f"{at} must be an object")
+        peer, nvlinks, version = entry.get("peer"), entry.get("nvlinks", 0), \
+            entry.get("nvlinkVersion", 0)
+        if not isinstance(peer, str) or not peer:
+            raise InvalidInput(f"{at}.peer must be a GPU uuid")
+        if not _whole(nvlinks) or not _whole(version):
+            raise InvalidInput(f"{at}: nvlinks and nvlinkVersion must be whole numbers >= 0, "
+                               f"got {nvlinks!r} and {version!r}")
+        pcie = entry.get("pcie", PciePath.UNKNOWN.spelling)
+        if not isinstance(pcie, str):
+            raise InvalidInput(f"{at}.pcie must be a string, got {pcie!r}")
+        out.append((peer, Link(nvlinks, version, PciePath.parse(pcie, f"{at}.pcie"))))
+    return freeze_links(out)
+
+
+def links_spec(links: GpuLinks) -> list[dict[str, Any]]:
+    """``Gpu.links`` as ``spec.links`` (what ``read_links`` reads)."""
+    return [{"peer": peer, "nvlinks": link.nvlinks, "nvlinkVersion": link.nvlink_version,
+             "pcie": link.pcie.spelling} for peer, link in links]
 
 
 def _map(value: Any) -> Mapping[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from gpupool.core import topology
 from gpupool.core.allocation import Allocation, Slice
 from gpupool.core.model import CORE_UNITS_PER_GPU
 from gpupool.core.request import Affinity, GpuDemand, PodRequest
@@ -15,7 +16,8 @@ def pick_gpus(
     state: ClusterState, i: int, demand: GpuDemand, fit_row: BoolArray, order: GpuOrder
 ) -> list[int]:
     """Positions of ``demand.count`` GPUs on node ``i``: the tightest (or loosest)
-    combination, kept on one NUMA node when one has enough."""
+    combination, kept on one NUMA node when one has enough; on a node whose GPUs report
+    their links, the best-joined set first (``core.topology.choose_set``)."""
     positions = np.flatnonzero(fit_row)
     free = state.free_milli[i, positions]
     sign = 1 if order is GpuOrder.TIGHTEST else -1
@@ -23,6 +25,10 @@ def pick_gpus(
     if demand.count == 1:
         return ranked[:1]
     gpus = state.nodes[i].gpus
+    if topology.known(gpus) and len(ranked) > demand.count:
+        return topology.choose_set(
+            ranked, demand.count, gpus,
+            lambda ps: sign * sum(int(state.free_milli[i, p]) for p in ps))
     by_numa: dict[int, list[int]] = {}
     for p in ranked:
         by_numa.setdefault(gpus[p].numa_node, []).append(p)

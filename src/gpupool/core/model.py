@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gpupool.core.errors import InvalidInput
+from gpupool.core.topology import GpuLinks
 
 CORE_UNITS_PER_GPU = 100
 """Compute of one GPU in units of 1 %."""
@@ -23,7 +24,8 @@ def freeze_labels(labels: Mapping[str, str] | None) -> Labels:
 
 @dataclass(frozen=True, slots=True)
 class Gpu:
-    """One physical GPU: identity, capacity and the labels class selectors read."""
+    """One physical GPU: identity, capacity, the labels class selectors read, and its
+    links to the other GPUs of its node (``core.topology``; empty: not known)."""
 
     uuid: str
     index: int
@@ -32,6 +34,7 @@ class Gpu:
     numa_node: int = 0
     healthy: bool = True
     labels: Labels = ()
+    links: GpuLinks = ()
 
     def __post_init__(self) -> None:
         if not self.uuid:

@@ -17,10 +17,16 @@ machines without GPUs: tests, demos, benchmarks. The file::
         processes:                  # per-process usage the usage monitor samples
           - {pid: 4242, memoryMiB: 3000, smPct: 40}   # smPct optional
         usageError: ""              # non-empty: sampling this GPU fails (an NVML error)
+        facts: {computeCapability: "8.0", powerLimitW: 400}   # its make (fakeboard)
+        telemetry: {temperatureC: 40, eccVolatileUncorrected: 0}  # health readings
+    topology: [[X, NV12], [NV12, X]]  # nvidia-smi topo -m's words (fakeboard)
+    nvlinkVersion: 3
 
 Faults are injected by editing the file (it is re-read when it changes) or
 from a test through ``set_health`` / ``set_present`` / ``set_processes`` /
-``set_usage_error``, which rewrite the file. Compute modes set by the ``mps``
+``set_usage_error`` / ``set_telemetry``, which rewrite the file. Health is judged from
+``health`` and ``telemetry`` by the same ``health.HealthJudge`` as NVML's readings
+(recovering at once unless ``recover_after_s`` says otherwise). Compute modes set by the ``mps``
 provider are kept in ``compute_modes`` (``set_compute_mode_error`` makes setting
 them fail). A GPU's memory in use is the sum of its processes'.
 """
@@ -30,7 +36,9 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +46,7 @@ import yaml
 
 from gpupool.contract.yamlcheck import FLAG, SCALAR, TEXT, WHOLE, Map, Seq, load_text
 from gpupool.core.errors import GpupoolError, InvalidInput
+from gpupool.nodeagent import fakeboard
 from gpupool.nodeagent.gpu import (
     HEALTHY,
     UNHEALTHY,
@@ -46,6 +55,7 @@ from gpupool.nodeagent.gpu import (
     HealthListener,
     ProcessUsage,
 )
+from gpupool.nodeagent.health import Finding, GpuReading, HealthConfig, HealthJudge, Level
 
 log = logging.getLogger(__name__)
 
@@ -63,20 +73,27 @@ FAKE_GPU = Map({
     "present": FLAG,
     "processes": Seq(PROCESS),
     "usageError": TEXT,
+    "facts": fakeboard.FACTS,
+    "telemetry": fakeboard.TELEMETRY,
 }, required=frozenset({"uuid", "memoryMiB"}))
-FAKE_GPU_FILE = Map({"gpus": Seq(FAKE_GPU)}, required=frozenset({"gpus"}))
+FAKE_GPU_FILE = Map({"gpus": Seq(FAKE_GPU), "topology": fakeboard.TOPOLOGY,
+                     "nvlinkVersion": WHOLE}, required=frozenset({"gpus"}))
 """Every key a fake GPU file may hold (docs/fake-gpus.md); others are errors."""
 
 
 class FakeGpuBackend:
     """FAKE: the GPUs of a YAML file; re-reads it when it changes."""
 
-    def __init__(self, path: Path, poll_s: float = 0.05):
+    def __init__(self, path: Path, poll_s: float = 0.05, health: HealthConfig | None = None,
+                 clock: Callable[[], float] = time.monotonic):
         self.path = Path(path)
         self.poll_s = poll_s
+        self.judge = HealthJudge(health or HealthConfig(recover_after_s=0.0))
+        self.clock = clock
         self._lock = threading.Lock()
-        self._entries = load_entries(self.path)
+        self._body = load_file(self.path)
         self._stamp = _stamp(self.path)
+        self._seen: tuple[GpuInfo, ...] = ()
         self._listener: HealthListener | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -85,7 +102,27 @@ class FakeGpuBackend:
 
     def discover(self) -> tuple[GpuInfo, ...]:
         with self._lock:
-            return gpus_of(self._entries)
+            return self._judged()
+
+    def readings(self) -> tuple[GpuReading, ...]:
+        with self._lock:
+            entries = [e for e in self._body["gpus"] if e.get("present", True)]
+            return tuple(fakeboard.reading(e, str(self.path))
+                         for e in sorted(entries, key=lambda e: str(e["uuid"])))
+
+    def _judged(self) -> tuple[GpuInfo, ...]:
+        """The present GPUs, their health judged from ``health`` and ``telemetry``."""
+        entries = {str(e["uuid"]): e for e in self._body["gpus"]}
+        out = []
+        for gpu in board_gpus(self._body, str(self.path)):
+            e = entries[gpu.uuid]
+            injected = () if e.get("health", HEALTHY) == HEALTHY else \
+                (Finding(Level.UNHEALTHY, str(e.get("reason") or "injected fault")),)
+            v = self.judge.judge(fakeboard.reading(e, str(self.path)), self.clock(), injected)
+            healthy = v.level is not Level.UNHEALTHY
+            out.append(replace(gpu, healthy=healthy, reason="" if healthy else v.reason,
+                               degraded=v.reason if v.level is Level.DEGRADED else ""))
+        return tuple(out)
 
     def watch(self, listener: HealthListener) -> None:
         self._listener = listener
@@ -100,7 +137,7 @@ class FakeGpuBackend:
     # -- usage and compute mode -------------------------------------------------
     def usage(self) -> tuple[GpuUsage, ...]:
         with self._lock:
-            entries = [e for e in self._entries if e.get("present", True)]
+            entries = [e for e in self._body["gpus"] if e.get("present", True)]
         return tuple(_usage(e) for e in sorted(entries, key=lambda e: int(e.get("index", 0))))
 
     def set_compute_mode(self, uuid: str, exclusive_process: bool) -> None:
@@ -132,47 +169,62 @@ class FakeGpuBackend:
         """Make a GPU vanish (False) or come back (True)."""
         self._edit(uuid, {"present": present})
 
+    def set_telemetry(self, uuid: str, **telemetry: Any) -> None:
+        """Replace what the GPU's next health reading says (the file's ``telemetry`` keys,
+        e.g. ``eccVolatileUncorrected=1``, ``lost=True``, ``clockEvents=[...]``)."""
+        self._edit(uuid, {"telemetry": telemetry})
+
     def _edit(self, uuid: str, changes: Mapping[str, Any]) -> None:
         with self._lock:
-            entries = [dict(e) for e in self._entries]
+            entries = [dict(e) for e in self._body["gpus"]]
             match = [e for e in entries if e.get("uuid") == uuid]
             if not match:
                 raise InvalidInput(f"fake GPU file {self.path} has no GPU {uuid}")
             match[0].update(changes)
-            gpus_of(entries)  # validate before writing
-            _write(self.path, entries)
-            self._entries, self._stamp = entries, _stamp(self.path)
-            current = gpus_of(entries)
+            body = {**self._body, "gpus": entries}
+            board_gpus(body, str(self.path))  # validate before writing
+            _write(self.path, body)
+            self._body, self._stamp = body, _stamp(self.path)
+            current = self._judged()
         self._notify(current)
 
     # -- file watching ----------------------------------------------------------
     def _poll(self) -> None:
         while not self._stop.wait(self.poll_s):
             stamp = _stamp(self.path)
-            if stamp == self._stamp:
-                continue
-            self._reload(stamp)
+            if stamp != self._stamp:
+                self._reload(stamp)
+            elif self.judge.config.recover_after_s:  # a recovery may be due
+                current = self.discover()
+                if current != self._seen:
+                    self._notify(current)
 
     def _reload(self, stamp: tuple[int, int, int]) -> None:
         try:
-            entries = load_entries(self.path)
+            body = load_file(self.path)
         except InvalidInput as exc:
             self._stamp = stamp
             if not self._stop.wait(self.poll_s) and _stamp(self.path) == stamp:
                 log.error("ignoring edit of fake GPU file: %s", exc)  # not a write in progress
             return
         with self._lock:
-            self._entries, self._stamp = entries, stamp
-            current = gpus_of(entries)
+            self._body, self._stamp = body, stamp
+            current = self._judged()
         self._notify(current)
 
     def _notify(self, gpus: tuple[GpuInfo, ...]) -> None:
+        self._seen = gpus
         if self._listener is not None:
             self._listener(gpus)
 
 
 def load_entries(path: Path) -> list[dict[str, Any]]:
     """The GPU entries of a fake GPU file, validated (``InvalidInput`` says what is wrong)."""
+    return list(load_file(path)["gpus"])
+
+
+def load_file(path: Path) -> dict[str, Any]:
+    """A fake GPU file's body, validated: ``gpus`` and the board's ``topology``."""
     try:
         text = Path(path).read_text(encoding="utf-8")
         body = load_text(text, str(path), FAKE_GPU_FILE, yaml.SafeLoader, yaml.YAMLError)
@@ -186,8 +238,21 @@ def load_entries(path: Path) -> list[dict[str, Any]]:
     entries = body["gpus"]
     if not all(isinstance(e, dict) for e in entries):
         raise InvalidInput(f"fake GPU file {path}: every entry of 'gpus' must be a mapping")
-    gpus_of(entries, str(path))
-    return [dict(e) for e in entries]
+    body = {**body, "gpus": [dict(e) for e in entries]}
+    board_gpus(body, str(path))
+    return body
+
+
+def board_gpus(body: Mapping[str, Any], where: str = "fake GPU file") -> tuple[GpuInfo, ...]:
+    """The present GPUs of a validated body, with their links, facts and telemetry checked."""
+    entries = body["gpus"]
+    gpus = gpus_of(entries, where)
+    by_index = sorted((_gpu(e, i, where) for i, e in enumerate(entries)), key=lambda g: g.index)
+    links = fakeboard.links(body.get("topology"), [g.uuid for g in by_index],
+                            int(body.get("nvlinkVersion", 0)), where)
+    for e in entries:
+        fakeboard.reading(e, where)
+    return tuple(replace(g, links=links.get(g.uuid, ())) for g in gpus)
 
 
 def gpus_of(entries: list[dict[str, Any]], where: str = "fake GPU file") -> tuple[GpuInfo, ...]:
@@ -223,7 +288,8 @@ def _gpu(e: Mapping[str, Any], position: int, where: str) -> GpuInfo:
             numa_node=_int(e, "numaNode", 0, uuid, where),
             architecture=str(e.get("architecture", "unknown")),
             healthy=health == HEALTHY, reason=str(e.get("reason", "") or ""),
-            labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())))
+            labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())),
+            facts=fakeboard.facts(e))
     except InvalidInput:
         raise
     except (TypeError, ValueError) as exc:
@@ -247,9 +313,9 @@ def _stamp(path: Path) -> tuple[int, int, int]:
     return (st.st_mtime_ns, st.st_size, st.st_ino)
 
 
-def _write(path: Path, entries: list[dict[str, Any]]) -> None:
+def _write(path: Path, body: Mapping[str, Any]) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(yaml.safe_dump({"gpus": entries}, sort_keys=False))
+    tmp.write_text(yaml.safe_dump(dict(body), sort_keys=False, default_flow_style=None))
     os.replace(tmp, path)
 
 

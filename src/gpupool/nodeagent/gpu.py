@@ -4,18 +4,42 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from gpupool.contract import names
 from gpupool.core.model import Gpu, freeze_labels
+from gpupool.core.topology import GpuLinks
+
+if TYPE_CHECKING:
+    from gpupool.nodeagent.health import GpuReading
 
 HEALTHY = names.DEVICE_HEALTHY  # GPUDevice status.health, and the device plugin API's
 UNHEALTHY = names.DEVICE_UNHEALTHY
+DEGRADED = "Degraded"  # GPUDevice status.healthLevel only: healthy, with a condition
+
+
+@dataclass(frozen=True, slots=True)
+class GpuFacts:
+    """What a GPU is made of beyond its memory (published on its ``GPUDevice``); a fact
+    NVML does not report stays empty (0 or "")."""
+
+    compute_capability: str = ""  # "9.0"
+    max_graphics_clock_mhz: int = 0
+    max_sm_clock_mhz: int = 0
+    max_memory_clock_mhz: int = 0
+    power_limit_w: int = 0  # the enforced power limit
+    pcie_generation: int = 0  # the highest the GPU and its slot reach together
+    pcie_width: int = 0
+    driver_version: str = ""
+    cuda_version: str = ""  # "12.4"
 
 
 @dataclass(frozen=True, slots=True)
 class GpuInfo:
-    """One physical GPU: identity, capacity, topology and current health."""
+    """One physical GPU: identity, capacity, topology and current health.
+
+    ``healthy`` False: unhealthy (``reason`` says why); healthy with ``degraded`` set:
+    still serving, with the conditions ``gpupool.nodeagent.health`` calls degrading."""
 
     uuid: str
     index: int
@@ -26,15 +50,23 @@ class GpuInfo:
     healthy: bool = True
     reason: str = ""
     labels: tuple[tuple[str, str], ...] = field(default=())
+    links: GpuLinks = ()
+    facts: GpuFacts = field(default_factory=GpuFacts)
+    degraded: str = ""
 
     @property
     def health(self) -> str:
         return HEALTHY if self.healthy else UNHEALTHY
 
+    @property
+    def level(self) -> str:
+        """``Healthy``, ``Degraded`` or ``Unhealthy`` (``GPUDevice`` ``status.healthLevel``)."""
+        return UNHEALTHY if not self.healthy else DEGRADED if self.degraded else HEALTHY
+
     def to_core(self) -> Gpu:
-        """The core's model of this GPU (capacity, topology, health, labels)."""
+        """The core's model of this GPU (capacity, topology, health, labels, links)."""
         return Gpu(self.uuid, self.index, self.model, self.memory_mib, self.numa_node,
-                   self.healthy, freeze_labels(dict(self.labels)))
+                   self.healthy, freeze_labels(dict(self.labels)), self.links)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +110,10 @@ class GpuBackend(Protocol):
 
     def usage(self) -> tuple[GpuUsage, ...]:
         """Memory and utilisation of every GPU and of the processes on it, now."""
+        ...
+
+    def readings(self) -> tuple[GpuReading, ...]:
+        """The latest health and telemetry reading of every GPU (``health.GpuReading``)."""
         ...
 
     def set_compute_mode(self, uuid: str, exclusive_process: bool) -> None:

@@ -1,8 +1,9 @@
 """One ``GPUDevice`` object per physical GPU, kept true by the agent.
 
-``sync`` creates the objects of GPUs it knows, updates spec and labels when
-they change, writes status (health, reason, heartbeat, the node's isolation
-provider, the GPU's isolation state) every time, and
+``sync`` creates the objects of GPUs it knows, updates spec (identity, memory, make,
+links to the other GPUs) and labels when they change, writes status (health, its
+level — ``Healthy``, ``Degraded`` or ``Unhealthy`` — and reason, heartbeat, the node's
+isolation provider, the GPU's isolation state) every time, and
 deletes this node's objects whose GPU the agent no longer knows (garbage
 collection). A GPU that vanished while the agent runs stays, ``Unhealthy``
 with reason ``vanished``, until the agent restarts without it.
@@ -17,9 +18,10 @@ from datetime import datetime
 from typing import Any
 
 from gpupool.contract import names
+from gpupool.contract.devices import links_spec
 from gpupool.core.errors import GpupoolError
 from gpupool.nodeagent.cluster import InventoryApi
-from gpupool.nodeagent.gpu import GpuInfo
+from gpupool.nodeagent.gpu import GpuFacts, GpuInfo
 
 log = logging.getLogger(__name__)
 
@@ -41,14 +43,31 @@ def label_value(text: str) -> str:
 
 def device_spec(node: str, gpu: GpuInfo, labels: Mapping[str, str] | None = None
                 ) -> dict[str, Any]:
-    return {"node": node, "uuid": gpu.uuid, "index": gpu.index, "model": gpu.model,
+    spec = {"node": node, "uuid": gpu.uuid, "index": gpu.index, "model": gpu.model,
             "memoryMiB": gpu.memory_mib, "architecture": gpu.architecture,
-            "numaNode": gpu.numa_node, "labels": {**dict(gpu.labels), **(labels or {})}}
+            "numaNode": gpu.numa_node, "labels": {**dict(gpu.labels), **(labels or {})},
+            **make_spec(gpu.facts)}
+    if gpu.links:
+        spec["links"] = links_spec(gpu.links)
+    return spec
+
+
+def make_spec(f: GpuFacts) -> dict[str, Any]:
+    """The facts NVML reported, under their ``spec`` names (an unknown one is left out)."""
+    clocks = {k: v for k, v in (("graphics", f.max_graphics_clock_mhz),
+                                ("sm", f.max_sm_clock_mhz),
+                                ("memory", f.max_memory_clock_mhz)) if v}
+    pcie = {k: v for k, v in (("generation", f.pcie_generation), ("width", f.pcie_width)) if v}
+    out = {"computeCapability": f.compute_capability, "maxClocksMHz": clocks,
+           "powerLimitW": f.power_limit_w, "pcie": pcie, "driverVersion": f.driver_version,
+           "cudaVersion": f.cuda_version}
+    return {k: v for k, v in out.items() if v}
 
 
 def device_status(gpu: GpuInfo, now: datetime, extra: Mapping[str, Any] | None = None
                   ) -> dict[str, Any]:
-    return {"health": gpu.health, "reason": gpu.reason,
+    return {"health": gpu.health, "healthLevel": gpu.level,
+            "reason": gpu.reason or gpu.degraded,
             "heartbeatTime": now.strftime("%Y-%m-%dT%H:%M:%SZ"), **(extra or {})}
 
 

@@ -1,10 +1,13 @@
-"""GPU discovery and health through NVML (nvidia-ml-py's ``pynvml``).
+"""GPU discovery, topology, telemetry and health through NVML (nvidia-ml-py's ``pynvml``).
 
-Health comes from two sources: NVML XID critical-error events
-(``nvmlEventTypeXidCriticalError``) and polling every ``poll_s``. A GPU turns
-unhealthy on a critical XID (XIDs caused by applications are ignored) or when
-NVML can no longer query it; it is advertised healthy again once NVML answers
-for it and no critical XID was seen for ``recover_after_s`` seconds.
+Discovery reads each GPU's identity, memory, NUMA node, architecture, make
+(``nvmlhealth.facts``) and its links to the other GPUs (``nvmltopology``). Health
+comes from NVML XID critical-error events (``nvmlEventTypeXidCriticalError``; XIDs
+caused by applications are ignored) and from a reading of every GPU every ``poll_s``
+(``nvmlhealth.read``), judged by ``health.HealthJudge`` (docs/node-agent.md,
+"Health"): healthy, degraded (served, reported) or unhealthy (no new placements; its
+pods are healed elsewhere by the controller), back to a better level once the cause
+has been quiet for ``recover_after_s``.
 """
 
 from __future__ import annotations
@@ -12,14 +15,18 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pynvml
 
 from gpupool.core.errors import GpupoolError
-from gpupool.nodeagent import nvmlusage
+from gpupool.nodeagent import nvmlhealth, nvmltopology, nvmlusage
+from gpupool.nodeagent.dra.versions import nvml_versions
 from gpupool.nodeagent.gpu import GpuInfo, GpuUsage, HealthListener
+from gpupool.nodeagent.health import Finding, GpuReading, HealthConfig, HealthJudge, Level
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +49,9 @@ class NvmlGpuBackend:
     """The node's real GPUs through NVML."""
 
     def __init__(self, poll_s: float = 1.0, recover_after_s: float = 60.0,
-                 sysfs: Path = Path("/sys/bus/pci/devices")):
+                 sysfs: Path = Path("/sys/bus/pci/devices"),
+                 health: HealthConfig | None = None,
+                 clock: Callable[[], float] = time.monotonic):
         try:
             pynvml.nvmlInit()
         except pynvml.NVMLError as exc:
@@ -50,13 +59,14 @@ class NvmlGpuBackend:
                 f"NVML is not available ({exc}); run on a node with the NVIDIA driver, "
                 "or use --fake-gpus FILE") from None
         self.poll_s = poll_s
-        self.recover_after_s = recover_after_s
         self.sysfs = sysfs
+        self.clock = clock
+        self.judge = HealthJudge(health or HealthConfig(recover_after_s=recover_after_s))
         try:
             self._gpus = {g.uuid: g for g in self._query()}
         except pynvml.NVMLError as exc:
             raise NvmlUnavailable(f"NVML could not list the GPUs: {exc}") from None
-        self._last_xid: dict[str, float] = {}
+        self._readings: dict[str, GpuReading] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -92,18 +102,30 @@ class NvmlGpuBackend:
     def set_compute_mode(self, uuid: str, exclusive_process: bool) -> None:
         nvmlusage.set_compute_mode(uuid, exclusive_process)
 
+    def readings(self) -> tuple[GpuReading, ...]:
+        """The latest health and telemetry reading of every GPU (the metrics read them)."""
+        with self._lock:
+            return tuple(self._readings[u] for u in sorted(self._readings))
+
     # -- discovery ----------------------------------------------------------------
     def _query(self) -> list[GpuInfo]:
-        return [self._describe(i, pynvml.nvmlDeviceGetHandleByIndex(i))
-                for i in range(pynvml.nvmlDeviceGetCount())]
+        versions = nvml_versions()
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        gpus = [self._describe(i, h, versions) for i, h in enumerate(handles)]
+        buses = {g.uuid: nvmltopology.bus_id(pynvml.nvmlDeviceGetPciInfo(h).busId)
+                 for g, h in zip(gpus, handles, strict=True)}
+        links = nvmltopology.links({g.uuid: h for g, h in zip(gpus, handles, strict=True)},
+                                   buses)
+        return [replace(g, links=links.get(g.uuid, ())) for g in gpus]
 
-    def _describe(self, index: int, handle: Any) -> GpuInfo:
+    def _describe(self, index: int, handle: Any, versions: dict[str, str]) -> GpuInfo:
         memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
         return GpuInfo(
             uuid=_text(pynvml.nvmlDeviceGetUUID(handle)), index=index,
             model=_text(pynvml.nvmlDeviceGetName(handle)).replace("NVIDIA ", "").replace(" ", "-"),
             memory_mib=int(memory.total) // (1024 * 1024),
-            numa_node=self._numa_node(handle), architecture=_architecture(handle))
+            numa_node=self._numa_node(handle), architecture=_architecture(handle),
+            facts=nvmlhealth.facts(handle, versions))
 
     def _numa_node(self, handle: Any) -> int:
         try:
@@ -111,9 +133,8 @@ class NvmlGpuBackend:
             return max(node, 0)
         except pynvml.NVMLError:
             pass
-        bus_id = _text(pynvml.nvmlDeviceGetPciInfo(handle).busId).lower()
-        domain, _, rest = bus_id.partition(":")
-        path = self.sysfs / f"{domain[-4:]}:{rest}" / "numa_node"
+        bus_id = nvmltopology.bus_id(pynvml.nvmlDeviceGetPciInfo(handle).busId)
+        path = self.sysfs / bus_id / "numa_node"
         try:
             return max(int(path.read_text().strip()), 0)
         except (OSError, ValueError):
@@ -162,30 +183,35 @@ class NvmlGpuBackend:
             uuid = _text(pynvml.nvmlDeviceGetUUID(data.device))
         except pynvml.NVMLError:
             return
-        self._last_xid[uuid] = time.monotonic()
-        self._set(uuid, False, f"critical XID {xid}", listener)
+        verdict = self.judge.note(uuid, Finding(Level.UNHEALTHY, f"critical XID {xid}"),
+                                  self.clock())
+        self._set(uuid, verdict.level, verdict.reason, listener)
 
     def _poll(self, listener: HealthListener) -> None:
+        now = self.clock()
         for uuid in list(self._gpus):
             try:
-                pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByUUID(uuid))
+                reading = nvmlhealth.read(pynvml.nvmlDeviceGetHandleByUUID(uuid), uuid)
             except pynvml.NVMLError as exc:
-                self._set(uuid, False, f"NVML cannot query the GPU: {exc}", listener)
-                continue
-            quiet = time.monotonic() - self._last_xid.get(uuid, float("-inf"))
-            if quiet >= self.recover_after_s:
-                self._set(uuid, True, "", listener)
+                lost = exc.value == pynvml.NVML_ERROR_GPU_IS_LOST
+                reading = GpuReading(uuid, lost=lost, error="" if lost else str(exc))
+            with self._lock:
+                self._readings[uuid] = reading
+            verdict = self.judge.judge(reading, now)
+            self._set(uuid, verdict.level, verdict.reason, listener)
 
-    def _set(self, uuid: str, healthy: bool, reason: str, listener: HealthListener) -> None:
+    def _set(self, uuid: str, level: Level, reason: str, listener: HealthListener) -> None:
+        healthy = level is not Level.UNHEALTHY
+        why, degraded = ("", reason if level is Level.DEGRADED else "") if healthy \
+            else (reason, "")
         with self._lock:
             gpu = self._gpus.get(uuid)
-            if gpu is None or (gpu.healthy, gpu.reason) == (healthy, reason):
+            if gpu is None or (gpu.healthy, gpu.reason, gpu.degraded) == (healthy, why,
+                                                                          degraded):
                 return
-            self._gpus[uuid] = GpuInfo(gpu.uuid, gpu.index, gpu.model, gpu.memory_mib,
-                                       gpu.numa_node, gpu.architecture, healthy, reason,
-                                       gpu.labels)
+            self._gpus[uuid] = replace(gpu, healthy=healthy, reason=why, degraded=degraded)
             current = tuple(sorted(self._gpus.values(), key=lambda g: g.index))
-        log.info("GPU %s is now %s %s", uuid, "healthy" if healthy else "unhealthy", reason)
+        log.info("GPU %s is now %s %s", uuid, level.spelling.lower(), reason)
         listener(current)
 
 

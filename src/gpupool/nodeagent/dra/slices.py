@@ -4,7 +4,9 @@ One slice per node, ``<node>-gpu.gpupool.io``, pool = the node's name, one devic
 ``gpu-<index>`` per GPU the agent has seen since it started:
 
 * ``attributes``: ``model``, ``uuid``, ``index``, ``architecture``, ``numaNode`` (and
-  ``driverVersion``, ``cudaVersion`` when NVML has them) in the driver's own domain, and
+  ``driverVersion``, ``cudaVersion`` when NVML has them; ``nvlinkClique`` and
+  ``pcieSwitch``, the GPU's topology groups for ``matchAttribute``, when its links are
+  known: ``topology_groups``) in the driver's own domain, and
   every label a gpupool resource class can select on (``gpupool.io/model``,
   ``gpupool.io/memory``, ``gpupool.io/architecture``, the GPU's own labels, ...) as a
   string attribute named by ``gpupool.contract.dra.label_attribute`` — so a class's
@@ -39,24 +41,28 @@ from datetime import datetime
 from typing import Any
 
 from gpupool.contract import dra
+from gpupool.core import topology
+from gpupool.core.topology import PciePath
 from gpupool.core.errors import GpupoolError
 from gpupool.kube.errors import Conflict, NotFound
 from gpupool.nodeagent.dra.claimsource import SliceApi
 from gpupool.nodeagent.gpu import GpuInfo
 
 log = logging.getLogger(__name__)
-FACTS = 7  # driver-domain attributes a device can have (model ... cudaVersion)
+FACTS = 9  # driver-domain attributes a device can have (model ... pcieSwitch)
 TAINT_ISOLATED = f"{dra.DRIVER}/isolated"
 
 
-def attributes(gpu: GpuInfo, labels: Mapping[str, str], versions: Mapping[str, str]
-               ) -> dict[str, dict[str, Any]]:
-    """A GPU's device attributes: its facts, then its selector labels (within the limit)."""
+def attributes(gpu: GpuInfo, labels: Mapping[str, str], versions: Mapping[str, str],
+               groups: Mapping[str, str] | None = None) -> dict[str, dict[str, Any]]:
+    """A GPU's device attributes: its facts, its topology groups (``topology_groups``),
+    then its selector labels (within the limit)."""
     out: dict[str, dict[str, Any]] = {
         "model": {"string": gpu.model[:64]}, "uuid": {"string": gpu.uuid[:64]},
         "index": {"int": gpu.index}, "architecture": {"string": gpu.architecture[:64]},
         "numaNode": {"int": gpu.numa_node}}
     out.update({k: {"string": v[:64]} for k, v in sorted(versions.items()) if v})
+    out.update({k: {"string": v} for k, v in sorted((groups or {}).items())})
     room = dra.MAX_ATTRIBUTES - 2 - len(out)
     skipped = []
     for key, value in sorted(labels.items()):
@@ -69,6 +75,23 @@ def attributes(gpu: GpuInfo, labels: Mapping[str, str], versions: Mapping[str, s
     if skipped:
         log.debug("GPU %s: labels %s not published as attributes (name, value or count "
                   "beyond Kubernetes' limits)", gpu.uuid, ", ".join(skipped))
+    return out
+
+
+def topology_groups(gpus: Sequence[GpuInfo]) -> dict[str, dict[str, str]]:
+    """GPU uuid -> its ``nvlinkClique`` (GPUs NVLink joins two by two) and ``pcieSwitch``
+    (GPUs under one PCIe switch) attributes, named after the group's lowest index; none
+    when the node's topology is unknown, no ``nvlinkClique`` for a GPU without NVLink."""
+    core = [g.to_core() for g in gpus]
+    nvlink = topology.cliques(core, lambda link: link.nvlinks > 0)
+    switch = topology.cliques(core, lambda link: link.pcie <= PciePath.SWITCH)
+    out: dict[str, dict[str, str]] = {}
+    for g in gpus:
+        mine = out.setdefault(g.uuid, {})
+        if g.uuid in switch:
+            mine["pcieSwitch"] = f"switch-{switch[g.uuid]}"
+        if any(link.nvlinks for _, link in g.links):
+            mine["nvlinkClique"] = f"clique-{nvlink[g.uuid]}"
     return out
 
 
@@ -113,12 +136,13 @@ class SlicePublisher:
                 versions: Mapping[str, str], now: datetime) -> list[dict[str, Any]]:
         out = []
         isolated = self.isolated() if self.taints_kept else set()
+        groups = topology_groups(gpus)
         for gpu in sorted(gpus, key=lambda g: g.index):
             if not gpu.healthy and not self.taints_kept:
                 continue
             device: dict[str, Any] = {
                 "name": dra.device_name(gpu.index), "allowMultipleAllocations": True,
-                "attributes": attributes(gpu, labels(gpu), versions),
+                "attributes": attributes(gpu, labels(gpu), versions, groups.get(gpu.uuid)),
                 "capacity": capacity(gpu, self.memory_unit_mib)}
             taints = [t for t in (
                 self._taint(gpu.uuid, not gpu.healthy, dra.TAINT_UNHEALTHY,
