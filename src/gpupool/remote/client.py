@@ -6,8 +6,8 @@ server of this very pod (``spiffe://gpupool.io/slice-server/<uid>``), then heart
 both ways. Its state, which ``status()`` reports and the readiness probe reads:
 
 * ``waiting`` — the server has not answered yet (it may still be starting); the
-  sidecar tries again every ``retry_s``; after ``wait_s`` without one answer it gives
-  up (``wait`` raises ``ServerUnreachable``: the pod's log says why);
+  sidecar tries again, soon at first, then every ``retry_s``; after ``wait_s`` without
+  one answer it gives up (``run`` raises ``ServerUnreachable``: the pod's log says why);
 * ``ready`` — the control channel is up and the server's heartbeats arrive; the
   data plane is open on loopback (``listen``);
 * ``lost`` — the server was ready and then stopped answering for ``deadline_s`` (or
@@ -45,6 +45,9 @@ from gpupool.remote.relay import relay
 from gpupool.security import sessions
 
 log = logging.getLogger(__name__)
+
+FIRST_RETRY_S = 0.05
+"""The first pause before trying the server again; it doubles up to ``retry_s``."""
 
 
 class ServerUnreachable(GpupoolError):
@@ -91,15 +94,17 @@ class SliceClient:
     async def run(self) -> str:
         """Keep the control channel up until the server releases the slice (returns why);
         ``ServerUnreachable`` when it never answered within ``wait_s``."""
-        started = self.clock()
+        started, pause = self.clock(), FIRST_RETRY_S
         try:
             while True:
                 try:
                     reader, writer = await self.open("control")
                 except (Refused, OSError, TimeoutError, FrameError) as exc:
                     self._failed(exc, started)
-                    await asyncio.sleep(self.config.retry_s)
+                    await asyncio.sleep(pause)
+                    pause = min(pause * 2, self.config.retry_s)
                     continue
+                pause = FIRST_RETRY_S
                 try:
                     await self._ready()
                     why = await channel.heartbeats(reader, writer, self.config.timing,
