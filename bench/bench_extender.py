@@ -207,12 +207,13 @@ def wired(kube: KubeApi, policy: str, seed: int) -> Extender:
 class FakeApi:
     """The fake API server in a child process, loaded from a seed file."""
 
-    def __init__(self, lines: Iterator[str]):
+    def __init__(self, lines: Iterator[str], options: tuple[str, ...] = ()):
         self.dir = tempfile.TemporaryDirectory()
         seed = Path(self.dir.name) / "seed.jsonl"
         seed.write_text("\n".join(lines))
         self.proc = subprocess.Popen([sys.executable, "-m", "gpupool_testing.fake_apiserver",
-                                      str(seed)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      str(seed), *options],  # e.g. --latency-ms 2 5
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      text=True, cwd=TESTING)  # the test support package
         assert self.proc.stdout is not None
         self.url, count = self.proc.stdout.readline().split()

@@ -38,6 +38,10 @@ REST behaviour:
   once for all watchers, only the watches of the written kind woken): in a
   benchmark it shares the machine's cores with the extender, where a real API
   server would run elsewhere.
+* Latency, when asked (``latency_s=(low, high)``, ``--latency-ms LOW HIGH``): every
+  request but a watch waits a seeded uniform draw in that range before it is served,
+  as a real API server answers after etcd commits (a write is seen by watches only
+  then). Event-loop timers round to the millisecond, so figures under 1 ms mean little.
 
 Python handle (thread-safe, for tests)::
 
@@ -58,6 +62,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import random
 import socket
 import threading
 import uuid
@@ -91,8 +96,10 @@ __all__ = ["HISTORY", "KINDS", "ApiFailure", "FakeApiServer", "Kind", "Obj", "St
 class FakeApiServer:
     """The fake API server: an in-memory ``Store`` behind a Kubernetes-shaped REST app."""
 
-    def __init__(self) -> None:
+    def __init__(self, latency_s: tuple[float, float] = (0.0, 0.0), seed: int = 0) -> None:
         self.store = Store()
+        self.latency_s = latency_s
+        self._delays = random.Random(seed)
         self.requests: list[tuple[str, str]] = []
         self._failures: list[tuple[str, str, int, str]] = []
         self._tokens: frozenset[str] = frozenset()  # empty: no authentication (the default)
@@ -214,6 +221,8 @@ class FakeApiServer:
                 "Bearer ") not in self._tokens:
             self.unauthorized += 1
             return _json(status_body(401, "Unauthorized", "Unauthorized"), 401)
+        if self.latency_s[1] > 0 and request.query_params.get("watch") not in ("true", "1"):
+            await asyncio.sleep(self._delays.uniform(*self.latency_s))
         try:
             self._injected(request)
             plural = p["plural"]
@@ -361,8 +370,14 @@ def main() -> None:
         description="Serve a FAKE Kubernetes API server (test support) on 127.0.0.1; print "
                     "its URL and the number of objects loaded; stop when stdin closes.")
     parser.add_argument("seed", nargs="?", help='JSON lines of {"kind": plural, "object": {...}}')
+    parser.add_argument("--latency-ms", type=float, nargs=2, default=(0.0, 0.0),
+                        metavar=("LOW", "HIGH"),
+                        help="every request but a watch waits a uniform draw in this range")
     args = parser.parse_args()
-    server = FakeApiServer()
+    low, high = sorted(args.latency_ms)
+    if low < 0:
+        parser.exit(2, "--latency-ms: a latency cannot be negative\n")
+    server = FakeApiServer((low / 1e3, high / 1e3))
     try:
         count = load_seed(server, args.seed) if args.seed else 0
     except (OSError, ValueError, KeyError) as exc:

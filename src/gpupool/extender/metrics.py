@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import time
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
+STAGE_BUCKETS = (0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0, 5.0)
+BIND_STAGES = ("parse", "gate", "decide", "ledger", "ledger-reread", "quota",
+               "sign", "binding", "cleanup")
+"""A bind's stages, in order (``gpupool_extender_bind_stage_seconds``; docs/operations.md)."""
 
 
 class Metrics:
@@ -22,6 +28,10 @@ class Metrics:
         self.failures = Counter("gpupool_extender_node_failures_total",
                                 "Nodes refused by filter, by the reason's check", ["reason"],
                                 registry=self.registry)
+        self.bind_stages = Histogram("gpupool_extender_bind_stage_seconds",
+                                     "Time one bind spent in each stage, its retries summed: "
+                                     + ", ".join(BIND_STAGES), ["stage"],
+                                     buckets=STAGE_BUCKETS, registry=self.registry)
         self.conflicts = Counter("gpupool_extender_ledger_conflicts_total",
                                  "GPU ledger writes that lost a race and were retried",
                                  registry=self.registry)
@@ -57,3 +67,23 @@ class Metrics:
                                    "cluster changed while they were made off the cache lock), "
                                    "by what followed: replanned, dropped", ["then"],
                                    registry=self.registry)
+
+
+class BindClock:
+    """The stages of one bind: ``lap`` charges the time since the last lap to a stage
+    (a stage met again, on a retry, adds up); ``done`` observes each stage met once."""
+
+    def __init__(self, histogram: Histogram | None = None):
+        self.histogram = histogram
+        self.spent: dict[str, float] = {}
+        self.last = time.perf_counter()
+
+    def lap(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.spent[stage] = self.spent.get(stage, 0.0) + now - self.last
+        self.last = now
+
+    def done(self) -> None:
+        if self.histogram is not None:
+            for stage, seconds in self.spent.items():
+                self.histogram.labels(stage).observe(seconds)

@@ -64,7 +64,7 @@ from gpupool.core.state import ClusterState, IntArray
 from gpupool.extender.bind.binder import Binder
 from gpupool.extender.bind.gate import DEFAULT_SCHEDULER, bindable_request
 from gpupool.extender.dra.drascores import claim_priorities
-from gpupool.extender.metrics import Metrics
+from gpupool.extender.metrics import BindClock, Metrics
 from gpupool.extender.preemption import proposals
 from gpupool.extender.preemption.plans import PreemptionSettings
 from gpupool.extender.preemption.preemptor import Preemptor
@@ -393,14 +393,18 @@ class Extender:
 
     # -- bind -------------------------------------------------------------------------------------
     def bind(self, body: Any) -> dict[str, str]:
+        clock = BindClock(self.metrics.bind_stages)
         try:
             args = protocol.parse_binding(body)
+            clock.lap("parse")
             request = self._bind_request(args)
+            clock.lap("gate")
         except GpupoolError as exc:
             self.metrics.decisions.labels("bind", "error").inc()
             return protocol.binding_result(str(exc))
-        error = self.binder.bind(args, request, self.placer, self.rng) if self.binder else \
-            "this extender has no Kubernetes API to bind with"
+        error = self.binder.bind(args, request, self.placer, self.rng, clock) \
+            if self.binder else "this extender has no Kubernetes API to bind with"
+        clock.done()
         self.metrics.decisions.labels("bind", "error" if error else "bound").inc()
         return protocol.binding_result(error)
 

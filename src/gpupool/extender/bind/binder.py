@@ -48,7 +48,7 @@ from gpupool.core.eligibility import charge_of
 from gpupool.core.errors import OverCommit
 from gpupool.core.placement import Placer
 from gpupool.core.request import PodRequest
-from gpupool.extender.metrics import Metrics
+from gpupool.extender.metrics import BindClock, Metrics
 from gpupool.extender.state.cache import ClusterCache
 from gpupool.extender.state.ledger import Entry, FitCheck, Ledgers, View, counted
 from gpupool.extender.state.signatures import DecisionCheck, DecisionKeys
@@ -83,19 +83,23 @@ class Binder:
         self.quotas = QuotaGate(cache, QuotaLedgers(kube), attempts, metrics.conflicts.inc)
 
     def bind(self, args: BindingArgs, request: PodRequest, placer: Placer,
-             rng: random.Random) -> str:
-        """'' when bound, else why not (the scheduler shows it and retries)."""
+             rng: random.Random, clock: BindClock | None = None) -> str:
+        """'' when bound, else why not (the scheduler shows it and retries). ``clock``
+        times the stages (``metrics.BIND_STAGES``)."""
+        clock = clock or BindClock()
         began = time.monotonic()
         stamp = self.now()  # one bind time, in the ledger entry and on the pod alike
-        placed = self._commit(args, request, placer, rng, stamp)
+        placed = self._commit(args, request, placer, rng, stamp, clock)
         if isinstance(placed, str):
             return placed
         scopes, refused = self.quotas.admit(request.key, self._entry(args, request, *placed,
                                                                      stamp))
+        clock.lap("quota")
         if refused:
             self._roll_back(args.node, request.key)
             return f"node {args.node}: {refused}"
         notes = self._signed(args, *placed, stamp)
+        clock.lap("sign")
         if time.monotonic() - began > self.deadline_s:
             self._roll_back(args.node, request.key, scopes)
             return (f"binding {args.namespace}/{args.name} to {args.node} took longer than "
@@ -103,11 +107,14 @@ class Binder:
         try:
             self.kube.bind_pod(args.namespace, args.name, args.uid, args.node, notes)
         except KubeError as exc:
+            clock.lap("binding")
             self._roll_back_failed(args, request.key, scopes)
             return f"binding {args.namespace}/{args.name} to {args.node} failed: {exc}"
+        clock.lap("binding")
         with self.cache.lock:
             self.cache.unhold(request.key, "bind")
         self._remove_superseded(args.node, request.key)
+        clock.lap("cleanup")
         return ""
 
     def _signed(self, args: BindingArgs, alloc: Allocation, group: str | None,
@@ -133,10 +140,12 @@ class Binder:
                 log.warning("removing %s from the GPU ledger of %s: %s", key, other, exc)
 
     def _commit(self, args: BindingArgs, request: PodRequest, placer: Placer,
-                rng: random.Random, stamp: str) -> tuple[Allocation, str | None] | str:
+                rng: random.Random, stamp: str, clock: BindClock
+                ) -> tuple[Allocation, str | None] | str:
         """Decide on the node and win the ledger's compare-and-swap; or say why not."""
         for _ in range(self.attempts):
             step = self._decide_on(args, request, placer, rng)
+            clock.lap("decide")
             if isinstance(step, str):
                 return step
             alloc, group, view, prune, node = step
@@ -146,13 +155,17 @@ class Binder:
                 self.fits.check(node, held, alloc, self.cache.state.memory_unit_mib)
                 new_view = self.ledgers.commit(view, request.key, entry, prune)
             except (OverCommit, Conflict):
+                clock.lap("ledger")
                 self.metrics.conflicts.inc()
                 self._refresh_ledger(args.node)
+                clock.lap("ledger-reread")
                 continue
             except KubeError as exc:
+                clock.lap("ledger")
                 self._roll_back(None, request.key)
                 return f"recording the GPUs of {request.key} on {args.node} failed: {exc}"
             self.cache.ledger_update(new_view)
+            clock.lap("ledger")
             return alloc, group
         self._roll_back(None, request.key)
         return (f"node {args.node} kept changing under {request.key} "
