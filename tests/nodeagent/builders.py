@@ -62,11 +62,16 @@ def pod(name: str, containers: Sequence[Container], node: str = NODE,
 
 def decision(pod_name: str, slices: Sequence[tuple[str, int, int, int, str]],
              node: str = NODE, exclusive: bool = False, keys: SigningKeys | None = KEYS,
-             uid: str | None = None) -> dict[str, str]:
+             uid: str | None = None, bursts: Sequence[tuple[int, int]] | None = None
+             ) -> dict[str, str]:
     """Extender-style annotations, signed as the extender signs them at bind (``keys``
-    None: unsigned); slices are (uuid, index, memory MiB, core %, container)."""
+    None: unsigned); slices are (uuid, index, memory MiB, core %, container), ``bursts``
+    per slice (memory MiB, core %) above the request."""
+    extra = list(bursts or [(0, 0)] * len(slices))
     alloc = Allocation(uid or f"uid-{pod_name}", node, 1000, 1024,
-                       tuple(Slice(u, i, m, c, n) for u, i, m, c, n in slices), exclusive)
+                       tuple(Slice(u, i, m, c, n, *b)
+                             for (u, i, m, c, n), b in zip(slices, extra, strict=True)),
+                       exclusive)
     ann = annotations.encode(alloc, BIND_TIME)
     return sign(ann, pod_name, keys, uid) if keys is not None else ann
 

@@ -364,3 +364,20 @@ def test_an_eviction_is_refused_without_a_node_bound_token_or_when_the_pod_canno
 
 def test_other_accounts_evictions_are_not_the_webhooks_business() -> None:
     assert judge(eviction(user="alice"), evicting({("team-a", "p"): "n2"})).allowed
+
+
+# -- burst limits ---------------------------------------------------------------------------------
+def test_a_burst_limit_the_scheduler_can_honour_is_allowed_and_a_wrong_one_refused() -> None:
+    fine = gpu_pod(annotations={"gpupool.io/gpu-memory-limit": "8192"})
+    assert check(review(fine)).allowed
+    low = gpu_pod(annotations={"gpupool.io/gpu-memory-limit": "512"})
+    verdict = check(review(low))
+    assert not verdict.allowed and verdict.code == 422
+    assert "limit 512 MiB is below its request of 1024 MiB" in verdict.message
+
+
+def test_a_burst_limit_on_a_pod_that_asks_no_gpu_is_refused() -> None:
+    plain = pod(annotations={"gpupool.io/gpu-core-limit": "50"})
+    for rule in (mutate, validate):
+        verdict = check(review(plain), rule)
+        assert not verdict.allowed and "asks no gpupool GPU" in verdict.message

@@ -16,6 +16,12 @@ version 2 with ``"servedBy"``: the node whose GPUs the slices are on (``index`` 
 and memory. Every other decision is written as version 1, as before, and a version-1
 decision is read as served by the pod's own node. A component that reads only version 1
 refuses a version-2 decision rather than taking a remote slice for a local one.
+
+A burstable slice (docs/design/burst.md) adds ``"memoryLimitMiB"`` and/or
+``"coreLimitPct"`` to its GPU entry: the most the container may use, above the request
+(``memoryMiB``, ``corePct``) that was placed and charged. An entry without them has a limit
+equal to its request (every decision written before). The version stays the same: a reader
+that ignores the limits enforces the request, which grants less, never more.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from typing import Any
 from gpupool.contract import names
 from gpupool.core.allocation import Allocation, Slice
 from gpupool.core.errors import InvalidInput
+from gpupool.core.model import CORE_UNITS_PER_GPU
 
 VERSION = 1
 VERSION_SERVED = 2
@@ -52,9 +59,7 @@ def encode(alloc: Allocation, bind_time: str, phase: str = names.PHASE_ALLOCATIN
         raise InvalidInput(f"unknown phase {phase!r}")
     containers: dict[str, list[dict[str, Any]]] = {}
     for s in alloc.slices:
-        containers.setdefault(s.container, []).append(
-            {"uuid": s.gpu_uuid, "index": s.gpu_position, "memoryMiB": s.memory_mib,
-             "corePct": s.core_pct})
+        containers.setdefault(s.container, []).append(_gpu_entry(s))
     body: dict[str, Any] = {
         "v": VERSION, "node": alloc.node, "cpuMilli": alloc.cpu_milli,
         "memoryMiB": alloc.memory_mib, "exclusive": alloc.exclusive,
@@ -104,8 +109,7 @@ def decode(key: str, annotations: Mapping[str, str]) -> Decision:
         for g in _field(key, c, "gpus", list):
             if not isinstance(g, dict):
                 raise InvalidInput(f"pod {key}: a GPU entry of {cname} is not an object")
-            slices.append(Slice(_field(key, g, "uuid", str), _nat(key, g, "index"),
-                                _nat(key, g, "memoryMiB"), _nat(key, g, "corePct"), cname))
+            slices.append(_slice_of(key, g, cname))
     exclusive = body.get("exclusive", False)
     if not isinstance(exclusive, bool):
         raise InvalidInput(f"pod {key}: allocation field 'exclusive' must be true or false")
@@ -154,6 +158,29 @@ def phase_patch(phase: str, reason: str = "") -> dict[str, str]:
     if reason:
         patch[names.ANNOTATION_REASON] = reason[:1024]
     return patch
+
+
+def _gpu_entry(s: Slice) -> dict[str, Any]:
+    entry: dict[str, Any] = {"uuid": s.gpu_uuid, "index": s.gpu_position,
+                             "memoryMiB": s.memory_mib, "corePct": s.core_pct}
+    if s.burst_memory_mib:
+        entry["memoryLimitMiB"] = s.memory_limit_mib
+    if s.burst_core_pct:
+        entry["coreLimitPct"] = s.core_limit_pct
+    return entry
+
+
+def _slice_of(key: str, g: Mapping[str, Any], container: str) -> Slice:
+    """One GPU entry; a limit absent (every decision without a burst) is the request."""
+    memory, core = _nat(key, g, "memoryMiB"), _nat(key, g, "corePct")
+    memory_limit = _nat(key, g, "memoryLimitMiB") if "memoryLimitMiB" in g else memory
+    core_limit = _nat(key, g, "coreLimitPct") if "coreLimitPct" in g else core
+    if memory_limit < memory or not core <= core_limit <= CORE_UNITS_PER_GPU:
+        raise InvalidInput(f"pod {key}: a GPU entry of {container} has a limit below its "
+                           f"request or above a whole GPU ({memory_limit} MiB for {memory}, "
+                           f"{core_limit} % for {core})")
+    return Slice(_field(key, g, "uuid", str), _nat(key, g, "index"), memory, core, container,
+                 memory_limit - memory, core_limit - core)
 
 
 def _served_by(key: str, body: Mapping[str, Any]) -> str:

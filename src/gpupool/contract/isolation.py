@@ -12,7 +12,10 @@ data-plane process, so both are limited by the same rule:
   ``CUDA_DEVICE_SM_LIMIT`` (the smallest compute share).
 
 Device ordinals are the ones the process sees (its visible GPUs, in order); a slice
-without memory or compute sets no variable for it.
+without memory or compute sets no variable for it. The variables hold a slice's *limit*:
+its request, or above it for a burstable slice (``Slice.memory_limit_mib``,
+``Slice.core_limit_pct``; the usage monitor reclaims the part above the request when
+another slice's request needs the room, docs/design/burst.md).
 """
 
 from __future__ import annotations
@@ -32,10 +35,11 @@ class ProviderName(StrEnum):
 def mps_limits(slices: Sequence[Slice]) -> dict[str, str]:
     """MPS memory and compute limits for shared slices (device ordinals as the process sees)."""
     out: dict[str, str] = {}
-    memory = [f"{i}={s.memory_mib}M" for i, s in enumerate(slices) if s.memory_mib > 0]
+    memory = [f"{i}={s.memory_limit_mib}M" for i, s in enumerate(slices)
+              if s.memory_limit_mib > 0]
     if memory:
         out["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(memory)
-    cores = [s.core_pct for s in slices if s.core_pct > 0]
+    cores = [s.core_limit_pct for s in slices if s.core_limit_pct > 0]
     if cores:
         out["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(min(cores))
     return out
@@ -43,9 +47,9 @@ def mps_limits(slices: Sequence[Slice]) -> dict[str, str]:
 
 def hami_core_limits(slices: Sequence[Slice]) -> dict[str, str]:
     """HAMi-core's memory limit per visible GPU and its SM limit for shared slices."""
-    out = {f"CUDA_DEVICE_MEMORY_LIMIT_{i}": f"{s.memory_mib}m"
-           for i, s in enumerate(slices) if s.memory_mib > 0}
-    cores = [s.core_pct for s in slices if s.core_pct > 0]
+    out = {f"CUDA_DEVICE_MEMORY_LIMIT_{i}": f"{s.memory_limit_mib}m"
+           for i, s in enumerate(slices) if s.memory_limit_mib > 0}
+    cores = [s.core_limit_pct for s in slices if s.core_limit_pct > 0]
     if cores:
         out["CUDA_DEVICE_SM_LIMIT"] = str(min(cores))
     return out

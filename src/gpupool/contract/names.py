@@ -14,6 +14,8 @@ LABEL_GROUP = "gpupool.io/group"
 ANNOTATION_MODE = "gpupool.io/mode"  # exclusive | shared
 ANNOTATION_AFFINITY = "gpupool.io/affinity"  # pod | least-loaded
 ANNOTATION_PLACEMENT = "gpupool.io/placement"  # local | remote-allowed | remote-required
+ANNOTATION_MEMORY_LIMIT = "gpupool.io/gpu-memory-limit"  # burst limit, MiB per GPU
+ANNOTATION_CORE_LIMIT = "gpupool.io/gpu-core-limit"  # burst limit, percent of one GPU
 
 # written by gpupool (the durable record of a decision)
 ANNOTATION_NODE = "gpupool.io/node"

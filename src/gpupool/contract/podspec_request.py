@@ -12,7 +12,8 @@ Memory or core without a count means one GPU. The annotation
 (shared when memory or core is asked, else exclusive); ``gpupool.io/affinity``
 is ``pod`` or ``least-loaded``; ``gpupool.io/placement`` is ``local`` (the
 default), ``remote-allowed`` or ``remote-required`` (where the GPU slices may be
-served, docs/remote.md); the label ``gpupool.io/group`` names the
+served, docs/remote.md); ``gpupool.io/gpu-memory-limit`` and ``gpupool.io/gpu-core-limit``
+make shared slices burstable (``contract.burst``); the label ``gpupool.io/group`` names the
 resource group. The tenant is the namespace. CPU and memory are the larger of
 the containers' sum and the largest init container.
 
@@ -27,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gpupool.contract import names
+from gpupool.contract import burst, names
 from gpupool.core.classes import class_of_resource
 from gpupool.core.errors import InvalidInput, QuantityError
 from gpupool.core.model import CORE_UNITS_PER_GPU
@@ -101,8 +102,10 @@ def pod_request(pod: Mapping[str, Any]) -> PodRequest:
     cpu = mem = 0
     demands: list[GpuDemand] = []
     classes: set[str] = set()
+    seen: list[str] = []
     for raw in _seq(spec.get("containers"), f"{where}: spec.containers"):
         c = _obj(raw, f"{where}: a container")
+        seen.append(str(c.get("name") or ""))
         here = f"{where} container {c.get('name', '?')}"
         amounts = container_amounts(c, here)
         cpu, mem = cpu + _cpu(amounts, here), mem + _memory(amounts, here)
@@ -117,6 +120,11 @@ def pod_request(pod: Mapping[str, Any]) -> PodRequest:
     if len(classes) > 1:
         raise InvalidInput(f"{where} asks for GPUs of several classes "
                            f"({', '.join(sorted(classes))}); one pod may use one class")
+    if burst.asks_burst(notes):
+        if not demands:
+            raise InvalidInput(f"{where} sets a GPU burst limit "
+                               f"({', '.join(burst.KEYS)}) but asks no gpupool GPU")
+        demands = list(burst.with_limits(demands, notes, seen, where))
     return PodRequest(uid or f"{ns}/{name}", cpu, mem, tuple(demands),
                       group=_group(meta, where), tenant=ns,
                       affinity=_affinity(notes.get(names.ANNOTATION_AFFINITY), where),

@@ -13,13 +13,29 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class Slice:
-    """What one container holds of one GPU (memory already rounded to whole units)."""
+    """What one container holds of one GPU (memory already rounded to whole units).
+
+    ``memory_mib`` and ``core_pct`` are what it is granted (the state and quotas count
+    them); ``burst_memory_mib`` and ``burst_core_pct`` what it may use above them while
+    the GPU has room (a burstable slice; docs/design/burst.md)."""
 
     gpu_uuid: str
     gpu_position: int
     memory_mib: int
     core_pct: int
     container: str = ""
+    burst_memory_mib: int = 0
+    burst_core_pct: int = 0
+
+    @property
+    def memory_limit_mib(self) -> int:
+        """The most GPU memory the container may use (its request plus its burst)."""
+        return self.memory_mib + self.burst_memory_mib
+
+    @property
+    def core_limit_pct(self) -> int:
+        """The largest compute share the container may use (request plus burst)."""
+        return self.core_pct + self.burst_core_pct
 
 
 @dataclass(frozen=True, slots=True)

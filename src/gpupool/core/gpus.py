@@ -69,4 +69,8 @@ def _slice(state: ClusterState, uuid: str, p: int, d: GpuDemand, i: int) -> Slic
         memory = int(state.unit_cap[i, p]) * state.memory_unit_mib
         return Slice(uuid, p, memory, CORE_UNITS_PER_GPU, d.container)
     memory = state.units_for(d.memory_mib) * state.memory_unit_mib
-    return Slice(uuid, p, memory, d.core_pct, d.container)
+    if not d.bursts:
+        return Slice(uuid, p, memory, d.core_pct, d.container)
+    most = min(d.memory_limit_mib, state.nodes[i].gpus[p].memory_mib)  # a burst ends at the GPU
+    return Slice(uuid, p, memory, d.core_pct, d.container, max(most - memory, 0),
+                 max(d.core_limit_pct - d.core_pct, 0))

@@ -45,6 +45,10 @@ class GpuDemand:
 
     In exclusive mode the memory and compute fields are ignored: whole GPUs.
     In shared mode at least one of memory or compute must be asked.
+
+    ``memory_limit_mib`` and ``core_limit_pct`` make a *burstable* slice: the most the
+    container may use while the GPU has room (0: its request, no burst). Placement and
+    quota count the request only; docs/design/burst.md.
     """
 
     count: int
@@ -52,6 +56,8 @@ class GpuDemand:
     core_pct: int = 0
     mode: Mode = Mode.SHARED
     container: str = ""
+    memory_limit_mib: int = 0
+    core_limit_pct: int = 0
 
     def __post_init__(self) -> None:
         if not 1 <= self.count <= MAX_GPUS_PER_POD:
@@ -70,6 +76,26 @@ class GpuDemand:
                     f"container {self.container or '?'}: a shared GPU request must ask for "
                     "gpu-memory or gpu-core"
                 )
+        self._check_limits()
+
+    def _check_limits(self) -> None:
+        who = f"container {self.container or '?'}"
+        if self.exclusive and (self.memory_limit_mib or self.core_limit_pct):
+            raise InvalidInput(f"{who}: whole GPUs have no burst limit")
+        if self.memory_limit_mib and self.memory_limit_mib < self.memory_mib:
+            raise InvalidInput(f"{who}: GPU memory limit {self.memory_limit_mib} MiB is below "
+                               f"its request of {self.memory_mib} MiB")
+        if not 0 <= self.core_limit_pct <= CORE_UNITS_PER_GPU or (
+                self.core_limit_pct and self.core_limit_pct < self.core_pct):
+            raise InvalidInput(f"{who}: GPU compute limit {self.core_limit_pct} % must be "
+                               f"{max(self.core_pct, 1)}..100 (its request is {self.core_pct} %)")
+        if self.memory_limit_mib < 0:
+            raise InvalidInput(f"{who}: GPU memory limit must be >= 0")
+
+    @property
+    def bursts(self) -> bool:
+        """Whether the container may use more than it asks (a limit above a request)."""
+        return self.memory_limit_mib > self.memory_mib or self.core_limit_pct > self.core_pct
 
     @property
     def exclusive(self) -> bool:
@@ -83,7 +109,11 @@ class GpuDemand:
             parts.append(f"{self.memory_mib} MiB")
         if self.core_pct:
             parts.append(f"{self.core_pct} % core")
-        return f"{self.count} × ({' + '.join(parts)})"
+        burst = [f"{self.memory_limit_mib} MiB"] if self.memory_limit_mib > self.memory_mib \
+            else []
+        burst += [f"{self.core_limit_pct} % core"] if self.core_limit_pct > self.core_pct else []
+        up_to = f", up to {' + '.join(burst)}" if burst else ""
+        return f"{self.count} × ({' + '.join(parts)}{up_to})"
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,6 +27,8 @@ from gpupool.core.allocation import Slice
 from gpupool.core.errors import GpupoolError
 from gpupool.nodeagent.actions import Actions, OveruseAction
 from gpupool.nodeagent.allocator import Allocator, AllocatorConfig, Safety
+from gpupool.nodeagent.burst import BurstTracker
+from gpupool.nodeagent.burstreport import BurstWatch
 from gpupool.nodeagent.cluster import EventApi, EvictionApi, InventoryApi, PodApi
 from gpupool.nodeagent.exposure import Exposure
 from gpupool.nodeagent.gpu import GpuBackend, GpuInfo
@@ -116,13 +118,21 @@ class NodeAgent:
         self.monitor = UsageMonitor(MonitorConfig(config.node, config.proc_root,
                                                   config.monitor_s),
                                     backend.usage, self._cached_pods, self.gate,
-                                    OveruseTracker(g.overuse), self.actions, g.metrics)
+                                    OveruseTracker(g.overuse), self.actions, g.metrics,
+                                    bursts=self._burst_watch())
         self.workers = Workers()
         self._stop = self.workers.stopping
         self._changed = threading.Event()
         self.service = DevicePluginService(self.pool, self.allocator, self._stop, g.metrics)
         self.socket = PluginSocket(config.plugin_dir, self.service)
         self.registrations = 0
+
+    def _burst_watch(self) -> BurstWatch:
+        """Bursts judged against the memory of the GPUs present (``nodeagent.burst``)."""
+        g = self.guards
+        return BurstWatch(BurstTracker(g.overuse),
+                          lambda: {u: gpu.memory_mib for u, gpu in self.roster.present.items()},
+                          str(g.action), g.overuse.grace_s, g.events, g.metrics)
 
     def known_gpus(self) -> list[GpuInfo]:
         """Every GPU seen since start (vanished ones and those the isolation provider cannot

@@ -64,6 +64,8 @@ def describe(pod: Pod, container: str, slices: Sequence[Slice], exclusive: bool,
         "GPUPOOL_GPU_UUIDS": ",".join(uuids),
         "GPUPOOL_GPU_MEMORY_MIB": ",".join(str(s.memory_mib) for s in slices),
         "GPUPOOL_GPU_CORE_PCT": ",".join(str(s.core_pct) for s in slices),
+        "GPUPOOL_GPU_MEMORY_LIMIT_MIB": ",".join(str(s.memory_limit_mib) for s in slices),
+        "GPUPOOL_GPU_CORE_LIMIT_PCT": ",".join(str(s.core_limit_pct) for s in slices),
         "GPUPOOL_LOGICAL_DEVICES": ",".join(sorted(logical)),
         "GPUPOOL_ISOLATION": provider,
     })

@@ -11,13 +11,15 @@ per GPU (label ``gpu``: uuid; the first also ``model``)
 per container (``namespace``, ``pod``, ``container``, ``gpu``)
   ``gpupool_node_container_memory_used_mib``, ``gpupool_node_container_memory_limit_mib``,
   ``gpupool_node_container_utilization_pct``, ``gpupool_node_container_compute_limit_pct``,
-  ``gpupool_node_container_over_use`` (1 while an over-user)
+  ``gpupool_node_container_over_use`` (1 while an over-user),
+  ``gpupool_node_container_burst_memory_mib`` (memory held above the request)
 node
   ``gpupool_node_isolation_provider{provider, enforced}`` (1 for the node's provider),
   ``gpupool_node_allocate_seconds`` (histogram), ``gpupool_node_allocations_total``,
   ``gpupool_node_refusals_total{reason}``, ``gpupool_node_over_use_actions_total{action}``,
   ``gpupool_node_monitor_sample_seconds`` (histogram),
-  ``gpupool_node_monitor_skipped_total{reason}`` (processes or GPUs a sample skipped)
+  ``gpupool_node_monitor_skipped_total{reason}`` (processes or GPUs a sample skipped),
+  ``gpupool_node_bursts_total``, ``gpupool_node_burst_reclaims_total{resource}``
 """
 
 from __future__ import annotations
@@ -81,6 +83,15 @@ class NodeMetrics:
         self.c_over = Gauge("gpupool_node_container_over_use",
                             "1 while the container uses more than its slice (after the grace)",
                             CONTAINER, registry=r)
+        self.c_burst = Gauge("gpupool_node_container_burst_memory_mib",
+                             "GPU memory the container holds above its request (a burst)",
+                             CONTAINER, registry=r)
+        self.bursts = Counter("gpupool_node_bursts_total",
+                              "Bursts granted: containers that went above their request",
+                              registry=r)
+        self.burst_reclaims = Counter("gpupool_node_burst_reclaims_total",
+                                      "Bursts reclaimed because a GPU's requests needed the "
+                                      "room, by resource", ["resource"], registry=r)
         self.provider = Gauge("gpupool_node_isolation_provider",
                               "The node's isolation provider (enforced=false: advisory)",
                               ["provider", "enforced"], registry=r)
@@ -109,7 +120,8 @@ class NodeMetrics:
         with self._lock:
             gone, self._containers = self._containers - keep, keep
         for labels in gone:
-            for gauge in (self.c_used, self.c_limit, self.c_util, self.c_compute, self.c_over):
+            for gauge in (self.c_used, self.c_limit, self.c_util, self.c_compute, self.c_over,
+                          self.c_burst):
                 with contextlib.suppress(KeyError):
                     gauge.remove(*labels)
 

@@ -11,7 +11,9 @@ Every sample (``sample_once``, every ``--monitor-seconds``):
    counted by reason, never guessed;
 3. compare each container's use with its slice — the slices of verified decisions
    only; a process in a pod that holds no slice of that GPU is compared with zero —
-   in ``overuse.OveruseTracker`` (grace period, compute window);
+   in ``overuse.OveruseTracker`` (grace period, compute window); a burstable slice's
+   limit is cut to its request first while its GPU's requests need the room
+   (``burst``, ``burstreport``);
 4. for every container that *became* an over-user: a log line, an Event
    (``GpupoolOverUse``), the annotation ``gpupool.io/over-use`` on the pod, the metric
    ``gpupool_node_container_over_use`` and the configured action (``Actions``); for
@@ -30,6 +32,7 @@ from pathlib import Path
 from gpupool.core.allocation import Slice
 from gpupool.core.errors import GpupoolError
 from gpupool.nodeagent import cgroups
+from gpupool.nodeagent.burstreport import BurstWatch
 from gpupool.nodeagent.gpu import GpuUsage
 from gpupool.nodeagent.metrics import NodeMetrics
 from gpupool.nodeagent.nodestate import holds_gpus
@@ -127,11 +130,13 @@ class Attribution:
         for key in sorted(set(used) | {k for k in self.held if k[2] not in failed}):
             use, held = used.get(key, _Use(0, 0)), self.held.get(key)
             pod = self.by_uid[key[0]]
-            limit_mib = held.slice.memory_mib if held else 0
-            limit_pct = held.slice.core_pct if held else 0
+            limit_mib = held.slice.memory_limit_mib if held else 0
+            limit_pct = held.slice.core_limit_pct if held else 0
             sm = use.sm_pct if key in used else 0
             out.append(Observation(key[0], pod.ref, key[1], key[2], use.memory_mib, sm,
-                                   limit_mib, limit_pct, held.exclusive if held else False))
+                                   limit_mib, limit_pct, held.exclusive if held else False,
+                                   held.slice.burst_memory_mib if held else 0,
+                                   held.slice.burst_core_pct if held else 0))
         return out
 
 
@@ -150,7 +155,8 @@ class UsageMonitor:
                  on_changes: Callable[[Changes, dict[str, Pod]], None],
                  metrics: NodeMetrics | None = None,
                  clock: Callable[[], float] = time.monotonic,
-                 attribution: Callable[[Sequence[Pod]], Attribution] | None = None):
+                 attribution: Callable[[Sequence[Pod]], Attribution] | None = None,
+                 bursts: BurstWatch | None = None):
         self.config = config
         self.usage = usage
         self.pods = pods
@@ -160,6 +166,7 @@ class UsageMonitor:
         self.metrics = metrics
         self.clock = clock
         self.attribution = attribution  # None: the slices of verified decisions (``gate``)
+        self.bursts = bursts  # None: no burst reclaim (slices without burst limits)
         self.last: list[Observation] = []
         self.last_usage: tuple[GpuUsage, ...] = ()
 
@@ -170,9 +177,12 @@ class UsageMonitor:
         seen = self.attribution(pods) if self.attribution is not None else \
             Attribution(self.config.proc_root, pods, held_slices(pods, self.gate))
         observations, skipped = seen.observe(usage)
-        changes = self.tracker.update(self.clock(), observations, skipped)
+        by_uid, now = {p.uid: p for p in pods}, self.clock()
+        if self.bursts is not None:
+            observations = self.bursts.judge(now, observations, usage, by_uid)
+        changes = self.tracker.update(now, observations, skipped)
         self.last, self.last_usage = observations, usage
-        self.on_changes(changes, {p.uid: p for p in pods})
+        self.on_changes(changes, by_uid)
         if self.metrics is not None:
             self._export(seen, observations, changes)
             self.metrics.sample_seconds.observe(time.perf_counter() - start[1])

@@ -6,7 +6,10 @@ on a GPU when
 
 * its processes hold more memory than its slice plus ``memory_tolerance_mib``, or
 * the mean SM utilisation of its processes over the last ``compute_window_s`` exceeds
-  its compute share plus ``compute_tolerance_pct``;
+  its compute share plus ``compute_tolerance_pct``
+
+(the slice's *limits*: a burstable slice's are above its request until the burst is
+reclaimed, ``nodeagent.burst``);
 
 and an *over-user* once it has been over at every sample for ``grace_s``. A process on
 a GPU in a pod that holds no slice of that GPU is over with a slice of zero. Whole-GPU
@@ -43,10 +46,20 @@ class Observation:
     memory_limit_mib: int
     core_limit_pct: int
     exclusive: bool = False
+    burst_memory_mib: int = 0  # how much of the limits is burst, above the request
+    burst_core_pct: int = 0  # (a burstable slice; ``nodeagent.burst``)
 
     @property
     def key(self) -> tuple[str, str, str]:
         return (self.pod_uid, self.container, self.gpu_uuid)
+
+    @property
+    def memory_request_mib(self) -> int:
+        return self.memory_limit_mib - self.burst_memory_mib
+
+    @property
+    def core_request_pct(self) -> int:
+        return self.core_limit_pct - self.burst_core_pct
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,8 @@ Mutating (``/mutate``), pods CREATE: gpupool's scheduler and the implied
 ``gpupool.io/gpu`` (``scheduling``). Validating (``/validate``):
 
 * pods CREATE: no decision annotations (``decisions``), no guarded environment
-  (``environment``), and a GPU ask the scheduler can read (``contract.podspec_request``);
+  (``environment``), and a GPU ask the scheduler can read (``contract.podspec_request``;
+  burst limits, ``contract.burst``, only on a pod that asks a shared slice);
 * pods and pods/status UPDATE: decision annotations change only by their writers;
 * pods/ephemeralcontainers UPDATE: the new ephemeral containers' environment;
 * pods/binding CREATE: a Binding carries a decision only from gpupool's extender;
@@ -23,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpupool.contract import nslabels, quotas, tenancy
+from gpupool.contract import burst, nslabels, quotas, tenancy
 from gpupool.contract.podspec_request import pod_request
 from gpupool.core.errors import InvalidInput
 from gpupool.core.request import PodRequest
@@ -71,6 +72,11 @@ def gpu_request(request: Request) -> PodRequest | Verdict | None:
     scheduler could not read it."""
     spec = _map(_map(request.obj).get("spec"))
     if not scheduling.asks_gpupool(spec):
+        notes = _map(_map(_map(request.obj).get("metadata")).get("annotations"))
+        if burst.asks_burst(notes):
+            return Verdict.deny(f"{pod_ref(request)} sets a GPU burst limit "
+                                f"({', '.join(burst.KEYS)}) but asks no gpupool GPU", 422,
+                                "Invalid")
         return None
     try:
         return pod_request(_readable_pod(request))

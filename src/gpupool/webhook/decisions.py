@@ -1,7 +1,9 @@
 """Who may write gpupool's decision annotations on a pod.
 
-A pod's ``gpupool.io/*`` annotations (except the two a user sets: ``gpupool.io/mode``
-and ``gpupool.io/affinity``) are gpupool's record of a GPU decision. Nobody may create
+A pod's ``gpupool.io/*`` annotations (except those a user sets: ``gpupool.io/mode``,
+``gpupool.io/affinity`` and the burst limits ``gpupool.io/gpu-memory-limit`` and
+``gpupool.io/gpu-core-limit``, which bind reads and records in the decision) are
+gpupool's record of a GPU decision. Nobody may create
 a pod carrying them, and an update may add, change or remove them only when the
 caller's account is allowed that key (``Writers``): the node agent its phase, reason,
 device claim and over-use record; the extender writes decisions only through the Binding
@@ -19,7 +21,8 @@ from typing import Any
 from gpupool.contract import names
 
 PREFIX = "gpupool.io/"
-USER_KEYS = frozenset({names.ANNOTATION_MODE, names.ANNOTATION_AFFINITY})
+USER_KEYS = frozenset({names.ANNOTATION_MODE, names.ANNOTATION_AFFINITY,
+                       names.ANNOTATION_MEMORY_LIMIT, names.ANNOTATION_CORE_LIMIT})
 DECISION_KEYS = frozenset({
     names.ANNOTATION_ALLOCATION, names.ANNOTATION_NODE, names.ANNOTATION_BIND_TIME,
     names.ANNOTATION_PHASE, names.ANNOTATION_REASON, names.ANNOTATION_SIGNATURE,

@@ -189,7 +189,7 @@ class MpsProvider:
         uuid = uuids[0]
         daemon = self._serving(uuid)
         self._mode(uuid, True)
-        self._raise(daemon, grant.slices[0].memory_mib, grant.slices[0].core_pct)
+        self._raise(daemon, grant.slices[0].memory_limit_mib, grant.slices[0].core_limit_pct)
         envs = {"CUDA_MPS_PIPE_DIRECTORY": PIPE_IN_CONTAINER,
                 "CUDA_MPS_LOG_DIRECTORY": LOG_IN_CONTAINER, **mps_limits(grant.slices)}
         mounts = (Mount(PIPE_IN_CONTAINER, str(self.layout.pipe(uuid))),
@@ -233,12 +233,13 @@ class MpsProvider:
         self._modes[uuid] = exclusive_process
 
     def sync(self, holdings: Holdings, live_pods: set[str]) -> None:
-        """The ceiling of every GPU: the largest shared slice held on it now."""
+        """The ceiling of every GPU: the largest shared slice's limit held on it now."""
         for uuid, daemon in self.daemons.items():
             slices = holdings.get(uuid) or ()
             if not slices or self.problems().get(uuid):
                 continue
-            want = MpsLimits(max(s.memory_mib for s in slices), max(s.core_pct for s in slices))
+            want = MpsLimits(max(s.memory_limit_mib for s in slices),
+                             max(s.core_limit_pct for s in slices))
             if want != daemon.limits:
                 try:
                     daemon.apply(want)
