@@ -17,7 +17,9 @@ import pytest
 
 from gpupool.remote.channel import Timing, hello
 from gpupool.remote.client import ClientConfig, SliceClient
+from gpupool.remote.credentials import Credentials
 from gpupool.remote.frames import PREFIX, encode
+from gpupool.remote.listening import TlsListener
 from gpupool.remote.provider import (
     Isolation,
     ProviderError,
@@ -286,3 +288,29 @@ def test_a_silent_tls_client_is_cut_off_after_the_handshake_time(
             server.status()["refusals"]
     finally:
         stop(loop, server)
+
+
+def test_connections_that_never_finish_their_handshake_hold_a_bounded_number_of_slots(
+        loop: LoopThread, authority: Authority) -> None:
+    refused: list[str] = []
+
+    async def never(*_: object) -> None:
+        raise AssertionError("no handshake can finish here")
+
+    creds = Credentials(paths(authority.server()), server=True)
+    listener = TlsListener(lambda: creds.context, never,
+                           lambda peer, exc: refused.append(str(exc)), handshake_s=30,
+                           max_handshakes=2)
+    loop.run(listener.start("127.0.0.1", 0, "a test port"))
+    try:
+        silent = [socket.create_connection(("127.0.0.1", listener.port), timeout=10)
+                  for _ in range(2)]
+        assert wait_for(lambda: listener.handshaking == 2)
+        with socket.create_connection(("127.0.0.1", listener.port), timeout=10) as third:
+            assert third.recv(1) == b""  # closed at once
+        assert refused == ["2 connections are in their TLS handshake already (at most 2)"]
+        for s in silent:
+            s.close()
+        assert wait_for(lambda: listener.handshaking == 0)
+    finally:
+        loop.call(listener.close)

@@ -40,7 +40,7 @@ from gpupool.remote import channel, frames
 from gpupool.remote.channel import Liveness, Released, Timing
 from gpupool.remote.credentials import CredentialPaths, Credentials
 from gpupool.remote.frames import FrameError
-from gpupool.remote.listening import listen
+from gpupool.remote.listening import listen, tls_reason
 from gpupool.remote.relay import relay
 from gpupool.security import sessions
 
@@ -164,7 +164,7 @@ class SliceClient:
                 server_hostname=c.server_host, ssl_handshake_timeout=c.connect_s), c.connect_s)
         except ssl.SSLError as exc:
             raise Refused(f"TLS with the server at {c.server_host}:{c.server_port} failed "
-                          f"({_tls_reason(exc)})") from None
+                          f"({tls_reason(exc)})") from None
         try:
             why = self.credentials.admit(writer.get_extra_info("ssl_object"), self.identity)
             if why:
@@ -182,7 +182,7 @@ class SliceClient:
         except ssl.SSLError as exc:
             await frames.close(writer)
             raise Refused(f"the server refused this pod's certificate during TLS "
-                          f"({_tls_reason(exc)})") from None
+                          f"({tls_reason(exc)})") from None
         except BaseException:
             await frames.close(writer)
             raise
@@ -224,9 +224,3 @@ class SliceClient:
             self._listener.close()
             with contextlib.suppress(Exception):
                 await self._listener.wait_closed()
-
-
-def _tls_reason(exc: ssl.SSLError) -> str:
-    if isinstance(exc, ssl.SSLCertVerificationError):
-        return exc.verify_message or str(exc)
-    return exc.reason or str(exc)

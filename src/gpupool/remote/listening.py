@@ -17,6 +17,14 @@ log = logging.getLogger(__name__)
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 TlsHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, str], Awaitable[None]]
 
+MAX_HANDSHAKES = 64
+"""Connections a TLS port lets be in their handshake at once; more are closed at once
+(a peer that opens connections and says nothing holds at most this many)."""
+
+
+def _peer(address: Any) -> str:
+    return f"{address[0]}:{address[1]}" if isinstance(address, tuple) else str(address)
+
 
 class ListenError(GpupoolError):
     """A port that cannot be listened on; the message names it and why."""
@@ -40,11 +48,14 @@ class TlsListener:
     another CA — is reported, not only logged by asyncio in debug mode."""
 
     def __init__(self, context: Callable[[], ssl.SSLContext], handler: TlsHandler,
-                 refused: Callable[[str, BaseException], None], handshake_s: float = 10.0):
+                 refused: Callable[[str, BaseException], None], handshake_s: float = 10.0,
+                 max_handshakes: int = MAX_HANDSHAKES):
         self.context = context
         self.handler = handler
         self.refused = refused
         self.handshake_s = handshake_s
+        self.max_handshakes = max_handshakes
+        self.handshaking = 0
         self.port = 0
         self._sock: socket.socket | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -73,13 +84,20 @@ class TlsListener:
                 log.warning("accepting a connection failed: %s", exc)
                 await asyncio.sleep(0.1)
                 continue
+            if self.handshaking >= self.max_handshakes:
+                conn.close()
+                self.refused(_peer(address), ConnectionRefusedError(
+                    f"{self.handshaking} connections are in their TLS handshake already (at "
+                    f"most {self.max_handshakes})"))
+                continue
             self._spawn(self._handshake(conn, address))
 
     async def _handshake(self, conn: socket.socket, address: Any) -> None:
-        peer = f"{address[0]}:{address[1]}" if isinstance(address, tuple) else str(address)
+        peer = _peer(address)
         loop = asyncio.get_running_loop()
         reader = asyncio.StreamReader(limit=2 ** 16)
         protocol = asyncio.StreamReaderProtocol(reader)
+        self.handshaking += 1
         try:
             transport, _ = await loop.connect_accepted_socket(
                 lambda: protocol, conn, ssl=self.context(),
@@ -88,6 +106,8 @@ class TlsListener:
             conn.close()
             self.refused(peer, exc)
             return
+        finally:
+            self.handshaking -= 1
         writer = asyncio.StreamWriter(transport, protocol, reader, loop)
         await self.handler(reader, writer, peer)
 
@@ -98,3 +118,16 @@ class TlsListener:
             self._sock = None
         for task in list(self._tasks):
             task.cancel()
+
+
+def tls_reason(exc: BaseException) -> str:
+    """A failed TLS connection's reason, as a person reads it."""
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return exc.verify_message or str(exc)
+    if isinstance(exc, ssl.SSLError):
+        return exc.reason or str(exc)
+    if isinstance(exc, TimeoutError):
+        return "no handshake within the time allowed"
+    if isinstance(exc, ConnectionError) and not str(exc):
+        return f"the peer closed the connection ({type(exc).__name__})"
+    return str(exc) or type(exc).__name__

@@ -38,7 +38,7 @@ from gpupool.remote import channel, frames
 from gpupool.remote.channel import Liveness, Timing
 from gpupool.remote.credentials import CredentialPaths, Credentials
 from gpupool.remote.frames import FrameError
-from gpupool.remote.listening import ListenError, TlsListener
+from gpupool.remote.listening import ListenError, TlsListener, tls_reason
 from gpupool.remote.provider import LOOPBACK, ProviderProcess, SliceSpec
 from gpupool.remote.relay import relay
 from gpupool.remote.usage import UsageMeter, stub_sample
@@ -203,7 +203,7 @@ class SliceServer:
         return self.credentials.context
 
     def _refused_tls(self, peer: str, exc: BaseException) -> None:
-        self._refuse(peer, f"TLS handshake failed: {_tls_reason(exc)}")
+        self._refuse(peer, f"TLS handshake failed: {tls_reason(exc)}")
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                      peer: str) -> None:
@@ -291,13 +291,3 @@ class SliceServer:
 async def _say(writer: asyncio.StreamWriter, header: dict[str, Any]) -> None:
     with contextlib.suppress(ConnectionError, OSError):
         await frames.send(writer, header)
-
-
-def _tls_reason(exc: BaseException) -> str:
-    if isinstance(exc, TimeoutError):
-        return "no handshake within the time allowed"
-    if isinstance(exc, ssl.SSLCertVerificationError):
-        return exc.verify_message or str(exc)
-    if isinstance(exc, ConnectionError) and not str(exc):
-        return f"the peer closed the connection ({type(exc).__name__})"
-    return str(exc) or type(exc).__name__
