@@ -89,6 +89,9 @@ CASES: list[tuple[str, PodRequest, Setup, Check, str, bool]] = [
      Check.CLASS, "2 GPUs of class big needed, 1 here", True),
     ("more GPUs than the node has", pod("p", whole(8)), nothing, Check.GPU_COUNT,
      "8 GPUs needed, node has 4", True),
+    ("no MIG device of the profile", pod("p", GpuDemand(1, mode=Mode.EXCLUSIVE,
+                                                       mig_profile="1g.10gb")),
+     nothing, Check.MIG, "1 MIG devices 1g.10gb needed, node has 0", True),
     ("GPUs too small for the slice", pod("p", shared(1, 50000)), nothing, Check.GPU_SIZE,
      "1 GPUs with 50000 MiB needed, 0 GPUs here are that large", True),
     ("more CPU than the node has", pod("p", whole(1), cpu=40000), nothing, Check.CPU,
@@ -132,6 +135,7 @@ COMMON = {  # what nodes in the same situation share: the node's own free amount
     "more CPU than is free": "4000m CPU needed, less free",
     "more memory than is free": "8192 MiB memory needed, less free",
     "no GPU with room for the slice": "1 GPUs with 0 MiB + 50 % core needed, 0 have room",
+    "no MIG device of the profile": "1 MIG devices 1g.10gb needed, fewer on the node",
 }
 
 

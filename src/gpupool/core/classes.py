@@ -88,13 +88,13 @@ class ResourceClass:
 def selector_mask(state: ClusterState, selector: Selector) -> BoolArray:
     """[node, gpu position] -> the GPU exists and its labels match ``selector``.
 
-    GPUs with equal facts (model, memory, index, labels) share one evaluation.
+    GPUs with equal facts (model, memory, index, labels, MIG role) share one evaluation.
     """
     mask = np.zeros(state.present.shape, np.bool_)
     seen: dict[tuple[object, ...], bool] = {}
     for i, node in enumerate(state.nodes):
         for j, gpu in enumerate(node.gpus):
-            facts = (gpu.model, gpu.memory_mib, gpu.index, gpu.labels)
+            facts = (gpu.model, gpu.memory_mib, gpu.index, gpu.labels, gpu.mig)
             hit = seen.get(facts)
             if hit is None:
                 hit = seen[facts] = selector.matches(gpu.label_map())

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 
 from gpupool.core.allocation import Allocation
 from gpupool.core.classes import ClassCatalog
-from gpupool.core.fit import Constraints, demand_of
+from gpupool.core.fit import Constraints, demand_of, kind_mask
 from gpupool.core.groups import GroupCatalog
 from gpupool.core.quota import Amount, Charge, QuotaBook, amount_of_allocation, amount_of_request
 from gpupool.core.reasons import Check, Reason
@@ -93,6 +93,8 @@ def request_amount(state: ClusterState, request: PodRequest, gpu_mask: BoolArray
     whole = 0
     if demand is not None and demand.exclusive:
         eligible = state.present if gpu_mask is None else state.present & gpu_mask
+        kind = kind_mask(state, demand)
+        eligible = eligible if kind is None else eligible & kind
         units = state.unit_cap[eligible]
         whole = int(units.min()) * state.memory_unit_mib if units.size else 0
     return amount_of_request(request, state.memory_unit_mib, whole)

@@ -93,6 +93,6 @@ class FeasibilityMemo:
     def _key(state: ClusterState, request: PodRequest, c: Constraints) -> tuple[object, ...]:
         d = demand_of(request)
         gpu = None if d is None else (d.count, state.units_for(d.memory_mib), d.core_pct,
-                                      d.exclusive)
+                                      d.exclusive, d.mig_profile)
         return (request.cpu_milli, request.memory_mib, request.models, gpu,
                 id(c.node_mask), id(c.gpu_mask))

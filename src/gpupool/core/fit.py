@@ -33,10 +33,23 @@ def demand_of(request: PodRequest) -> GpuDemand | None:
     return merged_demand(request) if request.gpus else None
 
 
+def kind_mask(state: ClusterState, demand: GpuDemand, rows: slice | IntArray = slice(None)
+              ) -> BoolArray | None:
+    """[node, gpu] -> the position is of the kind ``demand`` lands on: MIG devices of its
+    ``mig_profile``, or ordinary GPUs for a demand without one (None: every position is,
+    in a state without MIG devices)."""
+    if not state.has_mig and not demand.mig_profile:
+        return None
+    return np.asarray(state.mig_kind[rows] == state.profile_id(demand.mig_profile))
+
+
 def gpu_fit_mask(state: ClusterState, demand: GpuDemand, gpu_mask: BoolArray | None,
                  rows: slice | IntArray = slice(None)) -> BoolArray:
     """[node, gpu] -> this GPU can take one slice of ``demand`` now (only ``rows``)."""
     ok = state.present[rows] & state.healthy[rows]
+    kind = kind_mask(state, demand, rows)
+    if kind is not None:
+        ok = ok & kind
     if demand.exclusive:
         ok = ok & (state.core_free[rows] == state.core_cap[rows]) & (
             state.unit_free[rows] == state.unit_cap[rows])
@@ -196,7 +209,8 @@ def _explain_capacity(
     state: ClusterState, request: PodRequest, demand: GpuDemand, i: int, c: Constraints
 ) -> Reason | None:
     name = state.nodes[i].name
-    present = state.present[i]
+    kind = kind_mask(state, demand, slice(i, i + 1))
+    present = state.present[i] if kind is None else state.present[i] & kind[0]
     if c.gpu_mask is not None:
         matching = int((present & c.gpu_mask[i]).sum())
         if matching < demand.count:
@@ -204,7 +218,7 @@ def _explain_capacity(
                           f"{matching} here", True)
     total = int(present.sum())
     if total < demand.count:
-        return Reason(name, Check.GPU_COUNT, f"{demand.count} GPUs needed, node has {total}", True)
+        return _too_few(state, demand, i, total)
     if not demand.exclusive:
         big = int((present & (state.unit_cap[i] >= state.units_for(demand.memory_mib))).sum())
         if big < demand.count:
@@ -215,6 +229,18 @@ def _explain_capacity(
         return Reason(name, Check.GPU_HEALTH, f"{demand.count} healthy GPUs needed, "
                       f"{healthy} of {total} healthy", False)
     return None
+
+
+def _too_few(state: ClusterState, demand: GpuDemand, i: int, total: int) -> Reason:
+    name = state.nodes[i].name
+    if demand.mig_profile:
+        need = f"{demand.count} MIG devices {demand.mig_profile} needed"
+        return Reason(name, Check.MIG, f"{need}, node has {total}", True,
+                      f"{need}, fewer on the node")
+    mig = int((state.mig_kind[i] > 0).sum()) if state.has_mig else 0
+    why = f" (and {mig} MIG devices, only for pods that ask their profile)" if mig else ""
+    return Reason(name, Check.GPU_COUNT, f"{demand.count} GPUs needed, node has {total}{why}",
+                  True, f"{demand.count} GPUs needed, node has {total}")
 
 
 def _mask_words(request: PodRequest, c: Constraints) -> str:
@@ -237,12 +263,16 @@ def _explain_gpu_free(state: ClusterState, demand: GpuDemand, i: int, c: Constra
     if have >= demand.count:
         return None
     ok = state.present[i] & state.healthy[i]
+    kind = kind_mask(state, demand, slice(i, i + 1))
+    if kind is not None:
+        ok = ok & kind[0]
     if c.gpu_mask is not None:  # count only GPUs the class or group lets the pod use
         ok = ok & c.gpu_mask[i]
     if demand.exclusive:
         idle = int((ok & (state.core_free[i] == state.core_cap[i])
                     & (state.unit_free[i] == state.unit_cap[i])).sum())
-        return Reason(name, Check.GPU_FREE, f"{demand.count} idle GPUs needed, {idle} idle",
+        what = f"MIG devices {demand.mig_profile}" if demand.mig_profile else "GPUs"
+        return Reason(name, Check.GPU_FREE, f"{demand.count} idle {what} needed, {idle} idle",
                       False)
     unit = state.memory_unit_mib
     best = int(np.argmax(np.where(ok, state.free_milli[i], -1)))

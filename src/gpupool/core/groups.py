@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from gpupool.core.books import MaskCache, NamedBook
 from gpupool.core.errors import InvalidInput
 from gpupool.core.fit import Constraints, demand_of, gpu_fit_mask, need_milli
+from gpupool.core.mig import MigDevice
 from gpupool.core.model import Gpu
 from gpupool.core.quota import Charge, QuotaBook
 from gpupool.core.request import PodRequest
@@ -72,7 +73,8 @@ class ResourceGroup:
         """Is ``gpu`` (on ``node``) a member GPU of this group?"""
         if self.models and gpu.model not in self.models:
             return False
-        return node in self.nodes or gpu.uuid in self.gpus
+        parent = gpu.mig.parent if isinstance(gpu.mig, MigDevice) else ""
+        return node in self.nodes or gpu.uuid in self.gpus or parent in self.gpus
 
     def updated(
         self,
@@ -107,17 +109,23 @@ class GpuLayout:
     position: dict[str, tuple[int, int]]  # uuid -> (node index, GPU position)
     model_id: IntArray  # [node, gpu] -> index into ``models`` (-1: no GPU there)
     models: dict[str, int]
+    mig_devices: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
+    """A GPU in MIG mode's uuid -> where its MIG devices are (a member GPU's MIG devices
+    are members too)."""
 
     @staticmethod
     def of(state: ClusterState) -> GpuLayout:
         position: dict[str, tuple[int, int]] = {}
         models: dict[str, int] = {}
+        devices: dict[str, list[tuple[int, int]]] = {}
         model_id = np.full(state.present.shape, -1, np.int64)
         for i, node in enumerate(state.nodes):
             for j, gpu in enumerate(node.gpus):
                 position[gpu.uuid] = (i, j)
                 model_id[i, j] = models.setdefault(gpu.model, len(models))
-        return GpuLayout(position, model_id, models)
+                if isinstance(gpu.mig, MigDevice):
+                    devices.setdefault(gpu.mig.parent, []).append((i, j))
+        return GpuLayout(position, model_id, models, devices)
 
 
 def group_gpu_mask(state: ClusterState, group: ResourceGroup,
@@ -131,6 +139,7 @@ def group_gpu_mask(state: ClusterState, group: ResourceGroup,
     rows = [state.index[n] for n in group.nodes if n in state.index]
     mask[rows] = state.present[rows]
     cells = [layout.position[u] for u in group.gpus if u in layout.position]
+    cells += [c for u in group.gpus for c in layout.mig_devices.get(u, ())]
     if cells:
         mask[tuple(np.array(cells).T)] = True
     if group.models:

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gpupool.core.errors import InvalidInput
+from gpupool.core.mig import LABEL_MODE, LABEL_PARENT, LABEL_PROFILE, MigDevice, MigMode
 from gpupool.core.topology import GpuLinks
 
 CORE_UNITS_PER_GPU = 100
@@ -35,6 +36,9 @@ class Gpu:
     healthy: bool = True
     labels: Labels = ()
     links: GpuLinks = ()
+    mig: MigMode | MigDevice | None = None
+    """MIG (``core.mig``): a GPU in MIG mode (never handed out itself), one of its MIG
+    devices (handed out whole, to pods asking its profile), or None: an ordinary GPU."""
 
     def __post_init__(self) -> None:
         if not self.uuid:
@@ -53,8 +57,23 @@ class Gpu:
             "gpupool.io/memory": f"{self.memory_mib}Mi",
             "gpupool.io/index": str(self.index),
         }
+        if isinstance(self.mig, MigDevice):
+            merged[LABEL_PROFILE] = self.mig.profile
+            merged[LABEL_PARENT] = self.mig.parent
+        elif self.mig is not None:
+            merged[LABEL_MODE] = "enabled"
         merged.update(dict(self.labels))
         return merged
+
+    @property
+    def mig_profile(self) -> str:
+        """The profile of a MIG device ("" for any other GPU)."""
+        return self.mig.profile if isinstance(self.mig, MigDevice) else ""
+
+    @property
+    def in_mig_mode(self) -> bool:
+        """A GPU in MIG mode: only its MIG devices are handed out."""
+        return isinstance(self.mig, MigMode)
 
 
 @dataclass(frozen=True, slots=True)

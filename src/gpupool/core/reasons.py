@@ -26,6 +26,7 @@ class Check(Enum):
     GPU_FREE = "gpu-free"
     NODE_MODE = "node-mode"  # the node serves its GPUs another way (checked before GROUP)
     REMOTE = "remote-slice"  # no GPU here, nor elsewhere for a remote slice (core.serving)
+    MIG = "mig-profile"  # no MIG device of the asked profile here (core.mig)
 
 
 @dataclass(frozen=True, slots=True)

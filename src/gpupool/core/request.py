@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from gpupool.core.errors import InvalidInput
+from gpupool.core.mig import check_profile_name
 from gpupool.core.model import CORE_UNITS_PER_GPU
 from gpupool.core.selector import Selector
 
@@ -49,6 +50,10 @@ class GpuDemand:
     ``memory_limit_mib`` and ``core_limit_pct`` make a *burstable* slice: the most the
     container may use while the GPU has room (0: its request, no burst). Placement and
     quota count the request only; docs/design/burst.md.
+
+    ``mig_profile`` asks ``count`` MIG devices of that profile (``core.mig``), each whole
+    (exclusive mode): such a demand lands on MIG devices of the profile only, and every
+    other demand on ordinary GPUs only.
     """
 
     count: int
@@ -58,6 +63,7 @@ class GpuDemand:
     container: str = ""
     memory_limit_mib: int = 0
     core_limit_pct: int = 0
+    mig_profile: str = ""
 
     def __post_init__(self) -> None:
         if not 1 <= self.count <= MAX_GPUS_PER_POD:
@@ -77,6 +83,18 @@ class GpuDemand:
                     "gpu-memory or gpu-core"
                 )
         self._check_limits()
+        if self.mig_profile:
+            self._check_mig()
+
+    def _check_mig(self) -> None:
+        who = f"container {self.container or '?'}"
+        try:
+            check_profile_name(self.mig_profile)
+        except InvalidInput as exc:
+            raise InvalidInput(f"{who}: {exc}") from None
+        if not self.exclusive:
+            raise InvalidInput(f"{who}: a MIG device is handed out whole; it cannot be shared "
+                               "as a slice of memory or compute")
 
     def _check_limits(self) -> None:
         who = f"container {self.container or '?'}"
@@ -102,6 +120,8 @@ class GpuDemand:
         return self.mode is Mode.EXCLUSIVE
 
     def describe(self) -> str:
+        if self.mig_profile:
+            return f"{self.count} MIG device{'s' if self.count > 1 else ''} {self.mig_profile}"
         if self.exclusive:
             return f"{self.count} whole GPU{'s' if self.count > 1 else ''}"
         parts = []
@@ -141,6 +161,8 @@ class PodRequest:
             raise InvalidInput(f"pod {self.key}: absurd number of GPUs requested")
         if self.models is not None and not self.models:
             raise InvalidInput(f"pod {self.key}: the list of allowed GPU models is empty")
+        if len(self.gpus) > 1:
+            mig_profile_of(self)
 
     @property
     def gpu_count(self) -> int:
@@ -153,7 +175,7 @@ class PodRequest:
         return (
             self.cpu_milli,
             self.memory_mib,
-            tuple((d.count, d.memory_mib, d.core_pct, d.mode) for d in self.gpus),
+            tuple((d.count, d.memory_mib, d.core_pct, d.mode, d.mig_profile) for d in self.gpus),
             self.models,
             self.selector,
             self.group,
@@ -175,7 +197,8 @@ def merged_demand(request: PodRequest) -> GpuDemand:
     own: the merged demand asks the summed count with the largest slice, and
     the containers take disjoint runs of the chosen GPUs. Both are exact for
     equal containers and conservative otherwise. Any exclusive container makes
-    the whole pod exclusive.
+    the whole pod exclusive. A pod's containers ask MIG devices of one profile, or
+    none of them asks a MIG device.
     """
     if len(request.gpus) == 1:
         return request.gpus[0]
@@ -183,8 +206,9 @@ def merged_demand(request: PodRequest) -> GpuDemand:
         raise InvalidInput(f"pod {request.key} asks for no GPU")
     together = request.affinity is Affinity.POD
     count = max(d.count for d in request.gpus) if together else sum(d.count for d in request.gpus)
+    profile = mig_profile_of(request)
     if any(d.exclusive for d in request.gpus):
-        return GpuDemand(count, mode=Mode.EXCLUSIVE)
+        return GpuDemand(count, mode=Mode.EXCLUSIVE, mig_profile=profile)
     pick = sum if together else max
     memory = pick(d.memory_mib for d in request.gpus)
     core = pick(d.core_pct for d in request.gpus)
@@ -194,3 +218,15 @@ def merged_demand(request: PodRequest) -> GpuDemand:
             f"{core} % of one GPU's compute"
         )
     return GpuDemand(count, memory, core, Mode.SHARED)
+
+
+def mig_profile_of(request: PodRequest) -> str:
+    """The one MIG profile the pod's containers ask ("" when none asks a MIG device);
+    ``InvalidInput`` when they ask different kinds (two profiles, or MIG and not)."""
+    kinds = {d.mig_profile for d in request.gpus}
+    if len(kinds) > 1:
+        named = ", ".join(sorted(k or "GPUs or slices" for k in kinds))
+        raise InvalidInput(f"pod {request.key}: its containers ask different kinds of GPU "
+                           f"({named}); a pod asks MIG devices of one profile, or no MIG "
+                           "device")
+    return next(iter(kinds), "")

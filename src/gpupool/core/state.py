@@ -8,7 +8,10 @@ cache per node; a change of layout (nodes added, removed, relabelled) bumps
 ``epoch``.
 
 Arrays are indexed ``[node]`` or ``[node, gpu position]``; positions past a
-node's GPU count are absent (``present`` is False, free share is -1).
+node's GPU count are absent (``present`` is False, free share is -1), and so is a GPU
+in MIG mode (``core.mig``): only its MIG devices, each a position of its own, are
+handed out. ``mig_kind`` says what a position is: 0 an ordinary GPU, else the id of a
+MIG device's profile in ``profiles`` (``fit`` keeps each demand to its kind).
 
 A remote allocation (``Allocation.served_by``) takes CPU and memory on the pod's node
 and its slices on the serving node, in the same arrays and the same all-or-nothing
@@ -27,6 +30,7 @@ import numpy.typing as npt
 
 from gpupool.core.allocation import Allocation, Slice
 from gpupool.core.errors import InvalidInput, OverCommit, UnknownName
+from gpupool.core.mig import MigDevice
 from gpupool.core.model import CORE_UNITS_PER_GPU, DEFAULT_MEMORY_UNIT_MIB, Node
 
 IntArray = npt.NDArray[np.int64]
@@ -63,6 +67,8 @@ class ClusterState:
         self._deferred: set[int] | None = None  # rows whose refresh waits (see deferred)
         self.models: list[str] = []
         self._model_ids: dict[str, int] = {}
+        self.profiles: list[str] = [""]  # MIG profiles by id (0: not a MIG device)
+        self._profile_ids: dict[str, int] = {"": 0}
         self._alloc_arrays(0, 1)
         self.add_nodes(nodes)
 
@@ -88,6 +94,9 @@ class ClusterState:
         self.unit_cap = np.zeros((n, g), np.int64)
         self.unit_free = np.zeros((n, g), np.int64)
         self.free_milli = np.full((n, g), -1, np.int64)
+        self.mig_kind = np.zeros((n, g), np.int64)
+        self.has_mig = False
+        """Whether any position is a MIG device (a layout fact)."""
         self._refresh_maxima()
 
     def _refresh_maxima(self) -> None:
@@ -188,7 +197,13 @@ class ClusterState:
             self._model_ids[node.model] = len(self.models)
             self.models.append(node.model)
         self.model_id[i] = self._model_ids[node.model]
+        parents = {g.mig.parent for g in node.gpus if isinstance(g.mig, MigDevice)}
         for j, gpu in enumerate(node.gpus):
+            if gpu.in_mig_mode or gpu.uuid in parents:
+                continue  # a GPU in MIG mode: its MIG devices are handed out, never itself
+            if gpu.mig_profile:
+                self.mig_kind[i, j] = self.profile_id(gpu.mig_profile, add=True)
+                self.has_mig = True
             units = gpu.memory_mib // self.memory_unit_mib
             if units <= 0:
                 raise InvalidInput(
@@ -222,6 +237,16 @@ class ClusterState:
             if gpu.uuid == gpu_uuid:
                 return p
         raise UnknownName(f"GPU {gpu_uuid} is not on node {node}")
+
+    def profile_id(self, profile: str, add: bool = False) -> int:
+        """The ``mig_kind`` of MIG devices of ``profile`` (0: ordinary GPUs; -1: a profile
+        no device of this state has had)."""
+        known = self._profile_ids.get(profile)
+        if known is not None or not add:
+            return -1 if known is None else known
+        self._profile_ids[profile] = len(self.profiles)
+        self.profiles.append(profile)
+        return len(self.profiles) - 1
 
     def model_mask(self, models: frozenset[str] | None) -> BoolArray:
         if models is None:
@@ -288,6 +313,9 @@ class ClusterState:
             j = s.gpu_position
             if not (0 <= j < len(node.gpus)) or node.gpus[j].uuid != s.gpu_uuid:
                 raise UnknownName(f"{alloc.key}: GPU {s.gpu_uuid} is not at {j} on {node.name}")
+            if not self.present[i, j]:
+                raise OverCommit(f"{alloc.key}: GPU {s.gpu_uuid} is in MIG mode: only its MIG "
+                                 "devices are handed out")
             if s.memory_mib < 0 or s.core_pct < 0:
                 raise InvalidInput(f"{alloc.key}: negative GPU slice")
             units, core = need.setdefault(j, [0, 0])
@@ -366,6 +394,7 @@ class ClusterState:
         snap.layout = object()
         snap.nodes, snap.index = list(self.nodes), dict(self.index)
         snap.models, snap._model_ids = list(self.models), dict(self._model_ids)
+        snap.profiles, snap._profile_ids = list(self.profiles), dict(self._profile_ids)
         snap.allocations = self.allocations.copy()
         snap._by_node = {}
         snap._deferred = None

@@ -42,7 +42,7 @@ def shape_key(inp: ScoreInput) -> tuple[object, ...]:
     GPU demand and the class / group GPU mask (by identity: ``ScoreInput.gpu_mask``)."""
     d = inp.demand
     return (inp.request.cpu_milli,
-            None if d is None else (d.count, d.memory_mib, d.core_pct, d.mode),
+            None if d is None else (d.count, d.memory_mib, d.core_pct, d.mode, d.mig_profile),
             id(inp.gpu_mask))
 
 
