@@ -5,8 +5,9 @@ server, e.g. LUPINE's, given by --provider-command) on a loopback port, pinned t
 decided GPU (CUDA_VISIBLE_DEVICES=<uuid>) with the slice's limits in the node's
 isolation provider's variables, behind gpupool's mutual-TLS terminator. Only the
 sidecar of the pod the slice was decided for gets in (its session certificate,
-unexpired, not revoked). Heartbeats the sidecar; when it is silent past the deadline,
-or never connects, the slice is released: the provider is stopped and nothing is held.
+unexpired, not revoked). Server and sidecar send each other heartbeats; when the
+sidecar is silent past the deadline, or never connects, the slice is released: the
+provider is stopped and nothing is held.
 Status, and the slice's usage in the node agent's over-use shape, on
 http://ADDRESS:STATUS-PORT/status and /usage. Exits 0 once the slice is released.
 See docs/remote.md.
