@@ -73,8 +73,26 @@ def register(subparsers: Any) -> None:
                    metavar="SECONDS",
                    help="count a GPU as stale in the metrics when its node agent has not "
                         "reported for this long (default 120, as the extender)")
+    _healing_flags(p)
     p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     p.set_defaults(func=run)
+
+
+def _healing_flags(p: Any) -> None:
+    p.add_argument("--healing", action=argparse.BooleanOptionalAction, default=True,
+                   help="evict the GPU pods of failed GPUs and silent nodes so that their "
+                        "owners make new ones gpupool places elsewhere (default: on; a pod "
+                        "annotated gpupool.io/healing: off is left; docs/controller.md)")
+    p.add_argument("--heal-unhealthy-after", type=bounded(float, 0, 86_400), default=60.0,
+                   metavar="SECONDS",
+                   help="heal a GPU's pods once it has been unhealthy this long (default 60)")
+    p.add_argument("--heal-silent-after", type=bounded(float, 1, 86_400), default=300.0,
+                   metavar="SECONDS",
+                   help="heal a node's GPU pods once its node agent has not reported for this "
+                        "long (default 300)")
+    p.add_argument("--heal-per-minute", type=bounded(int, 1, 10_000), default=10,
+                   metavar="N", help="evictions healing starts per minute, cluster-wide "
+                                     "(default 10)")
 
 
 def _election_arguments(p: argparse.ArgumentParser) -> None:

@@ -20,7 +20,9 @@ import uuid
 from rich.console import Console
 
 from gpupool.controller.deviceclasses import DeviceClassSync
+from gpupool.controller.evictions import Evictor
 from gpupool.controller.figures import DeviceMemo, Heartbeats, figures
+from gpupool.controller.healing import Healer, HealingConfig
 from gpupool.controller.leader import ElectionTiming, LeaderElector, lead
 from gpupool.controller.loop import Controller, Outcome, RoundObserver, WorldCache
 from gpupool.controller.metrics import ControllerMetrics, VerifyTally, serve
@@ -56,11 +58,22 @@ def reconcile(args: argparse.Namespace, api: ControllerApi) -> int:
     tally = VerifyTally(verify) if verify is not None else None
     controller = Controller(api, verify=tally, device_classes=classes,
                             observer=_observer(metrics, tally, args.pool_label,
-                                               args.stale_after, args.metrics_every))
+                                               args.stale_after, args.metrics_every),
+                            evictor=_evictor(args, api, metrics))
     try:
         return _watch(args, controller, metrics)
     finally:
         _close(api, dra_api)
+
+
+def _evictor(args: argparse.Namespace, api: ControllerApi, metrics: ControllerMetrics
+             ) -> Evictor | None:
+    if not args.healing:
+        log.info("healing off (--no-healing): pods of failed GPUs and silent nodes stay")
+        return None
+    config = HealingConfig(True, args.heal_unhealthy_after, args.heal_silent_after,
+                           args.heal_per_minute)
+    return Evictor(api, Healer(config), metrics.healed, host=identity())
 
 
 def _close(*apis: KubeApi | None) -> None:

@@ -27,6 +27,7 @@ from gpupool.contract.quotas import Broken as BrokenObject
 from gpupool.contract.quotas import permission_or_denial
 from gpupool.controller import fairstatus, groupsync, quotastatus
 from gpupool.controller.deviceclasses import DeviceClassSync
+from gpupool.controller.evictions import Evictor
 from gpupool.controller.observed import Obj, Observed, Verify, observe
 from gpupool.controller.reconcile import (
     CLASS,
@@ -143,13 +144,15 @@ class Controller:
 
     def __init__(self, api: ControllerApi, clock: Callable[[], str] = utc_now, *,
                  verify: Verify | None, device_classes: DeviceClassSync | None = None,
-                 observer: RoundObserver | None = None):
+                 observer: RoundObserver | None = None, evictor: Evictor | None = None):
         """``verify`` checks each decision's signature (``KeyRingSource.verify``, which
         remembers outcomes until the published keys change); None
         counts unsigned decisions too (only for clusters without gpupool's extender).
         ``device_classes`` also keeps the DRA DeviceClasses in line, after each round.
-        ``observer`` is told of every round of ``run`` (metrics)."""
+        ``observer`` is told of every round of ``run`` (metrics). ``evictor`` heals (evicts
+        the pods of failed GPUs and silent nodes) after each round of ``run``."""
         self.observer = observer
+        self.evictor = evictor
         self.api = api
         self.device_classes = device_classes
         self.clock = clock
@@ -296,16 +299,30 @@ class Controller:
                                              world.objects("pods"))
                 if outcome.writes or outcome.failures:
                     log.info("reconciled: %s", outcome.summary())
+                wait = self._heal(observed, world, stop, resync_s)
                 if self.observer is not None:
                     self.observer(observed, world, outcome, time.monotonic() - started)
                 if on_round is not None:
                     on_round(outcome)
-                _wait_for_work(world, stop, resync_s)
+                _wait_for_work(world, stop, wait)
         finally:
             for inf in [*informers, *late]:
                 inf.signal_stop()
             for inf in [*informers, *late]:
                 inf.join(0.5)
+
+
+    def _heal(self, observed: Observed, world: WorldCache, stop: threading.Event,
+              resync_s: float) -> float:
+        """Heal (``evictions.Evictor``); how long to wait for the next round: ``resync_s``,
+        or less when a grace or a retry ends sooner."""
+        if self.evictor is None:
+            return resync_s
+        plan = self.evictor.heal(world.objects("gpudevices"), observed, world.objects("pods"),
+                                 stop)
+        if plan.next_s is None:
+            return resync_s
+        return min(resync_s, max(plan.next_s - self.evictor.clock(), QUIET_S))
 
 
 def _over(ended: threading.Event | None) -> bool:

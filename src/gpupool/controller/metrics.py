@@ -12,7 +12,8 @@ rounds: ``gpupool_controller_reconcile_seconds``, ``..._reconciles_total{result}
 ``gpupool_controller_lease_transitions``; fair share per tenant of a cohort that shares
 fairly: ``gpupool_controller_tenant_fair_share{tenant, cohort, resource, kind}`` (kind
 ``wanted``, ``share``, ``entitled``), ``..._fair_share_ratio{tenant, cohort, resource}``
-(used over entitled) and ``..._fair_share_dominant_ratio{tenant, cohort}``.
+(used over entitled) and ``..._fair_share_dominant_ratio{tenant, cohort}``; healing:
+``gpupool_controller_healing_total{cause, outcome}`` (docs/controller.md, "Healing").
 
 The cluster figures are set by the leader only, after each round; a replica that does
 not lead clears them (summing over replicas never counts twice).
@@ -116,9 +117,17 @@ class ControllerMetrics:
                                    ["tenant", "cohort"], registry=r)
         self._fair: list[tuple[Gauge, set[tuple[str, ...]]]] = [
             (g, set()) for g in (self.fair_share, self.fair_ratio, self.fair_dominant)]
+        self.healing = PromCounter("gpupool_controller_healing_total",
+                                   "Pods of failed GPUs or silent nodes, by cause and what "
+                                   "became of their eviction", ["cause", "outcome"],
+                                   registry=r)
         self._lock = threading.Lock()
         for result in ("ok", "failed"):
             self.rounds.labels(result)
+
+    def healed(self, cause: str, outcome: str) -> None:
+        """One pod healing acted on (``evictions.Evictor``'s tally)."""
+        self.healing.labels(cause, outcome).inc()
 
     # -- rounds --------------------------------------------------------------------------------
     def round_done(self, figs: Figures, observed: Observed, seconds: float, failures: int,
