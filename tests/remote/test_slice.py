@@ -314,3 +314,15 @@ def test_connections_that_never_finish_their_handshake_hold_a_bounded_number_of_
         assert wait_for(lambda: listener.handshaking == 0)
     finally:
         loop.call(listener.close)
+
+
+def test_a_slice_released_by_its_server_is_reported_released_by_the_sidecar(
+        loop: LoopThread, authority: Authority) -> None:
+    server = start_server(loop, authority)
+    client, running = run_client(loop, server, authority.client())
+    assert wait_for(client.ready)
+    loop.run(server.release("the pod's decision was withdrawn"))
+    assert running.result(30) == "the pod's decision was withdrawn"
+    assert client.state == "released" and not client.ready()
+    with pytest.raises(OSError):
+        StubClient("127.0.0.1", client.port, timeout_s=2)  # the data plane is closed
