@@ -9,8 +9,9 @@ kube-scheduler's window only (``gpupool.sim.window``), as the extender would see
 them; a pod placed only after its first window was refused is counted in
 ``bounced``. With ``learn_every`` the policy learns its target workload from the
 arrivals (``gpupool.sim.learning``) instead of being handed ``config``'s. With ``remote``
-on, a GPU pod that fits nowhere whole gets a home and a slice served from another node
-(``gpupool.sim.remote``); ``last_tier`` says which tier served the last pod.
+on, a GPU pod that allows remote slices (``PodRequest.serving``, set by
+``RemoteMode.asked``) and fits nowhere whole gets a home and a slice served from another
+node (``gpupool.sim.remote``); ``last_tier`` says which tier served the last pod.
 """
 
 from __future__ import annotations
@@ -52,7 +53,6 @@ class Decider:
         self.learner = None if learn_every is None else Learner(learn_every, config.weights)
         start = config if self.learner is None else self.learner.start()
         self.placer = Placer(make_policy(policy, start))
-        self.remote = remote
         self.serving = ServingPlacer(self.placer, remote.config(domains))
         self.last_tier = 0
         self.rng = random.Random(policy_seed(seed))
@@ -66,7 +66,6 @@ class Decider:
             if learned is not None:
                 self.placer = Placer(make_policy(self.policy, learned))
                 self.serving = ServingPlacer(self.placer, self.serving.config)
-        request = self.remote.asked(request)
         constraints = self.constraints(request)
         self.last_tier = 0
         allocation = self._whole(request, constraints)
