@@ -9,8 +9,10 @@ uses for ``http="httptools"``) that
 * closes a connection that sends nothing for ``idle_s`` after it opened or after its
   last answer (uvicorn's keep-alive timer, armed at the start as well);
 * closes a connection whose request (headers and body) has not fully arrived
-  ``read_s`` after its first byte (a slow or half-sent request), and one whose headers
-  grow past ``header_bytes``.
+  ``read_s`` after its first byte (a slow or half-sent request), and one whose request
+  head (request line and headers) grows past ``header_bytes``: the parser reads what
+  arrives in slices that each belong to one phase of a request (``framing``), so a
+  body's bytes never count as a head's, whatever the chunking.
 
 Each close is counted in ``gpupool_extender_connections_closed_total{reason}``. The TLS
 handshake itself is bounded by asyncio (60 s).
@@ -27,6 +29,7 @@ from typing import Any
 from prometheus_client import Counter
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from gpupool.extender.edge.framing import Framing
 from gpupool.extender.edge.tls import peer_name
 
 log = logging.getLogger(__name__)
@@ -59,8 +62,7 @@ class GuardedHttp(HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self._deadline: asyncio.TimerHandle | None = None
-        self._in_headers = True
-        self._header_seen = 0
+        self.framing = Framing(self.rules.header_bytes)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -74,27 +76,27 @@ class GuardedHttp(HttpToolsProtocol):
                                                             self._idle)
 
     def data_received(self, data: bytes) -> None:
-        counting = self._in_headers
-        super().data_received(data)
-        if counting and self._in_headers:  # still no end of the headers in what came
-            self._header_seen += len(data)
-            if self._header_seen > self.rules.header_bytes and not self.transport.is_closing():
-                self._close("header-too-large", "request headers over %d bytes",
-                            self.rules.header_bytes)
+        """The parser reads ``data`` in slices that each belong to one phase of a request
+        (``framing``), so a body's bytes are never counted as a head's."""
+        if not self.framing.feed(data, super().data_received,  # type: ignore[arg-type]
+                                 self.transport.is_closing):
+            self._close("header-too-large", "a request head over %d bytes",
+                        self.rules.header_bytes)
 
     def on_message_begin(self) -> None:
+        self.framing.began()
         super().on_message_begin()
         self._cancel_deadline()
         self._deadline = self.loop.call_later(self.rules.read_s, self._too_slow)
 
     def on_headers_complete(self) -> None:
-        self._in_headers = False
+        self.framing.headers_done(self.headers)
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
+        self.framing.completed()
         super().on_message_complete()
         self._cancel_deadline()
-        self._in_headers, self._header_seen = True, 0
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_deadline()
