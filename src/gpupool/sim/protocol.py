@@ -127,7 +127,7 @@ def run_protocol(scenario: Scenario, policy: str, seed: int, inflate: float,
     rng = random.Random(seed)
     state = ClusterState(node_order(scenario, seed))
     capacity = state.usage().capacity_milli
-    order = arrival_order(scenario.requests, capacity, inflate, rng)
+    order = arrival_order([remote.asked(r) for r in scenario.requests], capacity, inflate, rng)
     decider = Decider(state, policy, config, seed, scenario.classes, nodes_to_score, learn_every,
                       remote, domains)
     demands = [demand_milli(r) for r in order]
