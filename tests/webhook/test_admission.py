@@ -381,3 +381,14 @@ def test_a_burst_limit_on_a_pod_that_asks_no_gpu_is_refused() -> None:
     for rule in (mutate, validate):
         verdict = check(review(plain), rule)
         assert not verdict.allowed and "asks no gpupool GPU" in verdict.message
+
+
+def test_a_mig_container_gets_the_device_count_kubelet_allocates() -> None:
+    asks_mig = container("a", limits={"mig.gpupool.io/1g.10gb": "2"},
+                         requests={"mig.gpupool.io/1g.10gb": "2"})
+    obj = pod("p", "team-a", asks_mig)
+    done = applied(obj, check(review(obj), mutate))
+    (first,) = done["spec"]["containers"]
+    assert first["resources"]["limits"]["gpupool.io/gpu"] == "2"
+    assert first["resources"]["requests"]["gpupool.io/gpu"] == "2"
+    assert done["spec"]["schedulerName"] == "gpupool-scheduler"

@@ -15,6 +15,8 @@ them takes in is never refused by the other:
   GPU is joined to each other GPU of its node (``peer``: its uuid; ``nvlinks`` and
   ``nvlinkVersion``: whole numbers, 0 without NVLink; ``pcie``: a ``PciePath`` spelling,
   ``Switch``, ``System``, ...), read into ``Gpu.links`` (``gpupool.core.topology``);
+* ``spec.mig``: absent, or MIG (``contract.mig``): a GPU in MIG mode, never handed out
+  itself, or one of its MIG devices, read into ``Gpu.mig``;
 * ``status.health``: ``Healthy`` unless it says otherwise; ``status.heartbeatTime``
   and ``metadata.creationTimestamp``: RFC 3339 (unreadable times count as absent);
 * ``status.isolation``: absent, or ``{state: Isolated | None, reason, pods}`` — the node
@@ -37,6 +39,7 @@ from datetime import datetime
 from typing import Any, TypeGuard
 
 from gpupool.contract import names
+from gpupool.contract.mig import read_mig
 from gpupool.core.errors import InvalidInput
 from gpupool.core.model import Gpu, freeze_labels
 from gpupool.core.topology import GpuLinks, Link, PciePath, freeze_links
@@ -102,7 +105,8 @@ def read_device(obj: Mapping[str, Any]) -> DeviceRecord:
     if isinstance(arch, str) and arch:
         labels = {ARCHITECTURE_LABEL: arch, **labels}
     gpu = Gpu(uuid, index, model, memory, numa, True, freeze_labels(labels),
-              read_links(spec.get("links"), f"GPUDevice {name}: spec.links"))
+              read_links(spec.get("links"), f"GPUDevice {name}: spec.links"),
+              read_mig(spec.get("mig"), f"GPUDevice {name}: spec.mig"))
     healthy = status.get("health", names.DEVICE_HEALTHY) == names.DEVICE_HEALTHY
     isolation = _map(status.get("isolation"))
     isolated = isolation.get("state") == names.DEVICE_ISOLATED

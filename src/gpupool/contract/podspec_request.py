@@ -5,7 +5,9 @@ Per container, ``resources.limits`` over ``resources.requests`` may carry
 * ``gpupool.io/gpu``: N GPUs on N different physical GPUs (alone: exclusive);
 * ``gpupool.io/gpu-memory``: MiB of GPU memory per GPU (a whole number);
 * ``gpupool.io/gpu-core``: percent of one GPU's compute per GPU (1..100);
-* ``class.gpupool.io/<class>``: N GPUs of resource class ``<class>``.
+* ``class.gpupool.io/<class>``: N GPUs of resource class ``<class>``;
+* ``mig.gpupool.io/<profile>``: N MIG devices of that profile, each whole
+  (``contract.mig``; alone, or with ``gpupool.io/gpu`` equal to N).
 
 Memory or core without a count means one GPU. The annotation
 ``gpupool.io/mode`` (``exclusive``|``shared``) overrides the default mode
@@ -28,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gpupool.contract import burst, names
+from gpupool.contract import burst, mig, names
 from gpupool.core.classes import class_of_resource
 from gpupool.core.errors import InvalidInput, QuantityError
 from gpupool.core.model import CORE_UNITS_PER_GPU
@@ -172,6 +174,9 @@ def gpu_numbers(amounts: Mapping[str, Any], where: str) -> tuple[int | None, int
 
 def _demand(amounts: Mapping[str, Any], mode: Mode | None, where: str, container: str
             ) -> tuple[GpuDemand | None, str | None]:
+    profile, by_mig = _mig_count(amounts, where)
+    if profile is not None:
+        return _mig_demand(amounts, profile, by_mig or 0, mode, where, container), None
     count, memory, core = gpu_numbers(amounts, where)
     gpu_class, by_class = _class_count(amounts, where)
     if by_class is not None:
@@ -187,6 +192,41 @@ def _demand(amounts: Mapping[str, Any], mode: Mode | None, where: str, container
     _check_sizes(count, memory, core, where)
     chosen = mode or (Mode.SHARED if memory or core else Mode.EXCLUSIVE)
     return GpuDemand(count, memory, core, chosen, container), gpu_class
+
+
+def _mig_count(amounts: Mapping[str, Any], where: str) -> tuple[str | None, int | None]:
+    """(profile, count) of the container's ``mig.gpupool.io/<profile>`` (None: none)."""
+    keys = sorted(k for k in amounts if isinstance(k, str) and k.startswith(mig.RESOURCE_PREFIX))
+    if not keys:
+        return None, None
+    if len(keys) > 1:
+        raise InvalidInput(f"{where} asks MIG devices of several profiles ({', '.join(keys)}); "
+                           "a container asks one profile")
+    try:
+        profile = mig.profile_of_resource(keys[0])
+    except InvalidInput as exc:
+        raise InvalidInput(f"{where}: {exc}") from None
+    return profile, _count(amounts, keys[0], where)
+
+
+def _mig_demand(amounts: Mapping[str, Any], profile: str, n: int, mode: Mode | None,
+                where: str, container: str) -> GpuDemand | None:
+    resource = mig.resource_name(profile)
+    count, memory, core = gpu_numbers(amounts, where)
+    if memory or core or any(isinstance(k, str) and k.startswith(names.CLASS_RESOURCE_PREFIX)
+                             for k in amounts):
+        raise InvalidInput(f"{where}: {resource} asks whole MIG devices; it cannot be combined "
+                           f"with {names.RESOURCE_MEMORY}, {names.RESOURCE_CORE} or a class")
+    if count is not None and count != n:
+        raise InvalidInput(f"{where}: {names.RESOURCE_GPU}={count} disagrees with "
+                           f"{resource}={n}")
+    if mode is Mode.SHARED:
+        raise InvalidInput(f"{where}: annotation {names.ANNOTATION_MODE}=shared, but a MIG "
+                           "device is handed out whole")
+    if not n:
+        return None
+    _check_sizes(n, 0, 0, where)
+    return GpuDemand(n, mode=Mode.EXCLUSIVE, container=container, mig_profile=profile)
 
 
 def _check_sizes(count: int, memory: int, core: int, where: str) -> None:

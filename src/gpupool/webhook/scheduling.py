@@ -6,8 +6,9 @@
   will be made for it, so its GPU containers will be refused on the node.
 * the implied ``gpupool.io/gpu``: kubelet calls the node agent's Allocate only for
   containers that ask the resource the agent advertises (``gpupool.io/gpu``). A
-  container asking only ``gpupool.io/gpu-memory``/``gpu-core`` (one GPU) or
-  ``class.gpupool.io/<class>: N`` (N GPUs) gets that count, in its limits and its
+  container asking only ``gpupool.io/gpu-memory``/``gpu-core`` (one GPU),
+  ``class.gpupool.io/<class>: N`` (N GPUs) or ``mig.gpupool.io/<profile>: N`` (N MIG
+  devices) gets that count, in its limits and its
   requests (extended resources must have both equal), exactly as the scheduler
   extender reads the pod (``contract.podspec_request``), so nothing changes in what it
   decides. Init containers are left as they are: gpupool decides no GPU for them.
@@ -20,12 +21,12 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from gpupool.contract import names
+from gpupool.contract import mig, names
 from gpupool.core.request import PodRequest
 from gpupool.webhook.review import Obj, pointer
 
 DEFAULT_SCHEDULER = "default-scheduler"
-GPUPOOL_PREFIXES = (names.GROUP + "/", names.CLASS_RESOURCE_PREFIX)
+GPUPOOL_PREFIXES = (names.GROUP + "/", names.CLASS_RESOURCE_PREFIX, mig.RESOURCE_PREFIX)
 
 
 def _amount_keys(container: Mapping[str, Any]) -> Iterator[str]:
