@@ -45,6 +45,7 @@ from gpupool.nodeagent.pods import Pod
 from gpupool.nodeagent.refusals import RefusalRecorder, audit
 from gpupool.nodeagent.roster import GpuRoster
 from gpupool.nodeagent.server import KUBELET_SOCKET, DevicePluginService, PluginSocket, register
+from gpupool.nodeagent.telemetry import TelemetryMetrics
 from gpupool.nodeagent.verify import PATIENCE_S, DecisionGate, Verifier
 from gpupool.nodeagent.workers import Workers
 
@@ -101,6 +102,8 @@ class NodeAgent:
         g = self.guards = guards or Guards()
         self.provider = g.provider
         self.metrics = g.metrics
+        self.telemetry = TelemetryMetrics(g.metrics.registry) if g.metrics is not None \
+            else None
         self.gate = DecisionGate(config.node, None if config.decide_unscheduled else g.verifier,
                                  config.key_patience_s)
         self.recorder = RefusalRecorder(pods, g.events, g.metrics)
@@ -249,6 +252,8 @@ class NodeAgent:
         on_gpu: dict[str, list[Slice]] = defaultdict(list)
         for h in held.values():
             on_gpu[h.slice.gpu_uuid].append(h.slice)
+        if self.telemetry is not None:
+            self.telemetry.export(self.known_gpus(), self.backend.readings())
         for gpu in self.known_gpus():
             m.set_gpu(gpu, on_gpu.get(gpu.uuid, []), gpu.uuid in isolated)
             up: Any = getattr(self.provider, "daemon_up", None)

@@ -94,7 +94,8 @@ class DraAgent:
         self.roster = GpuRoster(backend.discover())
         self.labels = {NODE_LABEL: str(self.provider.name), dra.NODE_MODE_LABEL: dra.MODE_DRA}
         self.watch = ClaimWatch(guards, backend.usage, lambda: self.preparer.prepared(),
-                                self._isolation_changed, self.known_gpus) \
+                                self._isolation_changed, self.known_gpus,
+                                backend.readings) \
             if guards is not None else None
         self.preparer = Preparer(PrepareConfig(config.node, config.memory_unit_mib), cluster,
                                  self.known_gpus,

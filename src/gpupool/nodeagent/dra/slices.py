@@ -42,8 +42,8 @@ from typing import Any
 
 from gpupool.contract import dra
 from gpupool.core import topology
-from gpupool.core.topology import PciePath
 from gpupool.core.errors import GpupoolError
+from gpupool.core.topology import PciePath
 from gpupool.kube.errors import Conflict, NotFound
 from gpupool.nodeagent.dra.claimsource import SliceApi
 from gpupool.nodeagent.gpu import GpuInfo

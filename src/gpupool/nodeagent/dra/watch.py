@@ -20,9 +20,11 @@ from gpupool.nodeagent.dra.checkpoint import PreparedClaim, PreparedDevice
 from gpupool.nodeagent.dra.pods import ClaimPods
 from gpupool.nodeagent.dra.usage import attribution
 from gpupool.nodeagent.gpu import GpuInfo, GpuUsage
+from gpupool.nodeagent.health import GpuReading
 from gpupool.nodeagent.metrics import NodeMetrics
 from gpupool.nodeagent.monitor import MonitorConfig, UsageMonitor
 from gpupool.nodeagent.overuse import OveruseConfig, OveruseTracker
+from gpupool.nodeagent.telemetry import TelemetryMetrics
 from gpupool.nodeagent.verify import DecisionGate
 from gpupool.nodeagent.workers import Workers
 
@@ -46,9 +48,12 @@ class ClaimWatch:
     def __init__(self, guards: DraGuards, usage: Callable[[], Sequence[GpuUsage]],
                  claims: Callable[[], Iterable[PreparedClaim]],
                  isolation_changed: Callable[[], None],
-                 gpus: Callable[[], Sequence[GpuInfo]] = tuple):
+                 gpus: Callable[[], Sequence[GpuInfo]] = tuple,
+                 readings: Callable[[], Sequence[GpuReading]] = tuple):
         g = self.guards = guards
-        self.claims, self.gpus = claims, gpus
+        self.claims, self.gpus, self.readings = claims, gpus, readings
+        self.telemetry = TelemetryMetrics(g.metrics.registry) if g.metrics is not None \
+            else None
         self.actions = Actions(g.action, g.pods, g.events, g.evictions, g.metrics,
                                isolation_changed)
         node = g.monitor.node
@@ -77,5 +82,7 @@ class ClaimWatch:
             for d in claim.devices:
                 held[d.uuid].append(d)
         isolated = self.actions.isolated()
+        if self.telemetry is not None:
+            self.telemetry.export(self.gpus(), self.readings())
         for gpu in self.gpus():
             m.set_gpu(gpu, held.get(gpu.uuid, []), gpu.uuid in isolated)
