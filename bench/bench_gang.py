@@ -1,0 +1,126 @@
+"""Benchmark: the core placing a 64-member gang whole against placing one plain pod.
+
+    .venv/bin/python bench/bench_gang.py [--nodes 5000] [--members 64] [--reps 5]
+        [--policy fgd-balance best-fit]
+
+One cluster of ``--nodes`` nodes × 8 GPUs of 80 GiB (100 zones, label
+``topology.kubernetes.io/zone``), a seeded half of its GPU share already held by pods of
+the five shapes of bench_extender's mix, then in the same run, per policy:
+
+* **plain pod**: ``Placer.decide`` for one pod of the gang's member shape on the live
+  state (the extender's path: its feasibility memo warm, one node changed since the
+  previous decision), median over 50 calls;
+* **gang**: ``core.gang.place_gang`` for ``--members`` members — slices of 8 GiB and 30 %
+  of a GPU (``shared``), whole GPUs (``whole``), and slices kept in one zone (``zone``) —
+  median over ``--reps`` calls (each places on its own scratch copy of the state).
+
+Printed: milliseconds per call, per gang member, and the ratio gang member / plain pod.
+CPU time of this one thread (``time.process_time``), so other load on the machine
+matters less than wall time would; the machine line (bench/machine.py) before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+from collections.abc import Callable
+
+from gpupool.core.gang import Gang, Together, place_gang
+from gpupool.core.model import uniform_node
+from gpupool.core.placement import Placer
+from gpupool.core.policies import make_policy
+from gpupool.core.policies.config import PolicyConfig
+from gpupool.core.policies.observed import BUILTIN_WORKLOAD
+from gpupool.core.request import GpuDemand, Mode, PodRequest
+from gpupool.core.serving import ZONE_LABEL
+from gpupool.core.state import ClusterState
+
+from machine import line as machine_line
+
+MIX = [(1, 8192, 30), (1, 16384, 50), (1, 40960, 100), (2, 0, 0), (1, 4096, 10)]
+SHAPES = {
+    "shared": GpuDemand(1, 8192, 30, Mode.SHARED),
+    "whole": GpuDemand(1, mode=Mode.EXCLUSIVE),
+    "zone": GpuDemand(1, 8192, 30, Mode.SHARED),
+}
+
+
+def busy_cluster(nodes: int, seed: int = 1) -> ClusterState:
+    state = ClusterState([uniform_node(f"node-{i:05d}", 96000, 1024 * 1024, 8, "A100-80GB",
+                                       81920, {ZONE_LABEL: f"zone-{i % 100:03d}"})
+                          for i in range(nodes)])
+    placer, rng = Placer(make_policy("best-fit", PolicyConfig())), random.Random(seed)
+    target, k = nodes * 8 * 500, 0  # half the GPU share, in milli-GPU
+    while state.usage().allocated_milli < target:
+        count, mib, pct = MIX[rng.randrange(len(MIX))]
+        demand = GpuDemand(count, mode=Mode.EXCLUSIVE) if not mib else \
+            GpuDemand(count, mib, pct, Mode.SHARED)
+        for _ in range(200):
+            found = placer.decide(state, PodRequest(f"busy-{k}", 1000, 4096, (demand,)), rng)
+            k += 1
+            if found.allocation is not None:
+                state.reserve(found.allocation)
+    return state
+
+
+def plain_ms(placer: Placer, state: ClusterState, pod: PodRequest, rng: random.Random,
+             reps: int) -> float:
+    """One plain pod's decision, the state having moved by one pod since the previous one
+    (each decision is reserved and released again, untimed)."""
+    times = []
+    for _ in range(reps):
+        start = time.process_time()
+        found = placer.decide(state, pod, rng)
+        times.append((time.process_time() - start) * 1000)
+        assert found.allocation is not None
+        state.reserve(found.allocation)
+        state.release(pod.key)
+    return statistics.median(times)
+
+
+def cpu_ms(call: Callable[[], object], reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        start = time.process_time()
+        call()
+        times.append((time.process_time() - start) * 1000)
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--nodes", type=int, default=5000)
+    ap.add_argument("--members", type=int, default=64)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--policy", nargs="+", default=["fgd-balance", "best-fit"])
+    args = ap.parse_args()
+    print(machine_line("before"))
+    state = busy_cluster(args.nodes)
+    print(f"{args.nodes} nodes × 8 GPUs, {state.usage().allocation_ratio:.0%} of the GPU share "
+          f"held by {len(state.allocations)} pods; gangs of {args.members} members")
+    print(f"{'policy':<12} {'shape':<7} {'plain pod ms':>12} {'gang ms':>9} "
+          f"{'per member ms':>13} {'member/plain':>12}")
+    for name in args.policy:
+        policy = make_policy(name, PolicyConfig(workload=BUILTIN_WORKLOAD))
+        placer, rng = Placer(policy), random.Random(0)
+        for shape, demand in SHAPES.items():
+            pod = PodRequest("plain", 1000, 4096, (demand,))
+            placer.decide(state, pod, rng)  # warm its memo, as a running extender's is
+            plain = plain_ms(placer, state, pod, rng, 50)
+            members = tuple(PodRequest(f"w{i}", 1000, 4096, (demand,))
+                            for i in range(args.members))
+            gang = Gang("bench", members, together=Together.DOMAIN if shape == "zone"
+                        else Together.ANYWHERE)
+            placed = place_gang(state, gang, policy, rng)
+            assert placed.ok, placed.summary()
+            whole = cpu_ms(lambda g=gang: place_gang(state, g, policy, rng), args.reps)
+            per = whole / args.members
+            print(f"{name:<12} {shape:<7} {plain:>12.2f} {whole:>9.1f} {per:>13.2f} "
+                  f"{per / plain:>12.2f}")
+    print(machine_line("after"))
+
+
+if __name__ == "__main__":
+    main()
