@@ -31,13 +31,12 @@ import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from gpupool.contract.isolation import hami_core_limits
+from gpupool.contract.isolation import ProviderName, hami_core_limits
 from gpupool.core.errors import InvalidInput
 from gpupool.nodeagent.envs import ContainerEdits, Mount
 from gpupool.nodeagent.gpu import GpuInfo
 from gpupool.nodeagent.isolation.provider import (
     Holdings,
-    ProviderName,
     ProviderRefusal,
     SliceGrant,
 )

@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from gpupool.contract.isolation import mps_limits
+from gpupool.contract.isolation import ProviderName, mps_limits
 from gpupool.core.errors import GpupoolError, InvalidInput
 from gpupool.nodeagent.envs import ContainerEdits, Mount
 from gpupool.nodeagent.gpu import GpuInfo
@@ -44,7 +44,6 @@ from gpupool.nodeagent.isolation.mpsdaemon import (
 from gpupool.nodeagent.isolation.provider import (
     ComputeModes,
     Holdings,
-    ProviderName,
     ProviderRefusal,
     SliceGrant,
 )

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from gpupool.contract.isolation import mps_limits
+from gpupool.contract.isolation import ProviderName, mps_limits
 from gpupool.nodeagent.envs import ContainerEdits
 from gpupool.nodeagent.gpu import GpuInfo
-from gpupool.nodeagent.isolation.provider import Holdings, ProviderName, SliceGrant
+from gpupool.nodeagent.isolation.provider import Holdings, SliceGrant
 
 
 class NoIsolation:
