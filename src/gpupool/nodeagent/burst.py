@@ -22,7 +22,8 @@ sample that finds it so (``granted``) and ends at the first that does not.
 
 **Reclaim.** While a GPU is short, its bursts are reclaimed most recent first (the burst
 that started last; ties by pod, container), each counting its use above its request
-against the shortfall, until the rest fits. A reclaimed burst's limit in that dimension is
+against the shortfall, until the rest fits (both rules are ``core.burst``'s, which the
+simulator applies too). A reclaimed burst's limit in that dimension is
 its request again: the over-use tracker then judges it against its request, so after the
 grace period the configured over-use action applies to it (``nodeagent.actions``). A
 reclaim ends when the GPU is no longer short (the over-use then ends too).
@@ -34,6 +35,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
+from gpupool.core import burst as burst_rule
 from gpupool.core.model import CORE_UNITS_PER_GPU
 from gpupool.nodeagent.gpu import GpuUsage
 from gpupool.nodeagent.overuse import Observation, OveruseConfig
@@ -157,31 +159,23 @@ class BurstTracker:
 
 def memory_short(seen: Sequence[Observation], gpu: GpuUsage, memory_mib: int) -> int:
     """MiB the GPU lacks for every slice on it to reach its request (0: none)."""
-    accounted = sum(o.memory_mib for o in seen)
-    other = max(gpu.memory_used_mib - accounted, 0)
-    need = other + sum(max(o.memory_mib, o.memory_request_mib) for o in seen if not o.exclusive)
-    need += sum(o.memory_limit_mib for o in seen if o.exclusive)
-    return max(need - memory_mib, 0)
+    other = max(gpu.memory_used_mib - sum(o.memory_mib for o in seen), 0)
+    return burst_rule.short(memory_mib, ((o.memory_mib, o.memory_request_mib)
+                                         if not o.exclusive else (0, o.memory_limit_mib)
+                                         for o in seen), other)
 
 
 def compute_short(seen: Sequence[Observation]) -> int:
     """Percent of compute the GPU lacks for every busy slice on it to get its request."""
-    busy = [o for o in seen if o.sm_pct and not o.exclusive]
-    need = sum(max(o.sm_pct or 0, o.core_request_pct) for o in busy)
-    return max(need - CORE_UNITS_PER_GPU, 0)
+    return burst_rule.short(CORE_UNITS_PER_GPU, ((o.sm_pct or 0, o.core_request_pct)
+                                                 for o in seen if o.sm_pct and not o.exclusive))
 
 
 def _reclaim(bursts: Sequence[Burst], resource: Resource, short: int) -> list[Reclaim]:
-    out = []
-    for burst in sorted(bursts, key=lambda b: (-b.since, b.seen.key)):
-        if short <= 0:
-            break
-        above = burst.above(resource)
-        if above <= 0:
-            continue
-        out.append(Reclaim(burst, resource, short))
-        short -= above
-    return out
+    by_key = {b.seen.key: b for b in bursts}
+    rule = [burst_rule.Bursting(k, b.since, b.above(resource)) for k, b in by_key.items()]
+    return [Reclaim(by_key[r.key], resource, lacking)
+            for r, lacking in burst_rule.reclaim(rule, short)]
 
 
 def _held_back(o: Observation, held: frozenset[tuple[Key, Resource]]) -> Observation:
