@@ -274,6 +274,16 @@ def test_another_namespace_leaves_no_trace_of_the_default_one(custom: list[Doc])
                             for s in b["subjects"])
 
 
+def test_without_metrics_sources_no_rule_opens_the_probe_port_to_all() -> None:
+    policy = one(render("extender.networkPolicy.metricsFrom=null"), "NetworkPolicy",
+                 "gpupool-extender")["spec"]
+    assert [{p["port"] for p in r["ports"]} for r in policy["ingress"]] == [{8443}]
+    given = one(render("extender.networkPolicy.metricsFrom[0].ipBlock.cidr=10.0.0.0/16"),
+                "NetworkPolicy", "gpupool-extender")["spec"]["ingress"]
+    assert given[1] == {"from": [{"ipBlock": {"cidr": "10.0.0.0/16"}}],
+                        "ports": [{"protocol": "TCP", "port": 8080}]}
+
+
 def test_the_namespace_is_made_only_when_asked() -> None:
     assert not [d for d in render() if d["kind"] == "Namespace"]
     (ns,) = [d for d in render("namespace.create=true", namespace="gpu-ops")

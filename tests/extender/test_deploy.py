@@ -169,3 +169,18 @@ def test_the_network_policy_lets_only_the_scheduler_reach_the_verbs() -> None:
     assert source["podSelector"]["matchLabels"].items() <= scheduler_labels.items()
     others = [r for r in policy["ingress"] if r is not rule]
     assert all({p["port"] for p in r["ports"]} == {8080} for r in others)
+
+
+def test_the_network_policy_admits_no_pod_but_prometheus_to_the_probe_port() -> None:
+    """A rule without ``from`` admits every source: each probe-port rule names its
+    sources, and they are in a namespace no tenant can name (the API server sets
+    kubernetes.io/metadata.name); the kubelet's probes come from the node, always
+    admitted (and the probe port recycles connections besides: test_probe_port)."""
+    policy = doc("networkpolicy.yaml", "NetworkPolicy")["spec"]
+    probes = [r for r in policy["ingress"] if {p["port"] for p in r["ports"]} == {8080}]
+    assert probes and all(r.get("from") for r in probes)
+    for rule in probes:
+        for source in rule["from"]:
+            assert set(source) == {"namespaceSelector"}
+            assert set(source["namespaceSelector"]["matchLabels"]) == {
+                "kubernetes.io/metadata.name"}

@@ -37,7 +37,7 @@ from gpupool.extender.bind.gate import DEFAULT_SCHEDULER
 from gpupool.extender.bind.reconcile import LedgerReconciler
 from gpupool.extender.edge.app import build_app, build_probes, build_verbs
 from gpupool.extender.edge.connections import ConnectionRules
-from gpupool.extender.edge.server import ThreadedServer, uvicorn_config
+from gpupool.extender.edge.server import probe_server, uvicorn_config
 from gpupool.extender.edge.sizing import MAX_NODES, BodyLimits
 from gpupool.extender.edge.tls import (
     CLIENT_SECRET,
@@ -106,10 +106,11 @@ def register(subparsers: Any) -> None:
                    help="as the scheduler's nodeCacheCapable: names (default) or whole nodes "
                         "in each call; sizes the request bodies accepted")
     p.add_argument("--idle-timeout", type=SECONDS, default=30.0, metavar="SECONDS",
-                   help="close a connection idle this long (default 30)")
+                   help="close a connection to the verbs idle this long (default 30; "
+                        "probe connections: 2)")
     p.add_argument("--request-timeout", type=SECONDS, default=10.0, metavar="SECONDS",
-                   help="close a connection whose request has not fully arrived this long "
-                        "after it began (default 10)")
+                   help="close a connection to the verbs whose request has not fully "
+                        "arrived this long after it began (default 10; probes: 2)")
     p.add_argument("--policy", default=DEFAULT_POLICY, choices=sorted(POLICIES),
                    help=f"placement policy (default {DEFAULT_POLICY})")
     p.add_argument("--weight", type=weight, action="append", default=[], metavar="NAME=X",
@@ -257,9 +258,8 @@ def _serve(extender: Extender, tls: ReloadingContext | None, args: argparse.Name
     server = uvicorn.Server(uvicorn_config(app, metrics.closed, rules,
                                            tls.listening if tls else None, host=args.host,
                                            port=args.port))
-    probes = ThreadedServer(build_probes(extender, lambda: bool(server.started)), args.host,
-                            port=args.probe_port, closed=metrics.closed,
-                            rules=ConnectionRules(args.idle_timeout, args.request_timeout))
+    probes = probe_server(build_probes(extender, lambda: bool(server.started)), args.host,
+                          args.probe_port, metrics.closed)
     with probes:
         server.run()
 

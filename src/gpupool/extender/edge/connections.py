@@ -14,6 +14,13 @@ uses for ``http="httptools"``) that
   arrives in slices that each belong to one phase of a request (``framing``), so a
   body's bytes never count as a head's, whatever the chunking.
 
+A server holds at most ``max_connections``. Beyond, either uvicorn answers 503 (the
+verbs: only kube-scheduler gets past the certificate check), or, with ``recycle``, the
+connection that has been quiet longest and is not being answered is closed to make room
+(the probes: anyone the network lets in can open connections there, and the kubelet's
+probe must always get one; it opens a new connection per probe). ``PROBE_RULES`` are the
+probe port's: few connections, recycled, closed after ``PROBE_IDLE_S`` idle.
+
 Each close is counted in ``gpupool_extender_connections_closed_total{reason}``. The TLS
 handshake itself is bounded by asyncio (60 s).
 """
@@ -21,6 +28,7 @@ handshake itself is bounded by asyncio (60 s).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -33,8 +41,13 @@ from gpupool.extender.edge.framing import Framing
 from gpupool.extender.edge.tls import peer_name
 
 log = logging.getLogger(__name__)
+_EVENTS = itertools.count()  # orders connections' activity (the loop's clock ticks in ms)
 
 HEADER_BYTES = 64 * 1024
+MAX_CONNECTIONS = 256  # connections + calls at once on the verbs' port; beyond, 503
+PROBE_CONNECTIONS = 64  # the kubelet's probes, Prometheus, and room to spare
+PROBE_IDLE_S = 2.0  # the kubelet does not keep probe connections; Prometheus reconnects
+PROBE_HEADER_BYTES = 8 * 1024  # GET /healthz, /readyz, /metrics
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +56,13 @@ class ConnectionRules:
     read_s: float = 10.0
     header_bytes: int = HEADER_BYTES
     client_names: frozenset[str] | None = None  # None: no client certificate asked
+    max_connections: int = MAX_CONNECTIONS
+    recycle: bool = False  # at max_connections: close the quietest (else uvicorn's 503)
+
+
+PROBE_RULES = ConnectionRules(idle_s=PROBE_IDLE_S, read_s=PROBE_IDLE_S,
+                              header_bytes=PROBE_HEADER_BYTES,
+                              max_connections=PROBE_CONNECTIONS, recycle=True)
 
 
 def guarded_protocol(rules: ConnectionRules, closed: Counter) -> type[asyncio.Protocol]:
@@ -63,21 +83,43 @@ class GuardedHttp(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self._deadline: asyncio.TimerHandle | None = None
         self.framing = Framing(self.rules.header_bytes)
+        self.heard = 0  # when it was last heard from or answered, in order of events
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self.heard = next(_EVENTS)
         names = self.rules.client_names
         if names is not None and not allowed(transport.get_extra_info("peercert"), names):
             self._close("client-certificate", "a client certificate of %s, not of %s",
                         peer_name(transport.get_extra_info("peercert")) or "nobody",
                         ", ".join(sorted(names)))
             return
+        if self.rules.recycle and len(self.connections) > self.rules.max_connections:
+            self._make_room()
         self.timeout_keep_alive_task = self.loop.call_later(self.rules.idle_s,
                                                             self._idle)
+
+    def _make_room(self) -> None:
+        """Close the connection quiet longest that is not being answered (this one when
+        every other is)."""
+        quiet = [c for c in self.connections if isinstance(c, GuardedHttp) and c is not self
+                 and not c.answering() and not c.transport.is_closing()]
+        victim = min(quiet, key=lambda c: c.heard) if quiet else self
+        victim.closed.labels("recycled").inc()
+        victim.transport.close()
+
+    def answering(self) -> bool:
+        """A request of this connection is being answered."""
+        return self.cycle is not None and not self.cycle.response_complete
+
+    def on_response_complete(self) -> None:
+        self.heard = next(_EVENTS)
+        super().on_response_complete()
 
     def data_received(self, data: bytes) -> None:
         """The parser reads ``data`` in slices that each belong to one phase of a request
         (``framing``), so a body's bytes are never counted as a head's."""
+        self.heard = next(_EVENTS)
         if not self.framing.feed(data, super().data_received,  # type: ignore[arg-type]
                                  self.transport.is_closing):
             self._close("header-too-large", "a request head over %d bytes",

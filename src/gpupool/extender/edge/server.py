@@ -12,9 +12,7 @@ from typing import Any
 import uvicorn
 from prometheus_client import Counter
 
-from gpupool.extender.edge.connections import ConnectionRules, guarded_protocol
-
-CONCURRENCY = 256  # connections + calls at once; beyond, uvicorn answers 503
+from gpupool.extender.edge.connections import PROBE_RULES, ConnectionRules, guarded_protocol
 
 
 def uvicorn_config(app: Any, closed: Counter, rules: ConnectionRules | None = None,
@@ -26,7 +24,9 @@ def uvicorn_config(app: Any, closed: Counter, rules: ConnectionRules | None = No
     return uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False,
                           http=guarded_protocol(rules, closed), loop="uvloop",
                           timeout_keep_alive=max(1, round(rules.idle_s)),
-                          timeout_graceful_shutdown=1, limit_concurrency=CONCURRENCY,
+                          timeout_graceful_shutdown=1,
+                          limit_concurrency=None if rules.recycle else rules.max_connections,
+                          ws="none",
                           ssl_context_factory=factory, **kwargs)
 
 
@@ -78,6 +78,13 @@ class ThreadedServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def probe_server(app: Any, host: str = "127.0.0.1", port: int = 0,
+                 closed: Counter | None = None) -> ThreadedServer:
+    """The probes' server (``/healthz``, ``/readyz``, ``/metrics``) with the probe port's
+    connection rules (``connections.PROBE_RULES``), on its own thread and event loop."""
+    return ThreadedServer(app, host, port=port, rules=PROBE_RULES, closed=closed)
 
 
 def _orphan_counter() -> Counter:
