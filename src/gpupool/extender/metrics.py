@@ -55,7 +55,7 @@ class Metrics:
                                  registry=self.registry)
         self.closed = Counter("gpupool_extender_connections_closed_total",
                               "Connections the extender closed, by reason: client-certificate, "
-                              "idle, slow-request, header-too-large", ["reason"],
+                              "idle, slow-request, header-too-large, recycled", ["reason"],
                               registry=self.registry)
         self.tenant_preemptions = Counter("gpupool_extender_tenant_preemptions_total",
                                           "Preemptions started inside a tenant's quota "
