@@ -34,6 +34,7 @@ from gpupool.nodeagent.dra.versions import nvml_versions
 from gpupool.nodeagent.dra.watch import DraGuards
 from gpupool.nodeagent.exposure import DEFAULT_CDI_KIND, Exposure, Strategy
 from gpupool.nodeagent.fakegpus import FakeGpuBackend
+from gpupool.nodeagent.freezer import Freezer
 from gpupool.nodeagent.gpu import GpuBackend
 from gpupool.nodeagent.isolation.computemode import ComputeModeClient
 from gpupool.nodeagent.isolation.hamicore import DEFAULT_LIBRARY, HamiCoreProvider
@@ -164,7 +165,11 @@ def _monitor_flags(p: Any) -> None:
     p.add_argument("--over-use-action", choices=[a.value for a in OveruseAction],
                    default=OveruseAction.WARN.value,
                    help="what to do about an over-user besides Event, annotation and metric: "
-                        "warn (default), isolate (its GPU takes no new slices), evict")
+                        "warn (default), isolate (its GPU takes no new slices), evict, pause "
+                        "(its container frozen while it over-uses: cgroup v2 freezer)")
+    p.add_argument("--cgroup-root", type=Path, default=Path("/sys/fs/cgroup"), metavar="DIR",
+                   help="the host's cgroup v2 hierarchy, written to pause over-users "
+                        "(--over-use-action pause; default /sys/fs/cgroup)")
     p.add_argument("--metrics-port", type=bounded(int, 0, 65535), default=9400, metavar="PORT",
                    help="Prometheus /metrics port (0: off; default 9400)")
     p.add_argument("--metrics-address", default="0.0.0.0", metavar="ADDRESS",
@@ -194,7 +199,8 @@ def run(args: argparse.Namespace) -> int:
         events=KubeEvents(api, args.node_name), evictions=KubeEvictions(api), metrics=metrics,
         overuse=OveruseConfig(args.grace_seconds, args.compute_window_seconds,
                               args.memory_tolerance_mib, args.compute_tolerance_pct),
-        action=OveruseAction(args.over_use_action))
+        action=OveruseAction(args.over_use_action),
+        freezer=Freezer(args.proc_root, args.cgroup_root))
     pods = KubePods(api)
     agent = NodeAgent(config, backend, pods, KubeInventory(api.fork()), guards=guards)
     server = serve(metrics, args.metrics_address, args.metrics_port) \
@@ -267,7 +273,7 @@ def _dra_guards(args: argparse.Namespace, api: KubeApi) -> DraGuards:
         OveruseConfig(args.grace_seconds, args.compute_window_seconds,
                       args.memory_tolerance_mib, args.compute_tolerance_pct),
         OveruseAction(args.over_use_action), KubeEvents(api, args.node_name),
-        KubeEvictions(api), NodeMetrics())
+        KubeEvictions(api), NodeMetrics(), Freezer(args.proc_root, args.cgroup_root))
 
 
 def _verifier(api: KubeApi, namespace: str) -> Verifier:

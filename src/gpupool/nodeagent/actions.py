@@ -12,7 +12,15 @@ and ``gpupool_node_over_use_actions_total{action}``. Then the action:
   itself; all undone when the over-user is gone;
 * ``evict``: the pod is evicted through the Eviction API (policy/v1), which honours
   PodDisruptionBudgets: a refused eviction (HTTP 429) is logged, recorded as an Event
-  and tried again at the next sample while the over-use lasts.
+  and tried again at the next sample while the over-use lasts;
+* ``pause``: the over-user is isolated as a *workload*, the rest of the GPU serving on:
+  its container is frozen (cgroup v2 freezer, ``freezer.Freezer``: Event
+  ``GpupoolPaused``) while the over-use lasts and thawed when it ends (Event
+  ``GpupoolResumed``). Frozen, it uses no compute, so a compute over-user's mean falls
+  back within its share and it runs again (paused again after the grace if it goes on:
+  its compute is cut to about its share); a memory over-user keeps its memory while
+  frozen and stays paused until it is deleted. A container that cannot be frozen (cgroup
+  v1, no write access) is logged and recorded as an Event; nothing else is done.
 
 When it stops being an over-user: an Event ``GpupoolOverUseEnded``, the annotation
 entry removed, isolation lifted.
@@ -26,12 +34,14 @@ import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
 from enum import StrEnum
+from pathlib import Path
 from typing import Any
 
 from gpupool.contract import names
 from gpupool.core.errors import GpupoolError
 from gpupool.kube.errors import KubeError, NotFound
 from gpupool.nodeagent.cluster import EventApi, EvictionApi, PodApi
+from gpupool.nodeagent.freezer import Freezer
 from gpupool.nodeagent.metrics import NodeMetrics
 from gpupool.nodeagent.overuse import Changes, OverUse
 from gpupool.nodeagent.pods import Pod
@@ -42,12 +52,15 @@ ANNOTATION_OVER_USE = f"{names.GROUP}/over-use"
 EVENT_OVER_USE = "GpupoolOverUse"
 EVENT_OVER_USE_ENDED = "GpupoolOverUseEnded"
 EVENT_EVICTION_BLOCKED = "GpupoolEvictionBlocked"
+EVENT_PAUSED = "GpupoolPaused"
+EVENT_RESUMED = "GpupoolResumed"
 
 
 class OveruseAction(StrEnum):
     WARN = "warn"
     ISOLATE = "isolate"
     EVICT = "evict"
+    PAUSE = "pause"
 
 
 class Actions:
@@ -56,8 +69,11 @@ class Actions:
     def __init__(self, action: OveruseAction, pods: PodApi, events: EventApi | None = None,
                  evictions: EvictionApi | None = None, metrics: NodeMetrics | None = None,
                  isolation_changed: Callable[[], None] = lambda: None,
-                 wall: Callable[[], datetime] = lambda: datetime.now(UTC)):
+                 wall: Callable[[], datetime] = lambda: datetime.now(UTC),
+                 freezer: Freezer | None = None):
         self.action = action
+        self.freezer = freezer or Freezer()
+        self._paused: dict[Path, set[tuple[str, str, str]]] = {}  # cgroup -> over-use keys
         self.pods = pods
         self.events = events
         self.evictions = evictions
@@ -81,6 +97,8 @@ class Actions:
         if self.action is OveruseAction.EVICT:
             for o in changes.current:
                 self._evict(o, pods.get(o.seen.pod_uid))
+        if self.action is OveruseAction.PAUSE:
+            self._pause(changes, pods)
         for uid in sorted(self._dirty):
             self._annotate(uid, pods.get(uid), current)
 
@@ -168,6 +186,66 @@ class Actions:
             return
         self._evicted.add(pod.uid)
         log.warning("evicted pod %s: %s", pod.ref, o.sentence())
+
+
+    # -- pause -------------------------------------------------------------------------------
+    def _pause(self, changes: Changes, pods: dict[str, Pod]) -> None:
+        over = {o.seen.key for o in changes.current}
+        ended = {o.seen.key: o for o in changes.ended}
+        for cgroup, keys in list(self._paused.items()):
+            done = keys - over
+            keys &= over
+            if not keys:  # no over-use left in the container: let it run
+                del self._paused[cgroup]
+                self._freeze(cgroup, False, next((ended[k] for k in done if k in ended),
+                                                 None), pods)
+        held = {k for keys in self._paused.values() for k in keys}
+        for o in changes.current:
+            if o.seen.key in held or not o.seen.pids:
+                continue
+            try:
+                cgroup = self.freezer.cgroup_of(o.seen.pids[0])
+            except GpupoolError as exc:
+                log.warning("cannot pause pod %s container %s: %s", o.seen.pod_ref,
+                            o.seen.container, exc)
+                continue
+            if cgroup not in self._paused and self._freeze(cgroup, True, o, pods):
+                self._paused[cgroup] = set()
+            if cgroup in self._paused:
+                self._paused[cgroup].add(o.seen.key)
+
+    def _freeze(self, cgroup: Path, on: bool, o: OverUse | None, pods: dict[str, Pod]
+                ) -> bool:
+        pod = pods.get(o.seen.pod_uid) if o is not None else None
+        try:
+            self.freezer.set(cgroup, on)
+        except GpupoolError as exc:
+            log.warning("cannot %s %s: %s", "pause" if on else "resume", cgroup, exc)
+            if on and pod is not None and self.events is not None:
+                self.events.pod_event(pod, EVENT_OVER_USE, f"pausing the container failed: "
+                                                           f"{exc}")
+            return False
+        log.warning("%s %s", "paused" if on else "resumed", cgroup)
+        if o is not None and pod is not None and self.events is not None:
+            if on:
+                self.events.pod_event(pod, EVENT_PAUSED, f"container {o.seen.container} "
+                                                         f"paused (cgroup freezer): "
+                                                         f"{o.sentence()}")
+            else:
+                self.events.pod_event(pod, EVENT_RESUMED, f"container {o.seen.container} "
+                                                          "resumed: within its slice again",
+                                      warning=False)
+        return True
+
+    def paused(self) -> set[Path]:
+        """The cgroups this agent holds frozen now."""
+        return set(self._paused)
+
+    def resume_all(self) -> None:
+        """Thaw every container this agent froze (the agent stops)."""
+        for cgroup in list(self._paused):
+            del self._paused[cgroup]
+            self._freeze(cgroup, False, None, {})
 
 
 def _figures(o: OverUse, since: str) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from gpupool.nodeagent.burst import BurstTracker
 from gpupool.nodeagent.burstreport import BurstWatch
 from gpupool.nodeagent.cluster import EventApi, EvictionApi, InventoryApi, PodApi
 from gpupool.nodeagent.exposure import Exposure
+from gpupool.nodeagent.freezer import Freezer
 from gpupool.nodeagent.gpu import GpuBackend, GpuInfo
 from gpupool.nodeagent.inventory import Inventory
 from gpupool.nodeagent.isolation.none import NoIsolation
@@ -86,6 +87,7 @@ class Guards:
     metrics: NodeMetrics | None = None
     overuse: OveruseConfig = field(default_factory=OveruseConfig)
     action: OveruseAction = OveruseAction.WARN
+    freezer: Freezer | None = None  # ``pause``: the cgroup freezer (None: under proc_root)
 
 
 class NodeAgent:
@@ -108,7 +110,8 @@ class NodeAgent:
                                  config.key_patience_s)
         self.recorder = RefusalRecorder(pods, g.events, g.metrics)
         self.actions = Actions(g.action, pods, g.events, g.evictions, g.metrics,
-                               self._isolation_changed)
+                               self._isolation_changed,
+                               freezer=g.freezer or Freezer(config.proc_root))
         self.inventory = Inventory(config.node, inventory, {NODE_LABEL: str(g.provider.name)},
                                    self._device_status) if inventory is not None else None
         self.roster = GpuRoster(backend.discover())
@@ -163,6 +166,7 @@ class NodeAgent:
             self.workers.spawn(self._heartbeat, "inventory")
 
     def stop(self) -> None:
+        self.actions.resume_all()  # a paused container is not left frozen by a stopped agent
         self.workers.signal(self._changed)
         self.backend.close()
         self.workers.join()

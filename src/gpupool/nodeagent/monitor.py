@@ -26,7 +26,7 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpupool.core.allocation import Slice
@@ -72,9 +72,11 @@ def held_slices(pods: Iterable[Pod], gate: DecisionGate) -> dict[SliceKey, Held]
 class _Use:
     memory_mib: int = 0
     sm_pct: int | None = None
+    pids: list[int] = field(default_factory=list)
 
-    def add(self, memory_mib: int, sm_pct: int | None) -> None:
+    def add(self, memory_mib: int, sm_pct: int | None, pid: int) -> None:
         self.memory_mib += memory_mib
+        self.pids.append(pid)
         if sm_pct is not None:
             self.sm_pct = (self.sm_pct or 0) + sm_pct
 
@@ -100,7 +102,7 @@ class Attribution:
             for proc in gpu.processes:
                 key = self._key(proc.pid, gpu.uuid)
                 if key is not None:
-                    used[key].add(proc.memory_mib, proc.sm_pct)
+                    used[key].add(proc.memory_mib, proc.sm_pct, proc.pid)
         return self._observations(used, failed), frozenset(failed)
 
     def _key(self, pid: int, gpu: str) -> SliceKey | None:
@@ -136,7 +138,7 @@ class Attribution:
             out.append(Observation(key[0], pod.ref, key[1], key[2], use.memory_mib, sm,
                                    limit_mib, limit_pct, held.exclusive if held else False,
                                    held.slice.burst_memory_mib if held else 0,
-                                   held.slice.burst_core_pct if held else 0))
+                                   held.slice.burst_core_pct if held else 0, tuple(use.pids)))
         return out
 
 

@@ -48,6 +48,7 @@ class Observation:
     exclusive: bool = False
     burst_memory_mib: int = 0  # how much of the limits is burst, above the request
     burst_core_pct: int = 0  # (a burstable slice; ``nodeagent.burst``)
+    pids: tuple[int, ...] = ()  # its processes on the GPU (the ``pause`` action's handle)
 
     @property
     def key(self) -> tuple[str, str, str]:

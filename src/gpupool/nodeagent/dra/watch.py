@@ -19,6 +19,7 @@ from gpupool.nodeagent.cluster import EventApi, EvictionApi
 from gpupool.nodeagent.dra.checkpoint import PreparedClaim, PreparedDevice
 from gpupool.nodeagent.dra.pods import ClaimPods
 from gpupool.nodeagent.dra.usage import attribution
+from gpupool.nodeagent.freezer import Freezer
 from gpupool.nodeagent.gpu import GpuInfo, GpuUsage
 from gpupool.nodeagent.health import GpuReading
 from gpupool.nodeagent.metrics import NodeMetrics
@@ -40,6 +41,7 @@ class DraGuards:
     events: EventApi | None = None
     evictions: EvictionApi | None = None
     metrics: NodeMetrics | None = None
+    freezer: Freezer | None = None  # ``pause``: the cgroup freezer (None: under proc_root)
 
 
 class ClaimWatch:
@@ -55,7 +57,8 @@ class ClaimWatch:
         self.telemetry = TelemetryMetrics(g.metrics.registry) if g.metrics is not None \
             else None
         self.actions = Actions(g.action, g.pods, g.events, g.evictions, g.metrics,
-                               isolation_changed)
+                               isolation_changed,
+                               freezer=g.freezer or Freezer(g.monitor.proc_root))
         node = g.monitor.node
         self.monitor = UsageMonitor(
             g.monitor, usage, lambda: g.pods.node_pods(node, fresh=False),
@@ -69,6 +72,7 @@ class ClaimWatch:
 
     def stop(self) -> None:
         self.workers.stop()
+        self.actions.resume_all()  # a paused container is not left frozen
 
     def sample_once(self) -> None:
         """One round: a usage sample and its actions, then the GPU gauges."""
