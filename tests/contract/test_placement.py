@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -55,3 +56,55 @@ def test_the_placement_key_itself_is_accepted_in_a_manifest() -> None:
             "    gpupool.io/placement: remote-allowed\n"
             "spec:\n  containers: [{name: main}]\n")
     assert load_text(text, "pod.yaml", POD, yaml.SafeLoader, yaml.YAMLError)["metadata"]
+
+
+def remote_pod(resources: dict[str, Any], placement: str = "remote-required",
+               containers: int = 1) -> dict[str, Any]:
+    return {"metadata": {"name": "train", "namespace": "lab", "uid": "u1",
+                         "annotations": {names.ANNOTATION_PLACEMENT: placement}},
+            "spec": {"containers": [{"name": f"c{i}", "resources": {"limits": resources}}
+                                    for i in range(containers)]}}
+
+
+def test_a_remote_required_pod_counts_its_gpu_as_remote_gpu() -> None:
+    request = pod_request(remote_pod({"gpupool.io/remote-gpu": 1,
+                                      "gpupool.io/gpu-memory": 4096}))
+    assert request.serving is Serving.REMOTE_REQUIRED
+    assert [(d.count, d.memory_mib) for d in request.gpus] == [(1, 4096)]
+
+
+def test_an_exclusive_remote_gpu_is_one_whole_gpu() -> None:
+    request = pod_request(remote_pod({"gpupool.io/remote-gpu": 1}))
+    assert request.gpus[0].exclusive
+
+
+def test_remote_gpu_without_remote_required_is_refused() -> None:
+    with pytest.raises(InvalidInput, match=re.escape(
+            "container c0 asks gpupool.io/remote-gpu, which only a pod annotated "
+            "gpupool.io/placement: remote-required may ask")):
+        pod_request(remote_pod({"gpupool.io/remote-gpu": 1}, "remote-allowed"))
+
+
+def test_a_remote_required_pod_may_not_keep_the_device_count_once_admitted() -> None:
+    written = remote_pod({"gpupool.io/gpu": 1, "gpupool.io/gpu-memory": 4096})
+    with pytest.raises(InvalidInput, match=re.escape(
+            "asks gpupool.io/gpu, which kube-scheduler counts against its node's own GPUs")):
+        pod_request(written)
+    assert pod_request(written, as_written=True).gpu_count == 1
+
+
+def test_both_counts_in_one_container_are_refused() -> None:
+    with pytest.raises(InvalidInput, match=re.escape(
+            "asks both gpupool.io/gpu and gpupool.io/remote-gpu")):
+        pod_request(remote_pod({"gpupool.io/gpu": 1, "gpupool.io/remote-gpu": 1}))
+
+
+@pytest.mark.parametrize(("resources", "containers", "why"), [
+    ({"gpupool.io/remote-gpu": 2}, 1, "asks 2 GPUs remotely: a remote slice is one GPU"),
+    ({"gpupool.io/gpu-memory": 1024}, 2, "asks 2 GPUs remotely"),
+    ({"mig.gpupool.io/1g.10gb": 1}, 1, "MIG devices are not served remotely"),
+])
+def test_what_remote_slices_do_not_serve_is_refused_with_the_reason(
+        resources: dict[str, Any], containers: int, why: str) -> None:
+    with pytest.raises(InvalidInput, match=why):
+        pod_request(remote_pod(resources, containers=containers))

@@ -8,6 +8,7 @@ RESOURCE_GPU = "gpupool.io/gpu"
 RESOURCE_MEMORY = "gpupool.io/gpu-memory"  # MiB per GPU
 RESOURCE_CORE = "gpupool.io/gpu-core"  # percent of one GPU per GPU
 CLASS_RESOURCE_PREFIX = "class.gpupool.io/"
+RESOURCE_REMOTE_GPU = "gpupool.io/remote-gpu"  # GPUs of a remote-required pod (docs/remote.md)
 
 # set by users
 LABEL_GROUP = "gpupool.io/group"
@@ -27,6 +28,10 @@ ANNOTATION_SIGNATURE = "gpupool.io/signature"  # the extender's signature of the
 
 ANNOTATION_RESOURCE_GROUP = "gpupool.io/resource-group"  # the group the pod was charged to
 ANNOTATION_DEVICES = "gpupool.io/devices"  # node agent's claim: {container: {logical ID: uuid}}
+
+# remote GPU slices (docs/remote.md)
+ANNOTATION_SLICE = "gpupool.io/slice"  # the admission webhook's name of a pod's remote slice
+ANNOTATION_SLICE_STATUS = "gpupool.io/slice-status"  # the controller's: its server's state
 
 # GPUDevice status.health (the node agent writes them, the extender and controller read
 # them; the same words as the kubelet device plugin API's device health)

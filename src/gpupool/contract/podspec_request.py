@@ -7,7 +7,11 @@ Per container, ``resources.limits`` over ``resources.requests`` may carry
 * ``gpupool.io/gpu-core``: percent of one GPU's compute per GPU (1..100);
 * ``class.gpupool.io/<class>``: N GPUs of resource class ``<class>``;
 * ``mig.gpupool.io/<profile>``: N MIG devices of that profile, each whole
-  (``contract.mig``; alone, or with ``gpupool.io/gpu`` equal to N).
+  (``contract.mig``; alone, or with ``gpupool.io/gpu`` equal to N);
+* ``gpupool.io/remote-gpu``: N GPUs of a ``remote-required`` pod, in place of
+  ``gpupool.io/gpu`` (which kube-scheduler counts against the node's own GPUs and kubelet
+  hands out through the node's device plugin; the admission webhook renames it,
+  docs/remote.md).
 
 Memory or core without a count means one GPU. The annotation
 ``gpupool.io/mode`` (``exclusive``|``shared``) overrides the default mode
@@ -93,18 +97,22 @@ def gpu_class_of(pod: Mapping[str, Any]) -> str | None:
     return None
 
 
-def pod_request(pod: Mapping[str, Any]) -> PodRequest:
-    """The ``PodRequest`` of a v1.Pod; the key is its uid, else ``namespace/name``."""
+def pod_request(pod: Mapping[str, Any], *, as_written: bool = False) -> PodRequest:
+    """The ``PodRequest`` of a v1.Pod; the key is its uid, else ``namespace/name``.
+    ``as_written``: the pod as its author wrote it, before the admission webhook renamed
+    a ``remote-required`` pod's ``gpupool.io/gpu`` (``remote_problem``)."""
     ns, name, uid = pod_where(pod)
     where = f"pod {ns}/{name}"
     meta = _obj(pod.get("metadata"), f"{where}: metadata")
     spec = _obj(pod.get("spec"), f"{where}: spec")
     notes = _obj(meta.get("annotations"), f"{where}: annotations")
     mode = _mode(notes.get(names.ANNOTATION_MODE), where)
+    serving = serving_of(notes.get(names.ANNOTATION_PLACEMENT), where)
     cpu = mem = 0
     demands: list[GpuDemand] = []
     classes: set[str] = set()
     seen: list[str] = []
+    counted: dict[str, str] = {}  # container -> the resource that counts its GPUs
     for raw in _seq(spec.get("containers"), f"{where}: spec.containers"):
         c = _obj(raw, f"{where}: a container")
         seen.append(str(c.get("name") or ""))
@@ -114,6 +122,7 @@ def pod_request(pod: Mapping[str, Any]) -> PodRequest:
         demand, gpu_class = _demand(amounts, mode, here, str(c.get("name") or ""))
         demands += [demand] if demand is not None else []
         classes |= {gpu_class} if gpu_class else set()
+        counted.update({str(c.get("name") or ""): k for k in REMOTE_COUNTS if k in amounts})
     for raw in _seq(spec.get("initContainers"), f"{where}: spec.initContainers"):
         c = _obj(raw, f"{where}: an init container")
         here = f"{where} init container {c.get('name', '?')}"
@@ -127,11 +136,48 @@ def pod_request(pod: Mapping[str, Any]) -> PodRequest:
             raise InvalidInput(f"{where} sets a GPU burst limit "
                                f"({', '.join(burst.KEYS)}) but asks no gpupool GPU")
         demands = list(burst.with_limits(demands, notes, seen, where))
+    problem = remote_problem(serving, demands, counted, where, as_written)
+    if problem:
+        raise InvalidInput(problem)
     return PodRequest(uid or f"{ns}/{name}", cpu, mem, tuple(demands),
                       group=_group(meta, where), tenant=ns,
                       affinity=_affinity(notes.get(names.ANNOTATION_AFFINITY), where),
-                      gpu_class=next(iter(classes), None),
-                      serving=serving_of(notes.get(names.ANNOTATION_PLACEMENT), where))
+                      gpu_class=next(iter(classes), None), serving=serving)
+
+
+REMOTE_COUNTS = (names.RESOURCE_GPU, names.RESOURCE_REMOTE_GPU)
+"""The two resources that count a container's GPUs: on its own node's devices, or
+served by a slice server."""
+
+
+def remote_problem(serving: Serving, demands: list[GpuDemand], counted: Mapping[str, str],
+                   where: str, as_written: bool = False) -> str:
+    """Why a pod's GPU ask and its placement cannot go together ("" when they can).
+    ``counted``: per container, the resource that counts its GPUs (when it names one).
+
+    ``gpupool.io/remote-gpu`` belongs to ``remote-required`` pods alone. A
+    ``remote-required`` pod may not count its GPUs with ``gpupool.io/gpu`` once admitted
+    (``as_written`` allows it: the webhook renames it), asks one GPU (one slice server per
+    pod) and no MIG device."""
+    remote = sorted(c for c, k in counted.items() if k == names.RESOURCE_REMOTE_GPU)
+    if remote and serving is not Serving.REMOTE_REQUIRED:
+        return (f"{where} container {remote[0]} asks {names.RESOURCE_REMOTE_GPU}, which only "
+                f"a pod annotated {names.ANNOTATION_PLACEMENT}: "
+                f"{Serving.REMOTE_REQUIRED.value} may ask (else ask {names.RESOURCE_GPU})")
+    if serving is not Serving.REMOTE_REQUIRED or not demands:
+        return ""
+    local = sorted(c for c, k in counted.items() if k == names.RESOURCE_GPU)
+    if local and not as_written:
+        return (f"{where} container {local[0]} asks {names.RESOURCE_GPU}, which kube-scheduler "
+                "counts against its node's own GPUs: a pod annotated "
+                f"{names.ANNOTATION_PLACEMENT}: {Serving.REMOTE_REQUIRED.value} counts them as "
+                f"{names.RESOURCE_REMOTE_GPU} (gpupool's admission webhook renames it)")
+    if any(d.mig_profile for d in demands):
+        return f"{where}: MIG devices are not served remotely (they are handed out whole)"
+    if sum(d.count for d in demands) > 1:
+        return (f"{where} asks {sum(d.count for d in demands)} GPUs remotely: a remote slice "
+                "is one GPU of one container per pod")
+    return ""
 
 
 def _group(meta: Mapping[str, Any], where: str) -> str | None:
@@ -178,6 +224,11 @@ def _demand(amounts: Mapping[str, Any], mode: Mode | None, where: str, container
     if profile is not None:
         return _mig_demand(amounts, profile, by_mig or 0, mode, where, container), None
     count, memory, core = gpu_numbers(amounts, where)
+    remote = _count(amounts, names.RESOURCE_REMOTE_GPU, where)
+    if remote is not None and count is not None:
+        raise InvalidInput(f"{where} asks both {names.RESOURCE_GPU} and "
+                           f"{names.RESOURCE_REMOTE_GPU}; ask one")
+    count = remote if count is None else count
     gpu_class, by_class = _class_count(amounts, where)
     if by_class is not None:
         if count is not None and count != by_class:
