@@ -141,7 +141,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="protocol mode: every GPU pod's gpupool.io/placement: off (local), on "
                         "(remote-allowed: a pod that fits nowhere whole runs on another node "
                         "and gets its slice served from a GPU node) or required "
-                        "(remote-required); see docs/remote.md")
+                        "(remote-required); default off; see docs/remote.md")
     p.add_argument("--topology-label", action="append", metavar="LABEL",
                    help=f"with --remote: a node label whose value is a topology domain "
                         f"remote slices are served from first; repeatable, most specific "
