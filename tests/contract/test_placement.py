@@ -108,3 +108,17 @@ def test_what_remote_slices_do_not_serve_is_refused_with_the_reason(
         resources: dict[str, Any], containers: int, why: str) -> None:
     with pytest.raises(InvalidInput, match=why):
         pod_request(remote_pod(resources, containers=containers))
+
+
+def test_a_sidecar_adds_to_the_pods_cpu_and_memory_as_kubernetes_sums_them() -> None:
+    def init(name: str, cpu: str, sidecar: bool) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": name, "resources": {"requests": {"cpu": cpu,
+                                                                       "memory": "64Mi"}}}
+        return {**out, "restartPolicy": "Always"} if sidecar else out
+    spec = {"containers": [{"name": "main", "resources": {"requests": {"cpu": "1",
+                                                                       "memory": "1Gi"}}}],
+            "initContainers": [init("setup", "500m", False), init("proxy", "100m", True),
+                               init("late", "2", False)]}
+    request = pod_request({"metadata": {"name": "p", "namespace": "lab"}, "spec": spec})
+    # the late init container runs beside the sidecar (2 + 0.1); the containers too (1 + 0.1)
+    assert (request.cpu_milli, request.memory_mib) == (2100, 1024 + 64)

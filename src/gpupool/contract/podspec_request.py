@@ -21,7 +21,8 @@ default), ``remote-allowed`` or ``remote-required`` (where the GPU slices may be
 served, docs/remote.md); ``gpupool.io/gpu-memory-limit`` and ``gpupool.io/gpu-core-limit``
 make shared slices burstable (``contract.burst``); the label ``gpupool.io/group`` names the
 resource group. The tenant is the namespace. CPU and memory are the larger of
-the containers' sum and the largest init container.
+the containers' sum and the largest init container, a sidecar (an init container with
+``restartPolicy: Always``) adding to both as in Kubernetes.
 
 These are the rules the scheduler extender applies to the same pods
 (``tests/cli/test_podspec_request.py`` holds the two translations to the same
@@ -123,11 +124,7 @@ def pod_request(pod: Mapping[str, Any], *, as_written: bool = False) -> PodReque
         demands += [demand] if demand is not None else []
         classes |= {gpu_class} if gpu_class else set()
         counted.update({str(c.get("name") or ""): k for k in REMOTE_COUNTS if k in amounts})
-    for raw in _seq(spec.get("initContainers"), f"{where}: spec.initContainers"):
-        c = _obj(raw, f"{where}: an init container")
-        here = f"{where} init container {c.get('name', '?')}"
-        amounts = container_amounts(c, here)
-        cpu, mem = max(cpu, _cpu(amounts, here)), max(mem, _memory(amounts, here))
+    cpu, mem = _with_init_containers(cpu, mem, spec, where)
     if len(classes) > 1:
         raise InvalidInput(f"{where} asks for GPUs of several classes "
                            f"({', '.join(sorted(classes))}); one pod may use one class")
@@ -178,6 +175,25 @@ def remote_problem(serving: Serving, demands: list[GpuDemand], counted: Mapping[
         return (f"{where} asks {sum(d.count for d in demands)} GPUs remotely: a remote slice "
                 "is one GPU of one container per pod")
     return ""
+
+
+def _with_init_containers(cpu: int, mem: int, spec: Mapping[str, Any], where: str
+                          ) -> tuple[int, int]:
+    """The pod's CPU and memory with its init containers, as Kubernetes sums them: a
+    sidecar (an init container with ``restartPolicy: Always``) runs beside everything
+    started after it, so it adds to the containers' sum and to each later init
+    container; other init containers run one at a time."""
+    side_cpu = side_mem = peak_cpu = peak_mem = 0
+    for raw in _seq(spec.get("initContainers"), f"{where}: spec.initContainers"):
+        c = _obj(raw, f"{where}: an init container")
+        here = f"{where} init container {c.get('name', '?')}"
+        amounts = container_amounts(c, here)
+        c_cpu, c_mem = _cpu(amounts, here), _memory(amounts, here)
+        if c.get("restartPolicy") == "Always":
+            side_cpu, side_mem = side_cpu + c_cpu, side_mem + c_mem
+            c_cpu = c_mem = 0
+        peak_cpu, peak_mem = max(peak_cpu, side_cpu + c_cpu), max(peak_mem, side_mem + c_mem)
+    return max(cpu + side_cpu, peak_cpu), max(mem + side_mem, peak_mem)
 
 
 def _group(meta: Mapping[str, Any], where: str) -> str | None:
