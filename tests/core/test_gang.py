@@ -49,8 +49,8 @@ def test_a_gang_that_fits_is_placed_whole_and_reserves_together() -> None:
 
 def test_a_gang_that_does_not_fit_places_nothing_where_per_pod_placement_holds_gpus_idle(
         ) -> None:
-    state = cluster(node("a"), node("b"))  # 8 GPUs
-    gang = Gang("train", members(9, whole(1)))
+    state = cluster(node("a"), node("b"))  # 8 GPUs, 800 % of compute
+    gang = Gang("train", members(9, shared(1, 1024, 60)))  # 540 % asked, one per GPU fits
     placed = place_gang(state, gang, POLICY, RNG)
     assert not placed.ok and placed.allocations == ()
     assert placed.reason is not None and "only 8 of its members fit together, 9 needed" in \
@@ -63,6 +63,14 @@ def test_a_gang_that_does_not_fit_places_nothing_where_per_pod_placement_holds_g
             state.reserve(alone)
             started += 1
     assert started == 8  # what a gang avoids: 8 GPUs held by a job that cannot start
+
+
+def test_a_gang_the_clusters_free_room_cannot_hold_is_refused_before_any_member_is_tried(
+        ) -> None:
+    placed = place_gang(cluster(node("a"), node("b")), Gang("big", members(9, whole(1))),
+                        POLICY, RNG)
+    assert placed.reason is not None and "free GPU compute or memory is less than its 9 " \
+        "members ask together" in placed.reason.message
 
 
 def test_a_quorum_is_placed_and_the_members_beyond_it_wait() -> None:

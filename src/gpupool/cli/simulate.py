@@ -146,6 +146,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help=f"with --remote: a node label whose value is a topology domain "
                         f"remote slices are served from first; repeatable, most specific "
                         f"first (default {ZONE_LABEL})")
+    p.add_argument("--gangs", type=bounded(int, 1), metavar="JOBS",
+                   help="replay JOBS generated jobs (gangs of 2-64 members, single pods, "
+                        "some burstable) placed whole and placed pod by pod, on the cluster "
+                        "of --nodes or the synthetic one (docs/gangs.md)")
+    p.add_argument("--gang-load", type=bounded(float, 0.0, above=True), default=1.1,
+                   metavar="X", help="with --gangs: the offered GPU demand over the arrivals, "
+                                     "as a multiple of the cluster's GPUs (default 1.1)")
     p.add_argument("--wide", action="store_true",
                    help="print every column of the tables, however wide the screen (by "
                         "default a table wider than the screen, or than 80 columns in a "
@@ -190,6 +197,10 @@ def load(args: argparse.Namespace) -> Scenario:
 
 def simulate(args: argparse.Namespace) -> int:
     policies = check_policies(args.policy or DEFAULT_POLICIES)
+    if args.gangs is not None:
+        from gpupool.cli.simulate_gangs import simulate_gangs
+        check_weights(args.weight, policies)
+        return simulate_gangs(args, policies)
     if args.remote != RemoteMode.OFF.value and args.mode != SimMode.PROTOCOL.value:
         raise InvalidInput("remote slices are simulated in protocol mode only (--mode protocol)")
     tenanted = _tenanted(args)

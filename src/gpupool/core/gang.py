@@ -9,10 +9,12 @@ chooses an allocation for every member it can, all in one pure call:
    the member's own quota), then **quota for the gang as a whole**
    (``core.gangquota``): the members' charges summed. A gang short of its quorum of
    eligible members, or over a quota, is refused with one reason and places nothing.
-2. **Where.** Without ``together``: the whole cluster. With it, the candidate nodes or
+2. **Where.** Without ``together``: the whole cluster, once its free compute and GPU
+   memory hold the quorum's asks (else nothing is tried). With it, the candidate nodes or
    domains whose free compute and GPU memory (summed over their healthy GPUs) hold the
-   quorum's asks, the tightest first (the packing idea applied to the set: a small gang does not take a big
-   domain a bigger gang could use), ties by name; at most ``max_domains`` are tried.
+   quorum's asks, the tightest first (the packing idea applied to the set: a small gang
+   does not take a big domain a bigger gang could use), ties by name; at most
+   ``max_domains`` are tried.
 3. **The packing policy applied to the set.** On a scratch copy of the state the members
    are placed one after the other by the placer's policy, the largest GPU ask first (ties:
    member order), each seeing the slices of the members placed before it, so no two
@@ -131,6 +133,9 @@ def place_gang(state: ClusterState, gang: Gang, policy: Policy, rng: random.Rand
         return GangPlacement(gang, reason=refusal)
     trial = _Trial(state, gang, order, ruled, Placer(policy), rng)
     if gang.together is Together.ANYWHERE:
+        if not _has_room(state, [asks[i] for i in order[:gang.quorum]]):
+            return _refused(gang, None, f"the cluster's free GPU compute or memory is less "
+                            f"than its {gang.quorum} members ask together")
         return trial.outcome(trial.place(None), "", catalogue)
     tried = 0
     for where, rows in _domains(state, gang, order):
@@ -171,7 +176,9 @@ class _Trial:
     def place(self, rows: IntArray | None) -> dict[int, Allocation]:
         scratch = self.state.snapshot().state()
         found: dict[int, Allocation] = {}
-        for i in self.order:
+        for n, i in enumerate(self.order):
+            if len(found) + len(self.order) - n < self.gang.quorum:
+                break  # the quorum is out of reach: the rest need not be tried
             member = self.gang.members[i]
             decided = self.placer.decide(scratch, member, self.rng, self.ruled[i], rows,
                                          explain_limit=1)
@@ -231,6 +238,14 @@ def _domains(state: ClusterState, gang: Gang, order: list[int]
     chosen = sorted((r, name) for name, r in room.items()
                     if r[0] >= need[0] and r[1] >= need[1])
     return [(name, np.asarray(groups[name], np.int64)) for _, name in chosen]
+
+
+def _has_room(state: ClusterState, asks: Sequence[tuple[int, int]]) -> bool:
+    """Whether the cluster's free compute and memory (healthy GPUs) hold ``asks`` summed:
+    a necessary condition, checked before any member is tried."""
+    ok = state.present & state.healthy
+    return int(np.where(ok, state.core_free, 0).sum()) >= sum(a[0] for a in asks) and \
+        int(np.where(ok, state.unit_free, 0).sum()) >= sum(a[1] for a in asks)
 
 
 def _ask(state: ClusterState, member: PodRequest) -> tuple[int, int]:
