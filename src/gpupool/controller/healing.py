@@ -154,36 +154,30 @@ class Healer:
         bad = {d.gpu.uuid: d for d in devs if not d.reported_healthy}
         for uuid in set(self._m.bad_since) - set(bad):
             del self._m.bad_since[uuid]
-        failed, next_due = {}, None
+        failed: dict[str, str] = {}
+        later: list[float] = []
         for uuid, d in bad.items():
             since = self._m.bad_since.setdefault(uuid, now)
-            ends = since + self.config.unhealthy_for_s
-            if now >= ends:
+            if _past(since, self.config.unhealthy_for_s, now, later):
                 failed[uuid] = f"GPU {uuid} on node {d.node} has been unhealthy for " \
                                f"{now - since:.0f} s"
-            elif next_due is None or ends < next_due:
-                next_due = ends
-        return failed, next_due
+        return failed, min(later, default=None)
 
     def _silent_nodes(self, devs: list[DeviceRecord], now: float
                       ) -> tuple[dict[str, str], float | None]:
         """Node -> why it is silent; and when the next node would turn silent."""
-        last: dict[str, float | None] = {}
+        last: dict[str, float] = {}
         for d in devs:
             seen = d.heartbeat_s if d.heartbeat_s is not None else d.created_s
-            before = last.get(d.node)
-            last[d.node] = seen if before is None else max(before, seen or before)
-        silent, next_due = {}, None
+            if seen is not None:
+                last[d.node] = max(last.get(d.node, seen), seen)
+        silent: dict[str, str] = {}
+        later: list[float] = []
         for node, seen in last.items():
-            if seen is None:
-                continue
-            ends = seen + self.config.silent_for_s
-            if now >= ends:
+            if _past(seen, self.config.silent_for_s, now, later):
                 silent[node] = f"the node agent of {node} has not reported for " \
                                f"{now - seen:.0f} s"
-            elif next_due is None or ends < next_due:
-                next_due = ends
-        return silent, next_due
+        return silent, min(later, default=None)
 
     @staticmethod
     def _wanted(holdings: Iterable[PodHolding], failed: Mapping[str, str],
@@ -200,6 +194,14 @@ class Healer:
                 out.append(Eviction(h.key, ns, name, node, Cause.GPU_UNHEALTHY,
                                     failed[hit[0]]))
         return out
+
+
+def _past(since: float, grace_s: float, now: float, later: list[float]) -> bool:
+    """Whether ``grace_s`` from ``since`` has passed; if not, when it will (into ``later``)."""
+    if now >= since + grace_s:
+        return True
+    later.append(since + grace_s)
+    return False
 
 
 def _opted_out(pod: Mapping[str, Any]) -> bool:
