@@ -185,14 +185,14 @@ def test_the_controller_writes_a_driver_class_and_one_per_class_and_model(
         {"key": "gpupool.io/memory", "operator": "Gt", "values": ["40Gi"]}]}))
     out = run_once(fake)
     assert sorted(classes(fake)) == ["a100-sxm4-80gb.gpupool.io", "big-mem.gpupool.io",
-                                     "gpu.gpupool.io", "t4.gpupool.io"]
+                                     "gpu.gpupool.io", "mig.gpupool.io", "t4.gpupool.io"]
     assert "create DeviceClass gpu.gpupool.io" in out.device_classes and out.failures == []
     big = classes(fake)["big-mem.gpupool.io"]
     assert big["spec"]["selectors"][0]["cel"]["expression"].startswith(
         "device.driver == 'gpu.gpupool.io' && ('memory' in device.attributes['gpupool.io']")
     out = run_once(fake)  # the default ResourceClasses now exist: same DeviceClasses
     assert sorted(classes(fake)) == ["a100-sxm4-80gb.gpupool.io", "big-mem.gpupool.io",
-                                     "gpu.gpupool.io", "t4.gpupool.io"]
+                                     "gpu.gpupool.io", "mig.gpupool.io", "t4.gpupool.io"]
     assert classes(fake)["t4.gpupool.io"]["metadata"]["annotations"] == {
         "gpupool.io/resource-class": "t4"}
 
@@ -226,7 +226,7 @@ def test_changed_and_removed_classes_follow_and_users_classes_are_left_alone(
     fake.delete("resourceclasses", "fast")
     out = run_once(fake)
     assert "delete DeviceClass fast.gpupool.io" in out.device_classes
-    assert sorted(classes(fake)) == ["gpu.gpupool.io", "mine.gpupool.io"]
+    assert sorted(classes(fake)) == ["gpu.gpupool.io", "mig.gpupool.io", "mine.gpupool.io"]
 
 
 def test_extended_resource_names_are_given_only_when_asked(fake: FakeApiServer) -> None:
@@ -235,7 +235,7 @@ def test_extended_resource_names_are_given_only_when_asked(fake: FakeApiServer) 
     assert all("extendedResourceName" not in o["spec"] for o in classes(fake).values())
     run_once(fake, extended=True)
     names = {n: o["spec"].get("extendedResourceName") for n, o in classes(fake).items()}
-    assert names == {"gpu.gpupool.io": "gpupool.io/gpu",
+    assert names == {"gpu.gpupool.io": "gpupool.io/gpu", "mig.gpupool.io": None,
                      "fast.gpupool.io": "class.gpupool.io/fast"}
 
 
@@ -246,3 +246,17 @@ def test_an_untranslatable_class_is_a_note_not_a_failure(fake: FakeApiServer) ->
     assert out.failures == []
     assert any("ResourceClass odd has no DeviceClass" in n for n in out.notes)
     assert "odd.gpupool.io" not in classes(fake)
+
+
+def test_classes_of_whole_gpus_leave_mig_devices_out_and_the_mig_class_takes_them(
+        fake: FakeApiServer) -> None:
+    fake.seed("resourceclasses", resource_class("fast", model_selector("H100")))
+    fake.seed("resourceclasses", resource_class("small-mig", {"matchLabels": {
+        "gpupool.io/mig-profile": "1g.10gb"}}))
+    run_once(fake)
+    cel = {n: o["spec"]["selectors"][0]["cel"]["expression"] for n, o in classes(fake).items()}
+    assert cel["fast.gpupool.io"].endswith("&& !('mig_hprofile' in device.attributes"
+                                           "['gpupool.io'])")
+    assert "!('mig_hprofile'" not in cel["small-mig.gpupool.io"]
+    assert cel["mig.gpupool.io"] == ("device.driver == 'gpu.gpupool.io' && 'mig_hprofile' in "
+                                     "device.attributes['gpupool.io']")

@@ -117,6 +117,7 @@ class FakeNvml:
             "nvmlEventSetCreate": lambda: "set",
             "nvmlDeviceRegisterEvents": lambda h, kinds, events: None,
             "nvmlEventSetWait_v2": self._wait,
+            "nvmlDeviceGetMigMode": self._no_mig,  # fake_nvml_mig answers for MIG GPUs
         }
 
     # -- identity and memory ---------------------------------------------------------
@@ -211,6 +212,9 @@ class FakeNvml:
         from gpupool.nodeagent.health import CLOCK_EVENTS
         bits = {name: bit for bit, (name, _) in CLOCK_EVENTS.items()}
         return sum(bits[e] for e in self.telemetry(self._i(h)).get("clockEvents") or ())
+
+    def _no_mig(self, h: Handle) -> Any:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)  # GPUs without MIG
 
     def _wait(self, event_set: object, timeout_ms: int) -> Any:
         if not self.xids:

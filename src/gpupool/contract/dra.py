@@ -1,7 +1,8 @@
 """Dynamic Resource Allocation (``resource.k8s.io/v1``) as gpupool speaks it.
 
 The node agent in DRA mode publishes each GPU as a device of driver ``gpu.gpupool.io``
-in one ResourceSlice per node (pool = node name, device ``gpu-<NVML index>``), with
+in one ResourceSlice per node (pool = node name, device ``gpu-<NVML index>``; a GPU in
+MIG mode as its MIG devices, ``gpu-<index>-mig-<profile>-<start>``, each whole), with
 ``capacity`` ``memory`` and ``cores`` that several claims consume (consumable
 capacity); kube-scheduler allocates ResourceClaims and records the result in
 ``status.allocation`` (device, ``consumedCapacity``, ``shareID``). This module is the
@@ -34,6 +35,7 @@ from typing import Any
 
 from gpupool.core.allocation import Allocation, Slice
 from gpupool.core.errors import InvalidInput, QuantityError
+from gpupool.core.mig import MigDevice
 from gpupool.core.model import CORE_UNITS_PER_GPU, Gpu
 from gpupool.core.quantity import parse_quantity
 
@@ -68,6 +70,19 @@ def slice_name(node: str) -> str:
 def device_name(index: int) -> str:
     """A GPU's device name in its node's pool: ``gpu-<NVML index>``."""
     return f"gpu-{index}"
+
+
+def mig_device_name(index: int, device: MigDevice) -> str:
+    """A MIG device's name in its node's pool: ``gpu-<index>-mig-<profile>-<start>``, the
+    profile's dot a dash (``gpu-0-mig-3g-40gb-4``)."""
+    return f"gpu-{index}-mig-{device.profile.replace('.', '-')}-{device.start}"
+
+
+def name_of(gpu: Gpu) -> str | None:
+    """The device name of a GPU or MIG device (None: a GPU in MIG mode, not a device)."""
+    if isinstance(gpu.mig, MigDevice):
+        return mig_device_name(gpu.index, gpu.mig)
+    return None if gpu.in_mig_mode else device_name(gpu.index)
 
 
 def index_of(device: str) -> int | None:
@@ -178,11 +193,13 @@ def device_table(slices: Iterable[Mapping[str, Any]]) -> tuple[DeviceTable, list
 
 
 def devices_of_node(node: str, gpus: Iterable[Gpu], memory_unit_mib: int) -> DeviceTable:
-    """The table a node's agent publishes, from its GPUs (as GPUDevices tell them)."""
-    return {(node, device_name(g.index)): DraDevice(
-        node, device_name(g.index), node, g.uuid, g.index,
+    """The table a node's agent publishes, from its GPUs (as GPUDevices tell them; a GPU
+    in MIG mode is no device, each of its MIG devices is one)."""
+    named = [(name, g) for g in gpus for name in [name_of(g)] if name is not None]
+    return {(node, name): DraDevice(
+        node, name, node, g.uuid, g.index,
         g.memory_mib // memory_unit_mib * memory_unit_mib, not g.healthy, g.model)
-        for g in gpus}
+        for name, g in named}
 
 
 # -- claims --------------------------------------------------------------------------------

@@ -9,7 +9,7 @@
 * **GPUDevice ``spec.mig``** (``mig_spec`` / ``read_mig``): ``{mode: Enabled}`` on a GPU
   in MIG mode (``Gpu.mig`` a ``MigMode``); on a MIG device, which has a GPUDevice of
   its own named after its ``MIG-...`` uuid, ``{parent, profile, placement: {start,
-  size}, slices, gpuInstance, computeInstance, smCount}`` (``MigDevice``).
+  size}, slices, gpuInstance, computeInstance}`` (``MigDevice``).
 * **MIG on demand** (``docs/design/mig.md``): the controller asks for a layout with the
   annotation ``gpupool.io/mig-layout`` on the GPU's GPUDevice (``1g.10gb@0,3g.40gb@4``,
   ``core.mig.describe_layout``'s form) and ``gpupool.io/mig-layout-reason`` (why); the

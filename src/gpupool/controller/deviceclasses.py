@@ -3,11 +3,16 @@
 The controller maintains (label ``app.kubernetes.io/managed-by: gpupool-controller``;
 a DeviceClass without it is a user's and is left alone):
 
-* ``gpu.gpupool.io``: every gpupool GPU (``device.driver == 'gpu.gpupool.io'``);
+* ``gpu.gpupool.io``: every gpupool device (``device.driver == 'gpu.gpupool.io'``), MIG
+  devices included;
+* ``mig.gpupool.io``: every MIG device (a claim selects the profile with CEL on the
+  ``migProfile`` attribute);
 * ``<class>.gpupool.io`` for every valid ``ResourceClass`` — the default class of each
-  GPU model among them — its selector translated to CEL (``celselector``);
+  GPU model among them — its selector translated to CEL (``celselector``), kept to GPUs
+  that are no MIG device unless the selector names ``gpupool.io/mig-profile``;
 * ``<model>.gpupool.io`` for a GPU model without a ResourceClass of its default class
-  name yet (the default ResourceClass appears a round later and takes the name over).
+  name yet (the default ResourceClass appears a round later and takes the name over),
+  without MIG devices.
 
 With ``extended_resources`` (clusters with the ``DRAExtendedResource`` feature), the
 class of ``<class>`` also carries ``extendedResourceName: class.gpupool.io/<class>`` and
@@ -31,6 +36,7 @@ from gpupool.contract.tenancy import Broken, class_of
 from gpupool.controller.celselector import class_cel
 from gpupool.controller.defaults import CONTROLLER, MANAGED_BY, class_name_for, is_owned
 from gpupool.controller.observed import Observed, name_of
+from gpupool.core import mig
 from gpupool.core.classes import ResourceClass, resource_name
 from gpupool.core.errors import GpupoolError, InvalidInput
 from gpupool.core.selector import Operator, Requirement, Selector
@@ -39,6 +45,7 @@ from gpupool.kube.errors import NotFound
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 SUFFIX = ".gpupool.io"
+MIG_CLASS = "mig" + SUFFIX
 ANNOTATION_SOURCE = "gpupool.io/resource-class"
 """On a DeviceClass: the ResourceClass (or ``model:<name>``) it was made from."""
 
@@ -57,7 +64,9 @@ def desired(classes: Iterable[ResourceClass], models: Iterable[str], extended: b
             ) -> tuple[dict[str, Obj], list[str]]:
     """The DeviceClasses gpupool wants, by name, and notes on classes it cannot translate."""
     want = {dra.DRIVER: device_class(dra.DRIVER, Selector(), "*",
-                                     "gpupool.io/gpu" if extended else None)}
+                                     "gpupool.io/gpu" if extended else None),
+            MIG_CLASS: device_class(MIG_CLASS, Selector((), (
+                Requirement(mig.LABEL_PROFILE, Operator.EXISTS, ()),)), "mig", None)}
     notes = []
     covered: set[str] = set()
     for rc in sorted(classes, key=lambda c: c.name):
@@ -67,7 +76,7 @@ def desired(classes: Iterable[ResourceClass], models: Iterable[str], extended: b
                          "own; rename the class to use it through DRA")
             continue
         try:
-            want[name] = device_class(name, rc.selector, rc.name,
+            want[name] = device_class(name, whole_gpus(rc.selector), rc.name,
                                       resource_name(rc.name) if extended else None)
         except InvalidInput as exc:
             notes.append(f"ResourceClass {rc.name} has no DeviceClass: {exc}")
@@ -77,10 +86,21 @@ def desired(classes: Iterable[ResourceClass], models: Iterable[str], extended: b
         slug = class_name_for(model)
         if slug in covered:  # the model's default ResourceClass (or a user's of that name)
             continue
-        selector = Selector((), (Requirement("gpupool.io/model", Operator.IN, (model,)),))
+        selector = whole_gpus(Selector((), (
+            Requirement("gpupool.io/model", Operator.IN, (model,)),)))
         want.setdefault(slug + SUFFIX, device_class(slug + SUFFIX, selector, f"model:{model}",
                                                     None))
     return want, notes
+
+
+def whole_gpus(selector: Selector) -> Selector:
+    """``selector`` kept to GPUs that are no MIG device, unless it selects on the MIG
+    profile itself (a class of MIG devices)."""
+    keys = {k for k, _ in selector.match_labels} | {r.key for r in selector.expressions}
+    if mig.LABEL_PROFILE in keys:
+        return selector
+    return Selector(selector.match_labels, (*selector.expressions, Requirement(
+        mig.LABEL_PROFILE, Operator.DOES_NOT_EXIST, ())))
 
 
 @dataclass(frozen=True, slots=True)

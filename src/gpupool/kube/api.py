@@ -460,6 +460,23 @@ class KubeApi:
         with _translated(f"create Event about pod {pod_namespace}/{pod_name}"):
             self.client.create(event, namespace=pod_namespace)
 
+    def create_device_event(self, name: str, uid: str, reason: str, message: str,
+                            warning: bool, component: str, host: str, now: datetime) -> None:
+        """A core/v1 Event about a GPUDevice (``kubectl describe gpudevice`` lists it). The
+        object is cluster-scoped, so the Event is in ``default``, as client-go's recorder
+        puts Events about cluster-scoped objects."""
+        event = Event(
+            metadata=ObjectMeta(name=f"{name}.{int(now.timestamp() * 1e9):x}",
+                                namespace="default"),
+            involvedObject=ObjectReference(apiVersion=names.API_VERSION, kind="GPUDevice",
+                                           name=name, uid=uid or None),
+            reason=reason, message=message[:1024], type="Warning" if warning else "Normal",
+            source=EventSource(component=component, host=host), count=1,
+            firstTimestamp=now, lastTimestamp=now, reportingComponent=component,
+            reportingInstance=host)
+        with _translated(f"create Event about GPUDevice {name}"):
+            self.client.create(event, namespace="default")
+
     def evict_pod(self, namespace: str, name: str) -> None:
         """Ask the Eviction API (policy/v1) to evict the pod; it honours PodDisruptionBudgets
         (refused with HTTP 429 while a budget allows no disruption)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +26,8 @@ import grpc
 
 from gpupool.core.allocation import Slice
 from gpupool.core.errors import GpupoolError
+from gpupool.core.mig import MigDevice
+from gpupool.nodeagent import mig
 from gpupool.nodeagent.actions import Actions, OveruseAction
 from gpupool.nodeagent.allocator import Allocator, AllocatorConfig, Safety
 from gpupool.nodeagent.burst import BurstTracker
@@ -65,6 +68,7 @@ class AgentConfig:
     monitor_s: float = 10.0
     proc_root: Path = Path("/proc")
     key_patience_s: float = PATIENCE_S  # an Allocate waits this long for unreadable keys
+    mig_interval_s: float = mig.DEFAULT_INTERVAL_S  # at most one MIG repartition this often
 
     @property
     def plugin_dir(self) -> Path:
@@ -88,6 +92,7 @@ class Guards:
     overuse: OveruseConfig = field(default_factory=OveruseConfig)
     action: OveruseAction = OveruseAction.WARN
     freezer: Freezer | None = None  # ``pause``: the cgroup freezer (None: under proc_root)
+    device_events: mig.DeviceEvents | None = None  # Events about GPUDevices (MIG changes)
 
 
 class NodeAgent:
@@ -96,7 +101,7 @@ class NodeAgent:
     def __init__(self, config: AgentConfig, backend: GpuBackend, pods: PodApi,
                  inventory: InventoryApi | None = None,
                  clock: Callable[[], datetime] = lambda: datetime.now(UTC),
-                 guards: Guards | None = None):
+                 guards: Guards | None = None, mig_driver: mig.MigDriver | None = None):
         self.config = config
         self.backend = backend
         self.pods = pods
@@ -132,6 +137,10 @@ class NodeAgent:
         self.service = DevicePluginService(self.pool, self.allocator, self._stop, g.metrics)
         self.socket = PluginSocket(config.plugin_dir, self.service)
         self.registrations = 0
+        self.mig_driver = mig_driver  # None: MIG layouts asked on GPUDevices are not made
+        self.repartitioner = None if mig_driver is None else mig.Repartitioner(
+            config.node, mig_driver, self._mig_clients, g.device_events, clock, time.monotonic,
+            config.mig_interval_s)
 
     def _burst_watch(self) -> BurstWatch:
         """Bursts judged against the memory of the GPUs present (``nodeagent.burst``)."""
@@ -155,7 +164,7 @@ class NodeAgent:
         if self.metrics is not None:
             self.metrics.provider.labels(str(self.provider.name),
                                          str(self.provider.enforced).lower()).set(1)
-        self.provider.start(list(self.roster.present.values()), self._provider_changed)
+        self.provider.start(mig.shareable(self.roster.present.values()), self._provider_changed)
         self._restore()
         self.config.plugin_dir.mkdir(parents=True, exist_ok=True)
         self.backend.watch(self._on_gpus)
@@ -206,8 +215,11 @@ class NodeAgent:
         self._changed.set()
 
     def _device_status(self, uuid: str) -> dict[str, Any]:
-        return {"isolationProvider": str(self.provider.name),
-                "isolation": self.actions.isolation(uuid)}
+        status = {"isolationProvider": str(self.provider.name),
+                  "isolation": self.actions.isolation(uuid)}
+        gpu = self.roster.known.get(uuid)
+        layout = {} if gpu is None else mig.status(gpu, self.repartitioner)
+        return {**status, "mig": layout} if layout else status
 
     # -- kubelet ------------------------------------------------------------------------------
     def _supervise(self) -> None:
@@ -271,8 +283,29 @@ class NodeAgent:
         assert self.inventory is not None
         while not self._stop.is_set():
             self._changed.clear()
-            self.inventory.sync(self.known_gpus(), self.clock())
+            objects = self.inventory.sync(self.known_gpus(), self.clock())
+            if self._repartition(objects):
+                continue  # publish the new MIG devices now
             self._changed.wait(self.config.heartbeat_s)
+
+    # -- MIG on demand ------------------------------------------------------------------------
+    def _repartition(self, objects: list[dict[str, Any]]) -> bool:
+        """Make the MIG layouts asked on this node's GPUDevices (``nodeagent.mig``)."""
+        if self.repartitioner is None or self.mig_driver is None:
+            return False
+        physical = [g for g in self.known_gpus() if not isinstance(g.mig, MigDevice)]
+        if not self.repartitioner.step(physical, objects):
+            return False
+        self._on_gpus(self.mig_driver.rescan())
+        return True
+
+    def _mig_clients(self, uuid: str) -> list[str]:
+        """Who uses a MIG device: pods whose trusted decisions hold it, processes on it."""
+        assert self.mig_driver is not None
+        pods = {p.uid: p for p in self._cached_pods()}
+        held = held_slices(pods.values(), self.gate)
+        named = sorted({f"pod {pods[uid].ref}" for uid, _, gpu in held if gpu == uuid})
+        return named + self.mig_driver.processes(uuid)
 
 
 def _identity(path: Path) -> int:

@@ -19,6 +19,7 @@ machines without GPUs: tests, demos, benchmarks. The file::
         usageError: ""              # non-empty: sampling this GPU fails (an NVML error)
         facts: {computeCapability: "8.0", powerLimitW: 400}   # its make (fakeboard)
         telemetry: {temperatureC: 40, eccVolatileUncorrected: 0}  # health readings
+        mig: {devices: [{profile: 3g.40gb, start: 4}]}  # MIG mode and devices (fakemig)
     topology: [[X, NV12], [NV12, X]]  # nvidia-smi topo -m's words (fakeboard)
     nvlinkVersion: 3
 
@@ -46,7 +47,7 @@ import yaml
 
 from gpupool.contract.yamlcheck import FLAG, SCALAR, TEXT, WHOLE, Map, Seq, load_text
 from gpupool.core.errors import GpupoolError, InvalidInput
-from gpupool.nodeagent import fakeboard
+from gpupool.nodeagent import fakeboard, fakemig
 from gpupool.nodeagent.gpu import (
     HEALTHY,
     UNHEALTHY,
@@ -75,6 +76,7 @@ FAKE_GPU = Map({
     "usageError": TEXT,
     "facts": fakeboard.FACTS,
     "telemetry": fakeboard.TELEMETRY,
+    "mig": fakemig.SHAPE,
 }, required=frozenset({"uuid", "memoryMiB"}))
 FAKE_GPU_FILE = Map({"gpus": Seq(FAKE_GPU), "topology": fakeboard.TOPOLOGY,
                      "nvlinkVersion": WHOLE}, required=frozenset({"gpus"}))
@@ -168,6 +170,15 @@ class FakeGpuBackend:
     def set_present(self, uuid: str, present: bool) -> None:
         """Make a GPU vanish (False) or come back (True)."""
         self._edit(uuid, {"present": present})
+
+    def set_mig(self, uuid: str, body: Mapping[str, Any]) -> None:
+        """Replace a GPU's ``mig`` entry (``fakemig``: what the fake driver makes)."""
+        self._edit(uuid, {"mig": dict(body)})
+
+    def entries(self) -> list[dict[str, Any]]:
+        """The file's GPU entries as last read (copies)."""
+        with self._lock:
+            return [dict(e) for e in self._body["gpus"]]
 
     def set_telemetry(self, uuid: str, **telemetry: Any) -> None:
         """Replace what the GPU's next health reading says (the file's ``telemetry`` keys,
@@ -289,7 +300,9 @@ def _gpu(e: Mapping[str, Any], position: int, where: str) -> GpuInfo:
             architecture=str(e.get("architecture", "unknown")),
             healthy=health == HEALTHY, reason=str(e.get("reason", "") or ""),
             labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())),
-            facts=fakeboard.facts(e))
+            facts=fakeboard.facts(e),
+            mig=fakemig.read(e, uuid, str(e.get("model", "unknown")),
+                             _int(e, "memoryMiB", None, uuid, where), where))
     except InvalidInput:
         raise
     except (TypeError, ValueError) as exc:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from gpupool.contract import names
+from gpupool.core.mig import MigDevice, MigMode
 from gpupool.core.model import Gpu, freeze_labels
 from gpupool.core.topology import GpuLinks
 
@@ -53,6 +54,9 @@ class GpuInfo:
     links: GpuLinks = ()
     facts: GpuFacts = field(default_factory=GpuFacts)
     degraded: str = ""
+    mig: MigMode | MigDevice | None = None
+    """MIG (``nodeagent.mig``): a GPU in MIG mode (its MIG devices in ``instances``), one
+    of its MIG devices as the agent serves it, or None."""
 
     @property
     def health(self) -> str:
@@ -65,8 +69,9 @@ class GpuInfo:
 
     def to_core(self) -> Gpu:
         """The core's model of this GPU (capacity, topology, health, labels, links)."""
+        mig = MigMode() if isinstance(self.mig, MigMode) else self.mig
         return Gpu(self.uuid, self.index, self.model, self.memory_mib, self.numa_node,
-                   self.healthy, freeze_labels(dict(self.labels)), self.links)
+                   self.healthy, freeze_labels(dict(self.labels)), self.links, mig)
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ from typing import Any
 
 from gpupool.contract import names
 from gpupool.contract.devices import links_spec
+from gpupool.contract.mig import mig_spec
 from gpupool.core.errors import GpupoolError
 from gpupool.nodeagent.cluster import InventoryApi
 from gpupool.nodeagent.gpu import GpuFacts, GpuInfo
@@ -49,6 +50,8 @@ def device_spec(node: str, gpu: GpuInfo, labels: Mapping[str, str] | None = None
             **make_spec(gpu.facts)}
     if gpu.links:
         spec["links"] = links_spec(gpu.links)
+    if gpu.mig is not None:
+        spec["mig"] = mig_spec(gpu.mig)
     return spec
 
 
@@ -91,18 +94,22 @@ class Inventory:
         self.labels = dict(labels or {})  # added to every GPU's spec.labels
         self.extra_status = extra_status  # GPU uuid -> more status fields
 
-    def sync(self, gpus: Sequence[GpuInfo], now: datetime) -> None:
-        """Make this node's objects match ``gpus``; API errors are logged, the next sync retries."""
+    def sync(self, gpus: Sequence[GpuInfo], now: datetime) -> list[dict[str, Any]]:
+        """Make this node's objects match ``gpus``; API errors are logged, the next sync
+        retries. Returns the objects as listed before (what others asked of them: the MIG
+        layouts, ``nodeagent.mig``); [] when they could not be listed."""
         try:
-            existing = {o["metadata"]["name"]: o for o in self.api.list_devices(self.node)}
+            listed = self.api.list_devices(self.node)
         except GpupoolError as exc:
             log.warning("cannot list GPUDevices of %s: %s", self.node, exc)
-            return
+            return []
+        existing = {o["metadata"]["name"]: o for o in listed}
         for gpu in gpus:
             self._publish(gpu, existing.pop(device_name(gpu.uuid), None), now)
         for name, obj in existing.items():
             if (obj.get("spec") or {}).get("node") == self.node:
                 self._call(self.api.delete_device, name)
+        return listed
 
     def _publish(self, gpu: GpuInfo, current: Mapping[str, Any] | None, now: datetime) -> None:
         name = device_name(gpu.uuid)

@@ -147,6 +147,14 @@ class KubeEvents:
         except GpupoolError as exc:
             log.warning("could not record Event %s about pod %s: %s", reason, pod.ref, exc)
 
+    def device_event(self, name: str, reason: str, message: str, warning: bool) -> None:
+        """An Event about a GPUDevice (MIG repartitions); failures are logged."""
+        try:
+            self.api.create_device_event(name, "", reason, message, warning, COMPONENT,
+                                         self.node, self.clock())
+        except GpupoolError as exc:
+            log.warning("could not record Event %s about GPUDevice %s: %s", reason, name, exc)
+
 
 class KubeEvictions:
     """Evictions through the Eviction API."""

@@ -19,6 +19,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpupool.core.errors import InvalidInput, OverCommit
+from gpupool.core.mig import MigMode
 from gpupool.nodeagent.gpu import HEALTHY, UNHEALTHY, GpuInfo
 
 DEFAULT_MIB_PER_DEVICE = 1024
@@ -37,6 +38,8 @@ class Split:
                                "or a positive number of MiB per device")
 
     def count(self, gpu: GpuInfo) -> int:
+        if isinstance(gpu.mig, MigMode):
+            return 0  # a GPU in MIG mode: its MIG devices get the logical devices
         if self.per_gpu:
             return self.per_gpu
         return max(1, gpu.memory_mib // self.mib_per_device)

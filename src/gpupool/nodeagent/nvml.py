@@ -1,7 +1,8 @@
 """GPU discovery, topology, telemetry and health through NVML (nvidia-ml-py's ``pynvml``).
 
 Discovery reads each GPU's identity, memory, NUMA node, architecture, make
-(``nvmlhealth.facts``) and its links to the other GPUs (``nvmltopology``). Health
+(``nvmlhealth.facts``), its links to the other GPUs (``nvmltopology``) and its MIG
+mode and devices (``nvmlmig``; ``rescan_mig`` reads them again). Health
 comes from NVML XID critical-error events (``nvmlEventTypeXidCriticalError``; XIDs
 caused by applications are ignored) and from a reading of every GPU every ``poll_s``
 (``nvmlhealth.read``), judged by ``health.HealthJudge`` (docs/node-agent.md,
@@ -23,7 +24,7 @@ from typing import Any
 import pynvml
 
 from gpupool.core.errors import GpupoolError
-from gpupool.nodeagent import nvmlhealth, nvmltopology, nvmlusage
+from gpupool.nodeagent import nvmlhealth, nvmlmig, nvmltopology, nvmlusage
 from gpupool.nodeagent.dra.versions import nvml_versions
 from gpupool.nodeagent.gpu import GpuInfo, GpuUsage, HealthListener
 from gpupool.nodeagent.health import Finding, GpuReading, HealthConfig, HealthJudge, Level
@@ -120,12 +121,27 @@ class NvmlGpuBackend:
 
     def _describe(self, index: int, handle: Any, versions: dict[str, str]) -> GpuInfo:
         memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+        uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
         return GpuInfo(
-            uuid=_text(pynvml.nvmlDeviceGetUUID(handle)), index=index,
+            uuid=uuid, index=index,
             model=_text(pynvml.nvmlDeviceGetName(handle)).replace("NVIDIA ", "").replace(" ", "-"),
             memory_mib=int(memory.total) // (1024 * 1024),
             numa_node=self._numa_node(handle), architecture=_architecture(handle),
-            facts=nvmlhealth.facts(handle, versions))
+            facts=nvmlhealth.facts(handle, versions), mig=nvmlmig.read(handle, uuid))
+
+    def rescan_mig(self) -> tuple[GpuInfo, ...]:
+        """Read every GPU's MIG mode and devices again (after a repartition); the GPUs."""
+        with self._lock:
+            uuids = list(self._gpus)
+        for uuid in uuids:
+            try:
+                mode = nvmlmig.read(pynvml.nvmlDeviceGetHandleByUUID(uuid), uuid)
+            except pynvml.NVMLError as exc:
+                log.warning("GPU %s: cannot read its MIG devices again: %s", uuid, exc)
+                continue
+            with self._lock:
+                self._gpus[uuid] = replace(self._gpus[uuid], mig=mode)
+        return self.discover()
 
     def _numa_node(self, handle: Any) -> int:
         try:

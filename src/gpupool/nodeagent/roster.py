@@ -6,6 +6,9 @@ reason ``vanished``, so that kubelet and the GPUDevice inventory see it go rathe
 lose track of it. The isolation provider's problems (a GPU its daemon cannot serve, or
 ``*`` for all) make a GPU unhealthy too, with the provider's reason.
 
+A GPU in MIG mode comes with its MIG devices, each a GPU of the roster of its own
+(``nodeagent.mig.units``).
+
 Updated by the GPU backend's health watcher thread and read by any thread: each update
 replaces whole dictionaries, so a reader sees one roster or the next, never half of one.
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
+from gpupool.nodeagent import mig
 from gpupool.nodeagent.gpu import GpuInfo
 
 VANISHED = "vanished"
@@ -24,16 +28,18 @@ class GpuRoster:
     """GPUs present now and known since start, by uuid."""
 
     def __init__(self, present: Sequence[GpuInfo]):
-        self.present: dict[str, GpuInfo] = {g.uuid: g for g in present}
+        self.present: dict[str, GpuInfo] = {g.uuid: g for g in mig.units(present)}
         self.known: dict[str, GpuInfo] = dict(self.present)
 
     def update(self, present: Sequence[GpuInfo]) -> None:
-        """The backend's latest list: missing GPUs are kept as vanished."""
-        now = {g.uuid: g for g in present}
+        """The backend's latest list: missing GPUs are kept as vanished (MIG devices
+        destroyed on a GPU still present are dropped: ``mig.gone``)."""
+        listed = {g.uuid: g for g in mig.units(present)}
+        now = dict(listed)
         for uuid, gpu in self.known.items():
-            if uuid not in now:
+            if uuid not in now and not mig.gone(gpu, listed):
                 now[uuid] = replace(gpu, healthy=False, reason=VANISHED)
-        self.present = {g.uuid: g for g in present}
+        self.present = listed
         self.known = now
 
     def served(self, problems: Mapping[str, str]) -> list[GpuInfo]:

@@ -11,6 +11,10 @@ One slice per node, ``<node>-gpu.gpupool.io``, pool = the node's name, one devic
   ``gpupool.io/memory``, ``gpupool.io/architecture``, the GPU's own labels, ...) as a
   string attribute named by ``gpupool.contract.dra.label_attribute`` — so a class's
   selector can be written as CEL over them;
+* a GPU in MIG mode is no device; each of its MIG devices is one,
+  ``gpu-<index>-mig-<profile>-<start>`` (``contract.dra.mig_device_name``), with the
+  attributes ``migProfile`` and ``migStart`` besides its GPU's, ``capacity`` its own
+  memory and 100 cores, and no ``allowMultipleAllocations``: a claim gets it whole;
 * ``capacity``: ``memory`` (whole 256 MiB units by default) and ``cores`` (100), with
   ``allowMultipleAllocations`` and a ``requestPolicy`` in gpupool's accounting units:
   memory from one unit in steps of one unit, cores from 1 in steps of 1; a dimension a
@@ -43,14 +47,17 @@ from typing import Any
 from gpupool.contract import dra
 from gpupool.core import topology
 from gpupool.core.errors import GpupoolError
+from gpupool.core.mig import MigDevice
 from gpupool.core.topology import PciePath
 from gpupool.kube.errors import Conflict, NotFound
 from gpupool.nodeagent.dra.claimsource import SliceApi
 from gpupool.nodeagent.gpu import GpuInfo
 
 log = logging.getLogger(__name__)
-FACTS = 9  # driver-domain attributes a device can have (model ... pcieSwitch)
+FACTS = 9  # driver-domain attributes a GPU can have (model ... pcieSwitch)
 TAINT_ISOLATED = f"{dra.DRIVER}/isolated"
+MIG_PROFILE = "migProfile"  # a MIG device's profile (driver-domain attribute)
+MIG_START = "migStart"  # its first memory slice
 
 
 def attributes(gpu: GpuInfo, labels: Mapping[str, str], versions: Mapping[str, str],
@@ -63,6 +70,9 @@ def attributes(gpu: GpuInfo, labels: Mapping[str, str], versions: Mapping[str, s
         "numaNode": {"int": gpu.numa_node}}
     out.update({k: {"string": v[:64]} for k, v in sorted(versions.items()) if v})
     out.update({k: {"string": v} for k, v in sorted((groups or {}).items())})
+    if isinstance(gpu.mig, MigDevice):
+        out.update({MIG_PROFILE: {"string": gpu.mig.profile},
+                    MIG_START: {"int": gpu.mig.start}})
     room = dra.MAX_ATTRIBUTES - 2 - len(out)
     skipped = []
     for key, value in sorted(labels.items()):
@@ -97,6 +107,8 @@ def topology_groups(gpus: Sequence[GpuInfo]) -> dict[str, dict[str, str]]:
 
 def capacity(gpu: GpuInfo, memory_unit_mib: int) -> dict[str, Any]:
     memory = dra.binary_quantity(gpu.memory_mib // memory_unit_mib * memory_unit_mib)
+    if gpu.mig is not None:  # a MIG device: allocated whole, to one claim
+        return {dra.CAPACITY_MEMORY: {"value": memory}, dra.CAPACITY_CORES: {"value": "100"}}
     unit = dra.binary_quantity(memory_unit_mib)
     return {
         dra.CAPACITY_MEMORY: {"value": memory, "requestPolicy": {
@@ -138,10 +150,11 @@ class SlicePublisher:
         isolated = self.isolated() if self.taints_kept else set()
         groups = topology_groups(gpus)
         for gpu in sorted(gpus, key=lambda g: g.index):
-            if not gpu.healthy and not self.taints_kept:
-                continue
+            name = dra.name_of(gpu.to_core())
+            if (not gpu.healthy and not self.taints_kept) or name is None:
+                continue  # a GPU in MIG mode is no device: its MIG devices are
             device: dict[str, Any] = {
-                "name": dra.device_name(gpu.index), "allowMultipleAllocations": True,
+                "name": name, "allowMultipleAllocations": gpu.mig is None,
                 "attributes": attributes(gpu, labels(gpu), versions, groups.get(gpu.uuid)),
                 "capacity": capacity(gpu, self.memory_unit_mib)}
             taints = [t for t in (
