@@ -4,9 +4,11 @@ Refuses pods that carry gpupool's decision annotations at creation and writes of
 them by anyone but gpupool's own accounts; refuses GPU pods whose containers set what
 decides their GPUs and limits (NVIDIA_VISIBLE_DEVICES, CUDA_MPS_*, HAMi-core's
 variables, LD_PRELOAD, GPUPOOL_*); gives GPU pods gpupool's scheduler and the implied
-gpupool.io/gpu; validates ResourceClasses and ResourceGroups. Makes and renews its own
-certificate (or serves one cert-manager made: --certificates external) and keeps the
-caBundle of its webhook configurations current. See docs/webhook.md.
+gpupool.io/gpu, and remote-required pods the client side of their remote GPU slice (the
+slice-client sidecar, gpupool.io/remote-gpu); validates ResourceClasses and
+ResourceGroups. Makes and renews its own certificate (or serves one cert-manager made:
+--certificates external) and keeps the caBundle of its webhook configurations current.
+See docs/webhook.md.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import secrets
 import signal
 import tempfile
 import threading
@@ -24,12 +27,14 @@ from typing import Any
 from prometheus_client import start_http_server
 
 from gpupool.cli.args import KUBECONFIG_HELP, add_log_level, bounded, user_text
+from gpupool.contract.slices import PROVIDERS
 from gpupool.kube.api import KubeApi
 from gpupool.kube.errors import KubeError, NotFound
 from gpupool.kube.webhook_ops import WebhookApi
 from gpupool.webhook.admission import Settings
 from gpupool.webhook.certificates import CertificateKeeper, CertificatePlan
 from gpupool.webhook.decisions import (
+    CONTROLLER_KEYS,
     NODE_AGENT_DECIDING_KEYS,
     NODE_AGENT_KEYS,
     Writers,
@@ -37,6 +42,7 @@ from gpupool.webhook.decisions import (
 )
 from gpupool.webhook.evictions import PodNode
 from gpupool.webhook.metrics import Metrics
+from gpupool.webhook.remote import RemoteSettings
 from gpupool.webhook.server import HttpsServer, WebhookApp
 from gpupool.webhook.tls import ServingTls
 
@@ -99,6 +105,19 @@ def register(subparsers: Any) -> None:
     p.add_argument("--guard", choices=("all-pods", "gpu-pods"), default="all-pods",
                    help="all-pods: also refuse NVIDIA_VISIBLE_DEVICES naming GPUs on pods that "
                         "ask no gpupool resource (default); gpu-pods: only guard GPU pods")
+    p.add_argument("--controller-account", default="gpupool-controller", metavar="NAME",
+                   help="service account (in --namespace) that writes the state of remote "
+                        "slices' servers (default gpupool-controller)")
+    r = p.add_argument_group("remote GPU slices (docs/remote.md)")
+    r.add_argument("--remote-provider", choices=PROVIDERS, default="none",
+                   help="the data plane of remote slices: stub (gpupool's stand-in), lupine, "
+                        "or none: remote-required pods are refused (default none)")
+    r.add_argument("--slice-client-image", default="", metavar="IMAGE",
+                   help="image of the slice-client sidecar given to remote-required pods "
+                        "(gpupool's image; default none: required with --remote-provider)")
+    r.add_argument("--lupine-client-library", default="", metavar="PATH",
+                   help="with --remote-provider lupine: LUPINE's client library in the "
+                        "workloads' images, given to them as LD_PRELOAD (default: none set)")
     add_log_level(p)
     p.set_defaults(func=run)
 
@@ -106,10 +125,20 @@ def register(subparsers: Any) -> None:
 def settings_of(args: argparse.Namespace, api: KubeApi | None = None) -> Settings:
     agent = service_account(args.namespace, args.node_agent_account)
     keys = NODE_AGENT_DECIDING_KEYS if args.node_agent_decides else NODE_AGENT_KEYS
-    writers = Writers({agent: keys},
+    controller = service_account(args.namespace, args.controller_account)
+    writers = Writers({agent: keys, controller: CONTROLLER_KEYS},
                       frozenset({service_account(args.namespace, args.extender_account)}))
     return Settings(args.scheduler_name, writers, args.guard == "all-pods",
-                    frozenset({agent}), _pod_node(api) if api is not None else None)
+                    frozenset({agent}), _pod_node(api) if api is not None else None,
+                    remote_of(args))
+
+
+def remote_of(args: argparse.Namespace) -> RemoteSettings:
+    if args.remote_provider != "none" and not args.slice_client_image:
+        raise SystemExit("gpupool webhook: --remote-provider needs --slice-client-image (the "
+                         "image of the sidecar given to remote-required pods)")
+    return RemoteSettings(args.remote_provider, args.namespace, args.slice_client_image,
+                          args.lupine_client_library, lambda: secrets.token_hex(8))
 
 
 def _pod_node(api: KubeApi) -> PodNode:

@@ -2,11 +2,16 @@
 ``Verdict``. Pure: no I/O; every rule is in its own module.
 
 Mutating (``/mutate``), pods CREATE: gpupool's scheduler and the implied
-``gpupool.io/gpu`` (``scheduling``). Validating (``/validate``):
+``gpupool.io/gpu`` (``scheduling``); for a ``remote-required`` pod the client side of its
+remote slice instead (``remote``: its count as ``gpupool.io/remote-gpu``, the sidecar, the
+provider's settings), refused when no provider is configured or the pod already carries
+what the webhook writes. Validating (``/validate``):
 
 * pods CREATE: no decision annotations (``decisions``), no guarded environment
   (``environment``), and a GPU ask the scheduler can read (``contract.podspec_request``;
-  burst limits, ``contract.burst``, only on a pod that asks a shared slice);
+  burst limits, ``contract.burst``, only on a pod that asks a shared slice); what a pod
+  carries of a remote slice's client side is exactly what the webhook wrote
+  (``remote.unexpected``);
 * pods and pods/status UPDATE: decision annotations change only by their writers;
 * pods/ephemeralcontainers UPDATE: the new ephemeral containers' environment;
 * pods/binding CREATE: a Binding carries a decision only from gpupool's extender;
@@ -27,8 +32,9 @@ from typing import Any
 from gpupool.contract import burst, nslabels, quotas, tenancy
 from gpupool.contract.podspec_request import pod_request
 from gpupool.core.errors import InvalidInput
-from gpupool.core.request import PodRequest
-from gpupool.webhook import decisions, environment, evictions, scheduling
+from gpupool.core.request import PodRequest, Serving
+from gpupool.webhook import decisions, environment, evictions, remote, scheduling
+from gpupool.webhook.remote import RemoteSettings
 from gpupool.webhook.review import Request, Verdict
 
 
@@ -41,6 +47,7 @@ class Settings:
     guard_all_pods: bool = True  # NVIDIA_VISIBLE_DEVICES naming GPUs refused on every pod
     node_scoped: frozenset[str] = frozenset()  # accounts that may evict on their node only
     pod_node: evictions.PodNode | None = None  # how to look a pod's node up
+    remote: RemoteSettings = field(default_factory=RemoteSettings)  # remote GPU slices
 
 
 def pod_ref(request: Request) -> str:
@@ -67,9 +74,9 @@ def _readable_pod(request: Request) -> dict[str, Any]:
     return pod
 
 
-def gpu_request(request: Request) -> PodRequest | Verdict | None:
+def gpu_request(request: Request, as_written: bool = False) -> PodRequest | Verdict | None:
     """The pod's GPU ask (None: it asks no gpupool resource), or a denial saying why the
-    scheduler could not read it."""
+    scheduler could not read it (``as_written``: before the mutation, ``remote``)."""
     spec = _map(_map(request.obj).get("spec"))
     if not scheduling.asks_gpupool(spec):
         notes = _map(_map(_map(request.obj).get("metadata")).get("annotations"))
@@ -79,7 +86,7 @@ def gpu_request(request: Request) -> PodRequest | Verdict | None:
                                 "Invalid")
         return None
     try:
-        return pod_request(_readable_pod(request))
+        return pod_request(_readable_pod(request), as_written=as_written)
     except InvalidInput as exc:
         return Verdict.deny(f"{exc} (gpupool's scheduler would refuse this pod)", 422,
                             "Invalid")
@@ -89,13 +96,44 @@ def gpu_request(request: Request) -> PodRequest | Verdict | None:
 def mutate(request: Request, settings: Settings) -> Verdict:
     if request.resource != "pods" or request.sub_resource or request.operation != "CREATE":
         return Verdict.allow()
-    asked = gpu_request(request)
+    asked = gpu_request(request, as_written=True)
     if asked is None or isinstance(asked, Verdict):
         return asked or Verdict.allow()
     spec = _map(_map(request.obj).get("spec"))
     patch = scheduling.scheduler_patch(spec, settings.scheduler)
-    patch += scheduling.implied_gpu_patch(spec, asked)
-    return Verdict.allow(patch, scheduling.other_scheduler_warning(spec, settings.scheduler))
+    warnings = scheduling.other_scheduler_warning(spec, settings.scheduler)
+    if not remote.is_remote(asked):
+        patch += scheduling.implied_gpu_patch(spec, asked)
+        return Verdict.allow(patch, warnings + _remote_allowed_warning(asked))
+    refused = _remote_refusal(request, spec, settings.remote)
+    if refused is not None:
+        return refused
+    notes = _map(request.obj).get("metadata")
+    annotations = _map(notes).get("annotations") if isinstance(notes, Mapping) else None
+    patch += remote.patch(spec, annotations if isinstance(annotations, Mapping) else None,
+                          asked, settings.remote)
+    return Verdict.allow(patch, warnings)
+
+
+def _remote_refusal(request: Request, spec: Mapping[str, Any], settings: RemoteSettings
+                    ) -> Verdict | None:
+    who = pod_ref(request)
+    if not settings.enabled:
+        return Verdict.deny(f"{who}: gpupool.io/placement=remote-required: "
+                            f"{remote.NOT_ENABLED}", 422, "Invalid")
+    found = remote.forged(spec, settings)
+    if found:
+        return Verdict.deny(f"{who}: {'; '.join(found[:3])}: only gpupool's admission webhook "
+                            "writes these (the client side of a remote GPU slice)")
+    return None
+
+
+def _remote_allowed_warning(asked: PodRequest) -> list[str]:
+    if asked.serving is not Serving.REMOTE_ALLOWED:
+        return []
+    return ["gpupool.io/placement=remote-allowed: the pod's GPUs come from its own node's "
+            "device plugin, so they are served by its own node (remote-required lets a pod "
+            "run on any node with its slice served by a slice server; docs/remote.md)"]
 
 
 # -- validating ---------------------------------------------------------------------------------
@@ -135,10 +173,21 @@ def _validate_new_pod(request: Request, settings: Settings, who: str) -> Verdict
     asked = gpu_request(request)
     if isinstance(asked, Verdict):
         return asked
+    spec = _map(_map(request.obj).get("spec"))
+    notes = _map(_map(_map(request.obj).get("metadata")).get("annotations"))
+    odd = remote.unexpected(spec, notes, asked, settings.remote)
+    if odd:
+        return Verdict.deny(f"{who}: {'; '.join(odd[:3])}: only gpupool's admission webhook "
+                            "writes the client side of a remote GPU slice")
+    if asked is not None and remote.is_remote(asked):
+        if not settings.remote.enabled:
+            return Verdict.deny(f"{who}: gpupool.io/placement=remote-required: "
+                                f"{remote.NOT_ENABLED}", 422, "Invalid")
+        spec = remote.without_injection(spec, settings.remote)
     gpu_pod = asked is not None
     if not gpu_pod and not settings.guard_all_pods:
         return Verdict.allow()
-    found = environment.problems(_map(_map(request.obj).get("spec")), gpu_pod)
+    found = environment.problems(spec, gpu_pod)
     return _env_verdict(who, found, gpu_pod)
 
 

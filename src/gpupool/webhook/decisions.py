@@ -2,8 +2,8 @@
 
 A pod's ``gpupool.io/*`` annotations (except those a user sets: ``gpupool.io/mode``,
 ``gpupool.io/affinity`` and the burst limits ``gpupool.io/gpu-memory-limit`` and
-``gpupool.io/gpu-core-limit``, which bind reads and records in the decision) are
-gpupool's record of a GPU decision. Nobody may create
+``gpupool.io/gpu-core-limit``, which bind reads and records in the decision, and
+``gpupool.io/placement``) are gpupool's record of a GPU decision. Nobody may create
 a pod carrying them, and an update may add, change or remove them only when the
 caller's account is allowed that key (``Writers``): the node agent its phase, reason,
 device claim and over-use record; the extender writes decisions only through the Binding
@@ -22,13 +22,19 @@ from gpupool.contract import names
 
 PREFIX = "gpupool.io/"
 USER_KEYS = frozenset({names.ANNOTATION_MODE, names.ANNOTATION_AFFINITY,
-                       names.ANNOTATION_MEMORY_LIMIT, names.ANNOTATION_CORE_LIMIT})
+                       names.ANNOTATION_MEMORY_LIMIT, names.ANNOTATION_CORE_LIMIT,
+                       names.ANNOTATION_PLACEMENT})
 DECISION_KEYS = frozenset({
     names.ANNOTATION_ALLOCATION, names.ANNOTATION_NODE, names.ANNOTATION_BIND_TIME,
     names.ANNOTATION_PHASE, names.ANNOTATION_REASON, names.ANNOTATION_SIGNATURE,
     names.ANNOTATION_DEVICES, names.ANNOTATION_RESOURCE_GROUP,
 })
 """The decision record; every other ``gpupool.io/`` key but ``USER_KEYS`` is guarded too."""
+WEBHOOK_KEYS = frozenset({names.ANNOTATION_SLICE})
+"""Written by the admission webhook itself at creation (a remote slice's name: its mutation
+overwrites any value, and ``remote.unexpected`` checks it); guarded on every update."""
+CONTROLLER_KEYS = frozenset({names.ANNOTATION_SLICE_STATUS})
+"""The controller's record of a remote slice's server."""
 ANNOTATION_OVER_USE = "gpupool.io/over-use"
 """The node agent's record of a container using more than its slice (its monitor)."""
 NODE_AGENT_KEYS = frozenset({names.ANNOTATION_PHASE, names.ANNOTATION_REASON,
@@ -95,7 +101,7 @@ def check_pod_write(who: str, user: str, operation: str, old: Mapping[str, Any] 
                     new: Mapping[str, Any] | None, writers: Writers) -> str:
     """Why this pod write is refused ("" when it is not)."""
     if operation == "CREATE":
-        keys = guarded_on_create(new)
+        keys = [k for k in guarded_on_create(new) if k not in WEBHOOK_KEYS]
         return refuse_create(who, keys) if keys else ""
     if operation != "UPDATE":
         return ""
