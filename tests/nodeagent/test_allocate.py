@@ -6,6 +6,7 @@ import json
 import random
 import threading
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -170,6 +171,19 @@ def test_a_broken_decision_is_refused_naming_the_pod_and_the_reason(
         after = stored(apiserver, "p1")
         assert after[names.ANNOTATION_PHASE] == names.PHASE_FAILED
         assert expected in after[names.ANNOTATION_REASON]
+
+
+def test_a_slice_served_by_a_slice_server_gets_no_device_even_beside_its_server(
+        kubelet: FakeKubelet, make_agent: AgentFactory, apiserver: FakeApiServer) -> None:
+    make_agent(gpus=2, split=2)
+    ready(kubelet, 4)
+    local = annotations.decode("uid-p1", decision("p1", [(uuid_of(1), 1, 1024, 10, "main")]))
+    served = replace(local.allocation, served_by=NODE)  # a server on this very node
+    p = pod("p1", [("main", 1, 1024, 10)],
+            ann=sign(annotations.encode(served, local.bind_time), "p1"))
+    apiserver.seed("pods", p)
+    message = refusal(kubelet, p)
+    assert f"its GPUs are served by a slice server on {NODE} (a remote slice)" in message
 
 
 def test_a_decision_that_no_longer_fits_is_refused(

@@ -206,6 +206,10 @@ class Allocator:
         if decision.allocation.node != self.config.node:
             raise Refused(f"stale decision: made for node {decision.allocation.node}, "
                           f"the pod is on {self.config.node}", "other-node")
+        if decision.allocation.served_by:  # its slice server holds the GPU, not the pod
+            raise Refused(f"its GPUs are served by a slice server on "
+                          f"{decision.allocation.served_by} (a remote slice): the pod gets "
+                          "no device on its own node", "remote-slice")
         return decision
 
     def _holding(self, pods: list[Pod], skip_uid: str) -> list[Pod]:
