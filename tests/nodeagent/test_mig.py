@@ -298,3 +298,30 @@ def test_the_agent_publishes_mig_devices_and_makes_an_asked_layout(
 
 def objects(api: FakeApiServer) -> dict[str, dict[str, Any]]:
     return {o["metadata"]["name"]: o for o in api.objects("gpudevices")}
+
+
+def test_allocate_serves_a_decided_mig_device_and_refuses_its_gpu(
+        kubelet: Any, make_agent: Any, apiserver: FakeApiServer) -> None:
+    import random
+
+    import grpc
+
+    from .builders import decision, pod
+    from .kubelet_standin import runtime_gpus
+    agent = make_agent(gpus=2, split=1, memory_mib=81920)
+    agent.backend.set_mig(GPU0, {"devices": [{"profile": "3g.40gb", "start": 4}]})
+    kubelet.wait_registrations(1)
+    kubelet.wait_update(lambda d: len(d) == 2)  # GPU 1 and the MIG device; GPU 0 none
+    device = device_uuid(GPU0, "3g.40gb", 4)
+    p = pod("p1", [("main", 1, 0, 0)], ann=decision(
+        "p1", [(device, 1, 40960, 100, "main")], exclusive=True))  # after GPU 0, by uuid
+    apiserver.seed("pods", p)
+    got = kubelet.admit(p, random.Random(3))
+    assert runtime_gpus(got, "main") == [device]
+    assert got.envs["main"]["GPUPOOL_MODE"] == "exclusive"
+    whole = pod("p2", [("main", 1, 0, 0)], ann=decision(
+        "p2", [(GPU0, 0, 81920, 100, "main")], exclusive=True))
+    apiserver.seed("pods", whole)
+    with pytest.raises(grpc.RpcError) as err:
+        kubelet.admit(whole, random.Random(4))
+    assert "is in MIG mode" in str(err.value.details())

@@ -113,7 +113,7 @@ class LogicalPool:
         """The GPUs present now (health, vanish, return, new GPUs)."""
         with self._cond:
             self._add_slots(gpus)
-            fresh = {g.uuid: g for g in gpus}
+            fresh = {g.uuid: g for g in gpus if not isinstance(g.mig, MigMode)}  # not handed out
             if fresh != self._gpus:
                 self._gpus = fresh
                 self._bump()

@@ -43,7 +43,8 @@ class GpuRoster:
         self.known = now
 
     def served(self, problems: Mapping[str, str]) -> list[GpuInfo]:
-        """Every known GPU by index; one the isolation provider has a problem with
+        """Every known GPU by index, then uuid (a GPU in MIG mode before its MIG devices,
+        which share its index); one the isolation provider has a problem with
         (``problems``: uuid, or ``*`` for every GPU, -> why) is unhealthy for that reason."""
         everywhere = problems.get("*", "")
         out = []
@@ -51,4 +52,4 @@ class GpuRoster:
             problem = problems.get(gpu.uuid, everywhere)
             out.append(replace(gpu, healthy=False, reason=problem)
                        if problem and gpu.healthy else gpu)
-        return sorted(out, key=lambda g: g.index)
+        return sorted(out, key=lambda g: (g.index, g.uuid))  # the extender's order
