@@ -60,6 +60,8 @@ def test_bind_re_checks_a_node_that_filled_up_since_filter(
     first = fake.seed("pods", pod_obj("first", {"gpupool.io/gpu": "2"}))
     second = fake.seed("pods", pod_obj("second", {"gpupool.io/gpu": "1"}))
     ext = replica.extender
+    replica.cache.assumptions.expiry_s = 0  # filter answers each pod as if the other's
+    # placement were unknown (another replica's bind, or assumptions off)
     for pod in (first, second):
         answer = ext.filter({"Pod": pod, "NodeNames": [nodes[0]]})
         assert answer["NodeNames"] == [nodes[0]]

@@ -98,6 +98,7 @@ def test_a_permission_confines_a_tenant_to_its_nodes_and_names_itself(
     fake.seed("gpupermissions", {"metadata": {"name": "zone-z1"}, "spec": {
         "tenants": ["lab"], "nodeSelector": {"matchLabels": {"zone": "z1"}}}})
     assert wait_for(lambda: len(replica.cache.catalogue.permissions) == 1)
+    replica.cache.assumptions.expiry_s = 0  # filter probes each pod: none goes on to a bind
     every = [*nodes, "z"]
     pod = fake.seed("pods", pod_obj("p", {"gpupool.io/gpu": "1"}, ns="lab"))
     assert replica.extender.filter({"Pod": pod, "NodeNames": every})["NodeNames"] == ["z"]
@@ -147,6 +148,7 @@ def test_pods_of_the_same_shape_in_differently_permitted_namespaces_get_their_ow
         "tenants": ["ops"], "nodeSelector": {"matchExpressions": [
             {"key": "zone", "operator": "DoesNotExist"}]}}})
     assert wait_for(lambda: len(replica.cache.catalogue.permissions) == 2)
+    replica.cache.assumptions.expiry_s = 0  # filter probes each pod: none goes on to a bind
     every = [*nodes, "z"]
     for ns, passing, refused in (("lab", ["z"], nodes[0]), ("ops", nodes, "z"),
                                  ("free", every, None)):

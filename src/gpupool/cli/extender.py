@@ -50,6 +50,7 @@ from gpupool.extender.edge.tls import (
 from gpupool.extender.metrics import Metrics
 from gpupool.extender.preemption.plans import PreemptionSettings
 from gpupool.extender.service import Extender, Settings
+from gpupool.extender.state.assumptions import ASSUME_EXPIRY_S
 from gpupool.extender.state.cache import ClusterCache
 from gpupool.extender.state.feeds import long_lived, start_feeds
 from gpupool.extender.state.signatures import DecisionCheck, DecisionKeys
@@ -138,6 +139,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--preemption-retry", type=SECONDS, default=10.0, metavar="SECONDS",
                    help="how long a pod waits before preempting again after finding no "
                         "victims or failing (default 10)")
+    p.add_argument("--assume-expiry", type=bounded(float, 0), default=ASSUME_EXPIRY_S,
+                   metavar="SECONDS",
+                   help="a placement handed to kube-scheduler's bind counts as taken for the "
+                        "next pods until the bind comes, at most this long (default "
+                        f"{ASSUME_EXPIRY_S:g}; 0: not at all)")
     p.add_argument("--seed", type=int, default=0, metavar="N",
                    help="seed for tie breaking (default 0)")
     add_log_level(p)
@@ -198,7 +204,8 @@ def _wire(args: argparse.Namespace) -> Wired:
     keys = DecisionKeys(load, time.time, keys=first)
     metrics = Metrics()
     cache = ClusterCache(args.memory_unit, args.stale_after, args.ledger_grace,
-                         decisions=DecisionCheck(keys, metrics.unverified))
+                         decisions=DecisionCheck(keys, metrics.unverified),
+                         assume_expiry_s=args.assume_expiry)
     preemption = PreemptionSettings(args.preemption, args.preemption_hold,
                                     args.preemption_retry,
                                     instance=os.environ.get("POD_NAME") or socket.gethostname())

@@ -8,7 +8,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
 STAGE_BUCKETS = (0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0, 5.0)
-BIND_STAGES = ("parse", "gate", "decide", "ledger", "ledger-reread", "quota",
+BIND_STAGES = ("parse", "gate", "node-queue", "decide", "ledger", "ledger-reread", "quota",
                "sign", "binding", "cleanup")
 """A bind's stages, in order (``gpupool_extender_bind_stage_seconds``; docs/operations.md)."""
 
@@ -32,6 +32,12 @@ class Metrics:
                                      "Time one bind spent in each stage, its retries summed: "
                                      + ", ".join(BIND_STAGES), ["stage"],
                                      buckets=STAGE_BUCKETS, registry=self.registry)
+        self.assumptions = Counter("gpupool_extender_assumptions_total",
+                                   "Placements assumed for a pod until its bind, by how they "
+                                   "ended: made, bound (the bind took that node), moved (the "
+                                   "bind named another node), expired, yielded (a record of "
+                                   "the cluster needed the room)", ["outcome"],
+                                   registry=self.registry)
         self.conflicts = Counter("gpupool_extender_ledger_conflicts_total",
                                  "GPU ledger writes that lost a race and were retried",
                                  registry=self.registry)

@@ -5,9 +5,11 @@
   ``refusals.Refusals`` (cached per request shape and node version). Permanent reasons go to
   ``FailedAndUnresolvableNodes`` (preemption cannot help), others to
   ``FailedNodes``.
-* prioritize: the policy's scores of the sent nodes, scaled to 0..10; only
-  hosts with a score above 0 are listed (the scheduler adds nothing for a
-  host it does not find, which is what 0 means).
+* prioritize: the policy's scores of the sent nodes, scaled to 0..10, the policy's
+  choice alone at 10 (``nodenames.decisive``); only hosts with a score above 0 are
+  listed (the scheduler adds nothing for a host it does not find, which is what 0
+  means). The choice is then assumed taken until the pod's bind comes
+  (``state.assumptions``), and so is filter's node when it passes only one.
 * bind: ``gate.bindable_request`` — the pod as the API server has it must exist, be
   pending, unbound, of gpupool's scheduler and of the UID asked, and its request is made
   from it — then ``binder.Binder``: ``Placer.decide`` among the one node against the
@@ -32,8 +34,11 @@ input comes back as an ``Error``, never as an exception.
 
 What a request body says is used only for that call's answer: translations are
 remembered by a digest of the pod's JSON as sent, and prioritize reuses filter's
-candidates only for an equal request on an unchanged state, so no body can change
-what a later call decides for another pod. A pending pod's own leftover hold (a
+candidates only for an equal request on an unchanged state. The one exception is the
+placement handed to bind, which later calls see as taken (``state.assumptions``): it is
+made only for a pod the informer has as pending, unbound and of gpupool's scheduler
+(``gate.assumable``), at most one per pod, and it ends when its bind comes or at
+``--assume-expiry``. A pending pod's own leftover hold (a
 ledger entry of an earlier bind that never completed) is set aside while its filter
 and prioritize look at the state (``Commitments.without``).
 """
@@ -54,15 +59,16 @@ import numpy as np
 
 from gpupool.core.allocation import Allocation
 from gpupool.core.deviceselectors import environment as selector_environment
+from gpupool.core.eligibility import charge_of
 from gpupool.core.errors import GpupoolError, InvalidInput
 from gpupool.core.fit import Constraints
-from gpupool.core.placement import Candidates, Placer
+from gpupool.core.placement import Candidates, Placer, choose
 from gpupool.core.policies import make_policy
 from gpupool.core.policies.config import PolicyConfig
 from gpupool.core.request import PodRequest
 from gpupool.core.state import ClusterState, IntArray
 from gpupool.extender.bind.binder import Binder
-from gpupool.extender.bind.gate import DEFAULT_SCHEDULER, bindable_request
+from gpupool.extender.bind.gate import DEFAULT_SCHEDULER, assumable, bindable_request
 from gpupool.extender.dra.drascores import claim_priorities
 from gpupool.extender.metrics import BindClock, Metrics
 from gpupool.extender.preemption import proposals
@@ -72,7 +78,7 @@ from gpupool.extender.state.cache import ClusterCache
 from gpupool.extender.state.signatures import DecisionKeys
 from gpupool.extender.tenancy.tenantmetrics import TenancyCollector
 from gpupool.extender.wire import protocol
-from gpupool.extender.wire.nodenames import MAX_SCORE, Matched, NameTable, scaled
+from gpupool.extender.wire.nodenames import MAX_SCORE, Matched, NameTable, decisive, scaled
 from gpupool.extender.wire.podspec import pod_request
 from gpupool.extender.wire.refusals import Refusals, noted
 from gpupool.extender.workload import BUILTIN_WORKLOAD, observed_workload
@@ -117,6 +123,8 @@ class Extender:
         self.settings = settings
         self.metrics = metrics
         self.kube = kube
+        self.clock = clock
+        cache.assumptions.count = lambda outcome: metrics.assumptions.labels(outcome).inc()
         if kube is not None and keys is None:
             raise ValueError("an extender that binds needs its decision signing keys")
         self.binder = Binder(cache, kube, metrics, settings.bind_attempts, clock, keys) \
@@ -217,11 +225,16 @@ class Extender:
             if not request.gpus:
                 return protocol.filter_answer(args, args.names_json, None)
             with self.cache.without(request.key):
-                return self._filtered(args, request, table, sent)
+                answer, only = self._filtered(args, request, table, sent)
+            if only is not None:  # kube-scheduler binds the one node that passes
+                self._assume(request, *only)
+            return answer
 
     def _filtered(self, args: protocol.ExtenderArgs, request: PodRequest, table: NameTable,
-                  sent: Matched) -> bytes:
-        """Filter's answer on the current state (under the cache lock)."""
+                  sent: Matched) -> tuple[bytes, tuple[Constraints, Allocation | None] | None]:
+        """Filter's answer on the current state, and when one node passes (kube-scheduler
+        then binds it without prioritize) the constraints and the allocation there (under
+        the cache lock)."""
         state = self.cache.state
         idx = sent.rows
         constraints = self.cache.modes.constraints(state, request, self.cache.catalogue)
@@ -256,7 +269,11 @@ class Extender:
         self._remember(Cycle(request, self._stamp(state), constraints, cands))
         self.metrics.decisions.labels(
             "filter", "fits" if passing is None or passing.size else "unschedulable").inc()
-        return protocol.filter_answer(args, names_json, passing, failed, unresolvable)
+        answer = protocol.filter_answer(args, names_json, passing, failed, unresolvable)
+        if int(np.count_nonzero(ok)) != 1 or not self.cache.assumptions.expiry_s:
+            return answer, None
+        only = int(idx[int(np.flatnonzero(ok)[0])])
+        return answer, (constraints, self._decide_on_row(request, constraints, only))
 
     def _stamp(self, state: ClusterState) -> tuple[object, ...]:
         """Changes whenever anything a decision reads changes (versions only grow)."""
@@ -350,26 +367,41 @@ class Extender:
                 return self._prioritize_error(exc)
             rows = sent.rows if sent.all_known else sent.rows[sent.rows >= 0]
             with self.cache.without(request.key):
-                _, cands = self._cycle_for(state, request, rows)
+                c, cands = self._cycle_for(state, request, rows)
                 if cands.indices.size == 0:
                     return protocol.NO_PRIORITIES
-                values = self.placer.score(state, request, cands, self.rng).value
+                scored = self.placer.score(state, request, cands, self.rng)
+                k = choose(scored.value, self.rng)  # the node Placer.decide would take
+                pick = self.placer.allocate_on(state, request, cands, scored, k) \
+                    if self.cache.assumptions.expiry_s else None
             full = np.zeros(len(state.nodes), np.int64)
-            full[cands.indices] = scaled(values)
-            self._favour_hold(request.key, full, cands)
+            full[cands.indices] = scaled(scored.value)
+            if not self._favour_hold(request.key, full, cands):
+                decisive(full, int(cands.indices[k]))
+                self._assume(request, c, pick)
             scores = full[rows]
             positive = scores > 0
             answer = table.priorities_json(rows[positive], scores[positive])
         self.metrics.decisions.labels("prioritize", "scored").inc()
         return answer
 
-    def _favour_hold(self, key: str, full: IntArray, cands: Candidates) -> None:
-        """The node where a preemption made room for this pod comes first (the others 0)."""
+    def _favour_hold(self, key: str, full: IntArray, cands: Candidates) -> bool:
+        """The node where a preemption made room for this pod comes first (the others 0);
+        False when the pod has no such node among the candidates."""
         held = self.cache.live_hold(key)
         row = self.cache.state.index.get(held[0]) if held is not None else None
-        if row is not None and bool(cands.mask[row]):
-            full[:] = 0
-            full[row] = MAX_SCORE
+        if row is None or not bool(cands.mask[row]):
+            return False
+        full[:] = 0
+        full[row] = MAX_SCORE
+        return True
+
+    def _assume(self, request: PodRequest, c: Constraints, alloc: Allocation | None) -> None:
+        """Hold ``alloc``, the placement handed to kube-scheduler's bind, until the bind
+        comes (``state.assumptions``; under the lock, after ``without``)."""
+        if alloc is not None and assumable(self.cache.unbound.get(request.key), request.key,
+                                           self.settings.scheduler_name):
+            self.cache.assume(alloc, charge_of(request, alloc, c), self.clock())
 
     # -- preempt -----------------------------------------------------------------------------------
     def preempt(self, body: Any) -> dict[str, Any]:

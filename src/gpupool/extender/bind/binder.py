@@ -5,13 +5,16 @@ The caller (``service.Extender``) has checked the pod as the API server has it (
 exists, is pending and unbound, names gpupool's scheduler, has the UID asked) and made
 ``request`` from it.
 
-1. Under the cache lock: let go of whatever the pod held before its Binding (a bind of
-   an earlier attempt, its leftover ledger entries: ``Commitments.readopt``), decide
-   among the one node against the freshest state, hold the allocation (``bind``).
+1. In the node's turn (``turns``: this replica's binds on one node write its ledger one
+   after another), under the cache lock: let go of whatever the pod held before its
+   Binding (its assumption, a bind of an earlier attempt, its leftover ledger entries:
+   ``Commitments.readopt``), decide among the one node against the freshest state, hold
+   the allocation (``bind``).
 2. Check the ledger's entries at the version read plus the new allocation fit the
    node's GPUs, and write the entry with that resourceVersion as a precondition (it
-   replaces the pod's own older entry there); a conflict takes in the fresh ledger and
-   decides again (``attempts`` times).
+   replaces the pod's own older entry there); a conflict (another replica wrote) decides
+   again on the cache's newer version if its watch brought one, else on a fresh read
+   (``attempts`` times in all).
 3. For each quota scope the pod's charge falls under (a TenantQuota, a cohort, a
    ResourceGroup with a quota, a namespace limit), check the charge against the scope's
    ``QuotaLedger`` and write it there by compare-and-swap (``quotaledger.QuotaGate``);
@@ -52,6 +55,7 @@ from gpupool.extender.metrics import BindClock, Metrics
 from gpupool.extender.state.cache import ClusterCache
 from gpupool.extender.state.ledger import Entry, FitCheck, Ledgers, View, counted
 from gpupool.extender.state.signatures import DecisionCheck, DecisionKeys
+from gpupool.extender.state.turns import Turns
 from gpupool.extender.tenancy.quotaledger import QuotaGate, QuotaLedgers
 from gpupool.extender.wire.protocol import BindingArgs
 from gpupool.extender.wire.refusals import UNKNOWN_NODE
@@ -80,6 +84,7 @@ class Binder:
         self.clock = clock
         self.keys = keys
         self.deadline_s = BIND_DEADLINE_S
+        self.turns = Turns()
         self.quotas = QuotaGate(cache, QuotaLedgers(kube), attempts, metrics.conflicts.inc)
 
     def bind(self, args: BindingArgs, request: PodRequest, placer: Placer,
@@ -89,7 +94,9 @@ class Binder:
         clock = clock or BindClock()
         began = time.monotonic()
         stamp = self.now()  # one bind time, in the ledger entry and on the pod alike
-        placed = self._commit(args, request, placer, rng, stamp, clock)
+        with self.turns.of(args.node):  # this replica's binds on the node, one at a time
+            clock.lap("node-queue")
+            placed = self._commit(args, request, placer, rng, stamp, clock)
         if isinstance(placed, str):
             return placed
         scopes, refused = self.quotas.admit(request.key, self._entry(args, request, *placed,
@@ -154,11 +161,12 @@ class Binder:
                 held = counted(view, prune, replacing=request.key)
                 self.fits.check(node, held, alloc, self.cache.state.memory_unit_mib)
                 new_view = self.ledgers.commit(view, request.key, entry, prune)
-            except (OverCommit, Conflict):
+            except (OverCommit, Conflict) as exc:
                 clock.lap("ledger")
                 self.metrics.conflicts.inc()
-                self._refresh_ledger(args.node)
-                clock.lap("ledger-reread")
+                if isinstance(exc, OverCommit) or not self._moved_on(view):
+                    self._refresh_ledger(args.node)  # else decide again on the newer view
+                    clock.lap("ledger-reread")
                 continue
             except KubeError as exc:
                 clock.lap("ledger")
@@ -175,7 +183,7 @@ class Binder:
                    rng: random.Random) -> Step | str:
         with self.cache.lock:
             self.cache.flush()
-            self.cache.readopt(request.key)
+            self.cache.readopt(request.key, args.node)
             state = self.cache.state
             i = state.index.get(args.node)
             if i is None:
@@ -197,6 +205,15 @@ class Binder:
                stamp: str) -> Entry:
         return Entry(alloc, f"{args.namespace}/{args.name}", stamp, request.tenant,
                      request.gpu_class, group)
+
+    def _moved_on(self, view: View) -> bool:
+        """Whether the cache holds a newer version of ``view``'s ledger (its watch brought
+        the write that won), so deciding again needs no read."""
+        with self.cache.lock:
+            held = self.cache.ledgers.get(view.node)
+        ours = view.resource_version or ""
+        theirs = (held.resource_version if held is not None else None) or ""
+        return ours.isdigit() and theirs.isdigit() and int(theirs) > int(ours)
 
     def _refresh_ledger(self, node: str) -> None:
         try:

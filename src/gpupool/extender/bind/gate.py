@@ -64,6 +64,22 @@ def check(pod: Mapping[str, Any], args: BindingArgs, scheduler: str) -> None:
                            "binds only the pods of its own scheduler")
 
 
+def assumable(known: Any, uid: str, scheduler: str = DEFAULT_SCHEDULER) -> bool:
+    """Whether ``known``, the informer's copy of the pod with ``uid``, is one bind could act
+    on (every rule above): only such a pod's placement is assumed taken until its bind
+    (``state.assumptions``), so no request body can hold room for a pod that is not there."""
+    pod = _builtins(known) if known is not None else None
+    if pod is None:
+        return False
+    meta = pod.get("metadata") or {}
+    try:
+        check(pod, BindingArgs(str(meta.get("name")), str(meta.get("namespace") or "default"),
+                               uid, ""), scheduler)
+    except InvalidInput:
+        return False
+    return True
+
+
 def _same_name(pod: Mapping[str, Any], args: BindingArgs) -> bool:
     meta = pod.get("metadata") or {}
     return bool(meta.get("name") == args.name and

@@ -9,9 +9,10 @@ handler and every decision takes ``lock``. It keeps
   ``pod`` (a bound pod's decision annotation, counted only when ``decisions`` vouches
   for it or it is the pod's own GPULedger entry), ``load`` (a bound pod's CPU and
   memory without a counted decision), ``ledger`` (an entry in a node's GPULedger,
-  possibly written by another replica; ``commitments`` says when one goes stale) and
-  ``bind`` (this replica's bind in flight). A key is released when its last source
-  goes, and at once when its pod is deleted or finishes;
+  possibly written by another replica; ``commitments`` says when one goes stale),
+  ``bind`` (this replica's bind in flight) and ``assume`` (a placement handed to
+  kube-scheduler's bind, until the bind comes: ``assumptions``). A key is released when
+  its last source goes, and at once when its pod is deleted or finishes;
 * the informer's copy of every pending, unbound pod (``unbound``): what bind decides
   from, never a request body;
 * the catalogue: resource classes, groups and their quotas (charged per key);
@@ -44,6 +45,7 @@ from gpupool.core.errors import InvalidInput, UnknownName
 from gpupool.core.model import Node
 from gpupool.core.state import ClusterState
 from gpupool.extender.state import inventory, ledger
+from gpupool.extender.state.assumptions import ASSUME_EXPIRY_S
 from gpupool.extender.state.budgets import Budgets
 from gpupool.extender.state.commitments import PENDING_GRACE_S, Commitments
 from gpupool.extender.state.draclaims import DraClaims
@@ -63,9 +65,11 @@ class ClusterCache(Commitments):
     def __init__(self, memory_unit_mib: int = 256, stale_after_s: float = 120.0,
                  ledger_grace_s: float = 300.0, clock: Callable[[], float] = time.time,
                  decisions: DecisionCheck | None = None,
-                 pending_grace_s: float = PENDING_GRACE_S):
+                 pending_grace_s: float = PENDING_GRACE_S,
+                 assume_expiry_s: float = ASSUME_EXPIRY_S):
         super().__init__(ClusterState([], memory_unit_mib), Catalogue(), clock, ledger_grace_s,
                          pending_grace_s)
+        self.assumptions.expiry_s = assume_expiry_s
         self.stale_after_s = stale_after_s
         self.decisions = decisions or DecisionCheck(None)
         self.catalogue_version = 0
@@ -226,10 +230,12 @@ class ClusterCache(Commitments):
 
     def sweep(self) -> None:
         """Mark GPUs whose heartbeat went stale unhealthy (and fresh ones healthy again);
-        release the holds of ledger entries that turned stale (``commitments``)."""
+        release the holds of ledger entries that turned stale (``commitments``) and the
+        assumptions whose bind never came."""
         with self.lock:
             self._apply_pending()  # a pod deleted meanwhile releases its entries
             now = self.clock()
+            self.expire_assumptions(now)
             for dev in self.devices.values():  # touch the state only where freshness flipped
                 fresh = inventory.is_fresh(dev, now, self.stale_after_s)
                 if self.freshness.get(dev.name) != fresh:
@@ -239,9 +245,11 @@ class ClusterCache(Commitments):
 
     # -- layout ------------------------------------------------------------------------------------
     def flush(self) -> None:
-        """Apply queued pod events and pending layout changes (call under ``lock`` before
-        reading the state)."""
+        """Apply queued pod events and pending layout changes, end expired assumptions
+        (call under ``lock`` before reading the state)."""
         self._apply_pending()
+        if self.assumptions.by_key:
+            self.expire_assumptions(self.clock())
         if not self.dirty:
             return
         self.freshness.clear()  # health was re-derived: the next sweep checks every GPU

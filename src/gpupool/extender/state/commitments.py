@@ -43,6 +43,7 @@ from gpupool.core.eligibility import Catalogue
 from gpupool.core.quota import Charge, amount_of_allocation
 from gpupool.core.state import ClusterState
 from gpupool.extender.state import ledger
+from gpupool.extender.state.assumptions import ASSUME
 from gpupool.extender.state.holdings import Holdings
 from gpupool.extender.state.pods import PodFacts
 
@@ -50,7 +51,8 @@ log = logging.getLogger(__name__)
 
 MEMO_LIMIT = 500_000  # decoded ledger entries kept for reuse
 PENDING_GRACE_S = 60.0
-TENTATIVE = ("bind", "ledger", "load")  # what a pending pod may hold before its Binding
+TENTATIVE = (ASSUME, "bind", "ledger", "load")  # what a pending pod may hold before its
+# Binding
 
 
 class Commitments(Holdings):
@@ -222,11 +224,15 @@ class Commitments(Holdings):
         return gone
 
     # -- a pending pod's own tentative holds ------------------------------------------------------
-    def readopt(self, key: str) -> None:
-        """Let go of what a pending pod holds before its Binding (a bind in flight, its
-        ledger entries, its CPU and memory) so its decision can be made again (under
-        ``lock``). Its entries stay in the ledger objects until replaced or pruned; they
-        are not held again while the pod's new bind holds another allocation."""
+    def readopt(self, key: str, node: str | None = None) -> None:
+        """Let go of what a pending pod holds before its Binding (its assumption, a bind in
+        flight, its ledger entries, its CPU and memory) so its decision can be made again,
+        by its bind to ``node`` (under ``lock``). Its entries stay in the ledger objects
+        until replaced or pruned; they are not held again while the pod's new bind holds
+        another allocation."""
+        assumed = self.assumptions.node_of(key)
+        if assumed is not None:
+            self.unassume(key, "bound" if assumed == node else "moved")
         for source in TENTATIVE:
             self.unhold(key, source)
 

@@ -3,12 +3,14 @@
 A holding is reserved once and kept while at least one *source* justifies it:
 ``pod`` (a bound pod's decision annotation), ``load`` (a bound pod's CPU and memory
 without a gpupool decision), ``ledger`` (an entry in a node's GPULedger, possibly
-another replica's) and ``bind`` (this replica's bind in flight). A pod's own record
-wins over a ledger entry or a guess. A holding that does not fit this replica's view
-yet (its own binds in flight took the room) waits per node and is retried whenever
-something on that node is released. Quota is charged per key alongside. ``ClusterCache``
-is a ``Holdings``: it owns the state these methods reserve in, and calls them under
-its lock.
+another replica's), ``bind`` (this replica's bind in flight) and ``assume`` (a
+placement handed to kube-scheduler's bind, ``assumptions``). A pod's own record
+wins over a ledger entry or a guess. An assumption gives way to anything else: to the
+pod's own record, and to any record that needs its room. A holding that does not fit
+this replica's view yet (its own binds in flight took the room) waits per node and is
+retried whenever something on that node is released; an assumption never waits. Quota
+is charged per key alongside. ``ClusterCache`` is a ``Holdings``: it owns the state these
+methods reserve in, and calls them under its lock.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from gpupool.core.errors import InvalidInput, OverCommit, UnknownName
 from gpupool.core.quota import Charge
 from gpupool.core.state import ClusterState
 from gpupool.extender.state import ledger
+from gpupool.extender.state.assumptions import ASSUME, Assumptions
 
 log = logging.getLogger(__name__)
 
@@ -40,12 +43,15 @@ class Holdings:
         self.conflicts = 0  # holdings that could not be reserved when they arrived
         self.waiting: dict[str, dict[str, tuple[Allocation, set[str], Charge | None]]] = {}
         self.waiting_on: dict[str, str] = {}  # key -> node of its waiting holding
+        self.assumptions = Assumptions()
 
     def hold(self, alloc: Allocation, source: str, charge: Charge | None = None) -> bool:
         """Reserve ``alloc`` for ``source`` (idempotent). False if it cannot be held."""
         key = alloc.key
         if key in self.finished:
             return False
+        if source not in (ASSUME, "bind") and ASSUME in self.sources.get(key, ()):
+            self.unassume(key, "yielded")  # the pod's own record (another replica bound it)
         held = self.state.allocations.get(key)
         if held is not None:
             if held == alloc or (held.node == alloc.node and
@@ -60,8 +66,12 @@ class Holdings:
         try:
             self._reserve(alloc)
         except OverCommit as exc:
+            if source not in (ASSUME, "bind") and self._make_way(alloc.node):
+                return self.hold(alloc, source, charge)  # no assumption is left in its way
             self.conflicts += 1
-            if source != "bind":  # a record of the cluster: hold it once room frees up
+            if source == ASSUME:
+                self.assumptions.forget(key, "dropped")
+            elif source != "bind":  # a record of the cluster: hold it once room frees up
                 self._wait(alloc, source, charge)
             log.debug("%s waits: %s", key, exc)
             return False
@@ -73,6 +83,36 @@ class Holdings:
         if charge is not None:
             self._charge(key, charge)
         return True
+
+    def assume(self, alloc: Allocation, charge: Charge | None, now: float) -> bool:
+        """Hold ``alloc``, the placement handed to bind, as an assumption (``assumptions``),
+        replacing the pod's earlier one; not while the pod holds anything else (a bind in
+        flight, its own ledger entry or preemption hold) or assumptions are off."""
+        key = alloc.key
+        if not self.assumptions.expiry_s or set(self.sources.get(key, ())) - {ASSUME}:
+            return False
+        self.unassume(key, "dropped")
+        if not self.hold(alloc, ASSUME, charge):
+            return False
+        self.assumptions.add(key, alloc.node, now)
+        return True
+
+    def unassume(self, key: str, outcome: str) -> None:
+        """End ``key``'s assumption (``outcome``: how it ended, ``assumptions.OUTCOMES``)."""
+        self.assumptions.forget(key, outcome)
+        self.unhold(key, ASSUME)
+
+    def expire_assumptions(self, now: float) -> None:
+        for key in self.assumptions.due(now):
+            self.unassume(key, "expired")
+
+    def _make_way(self, node: str) -> bool:
+        """End the assumptions on ``node`` (a record of the cluster needs the room); False
+        when there were none."""
+        keys = self.assumptions.on_node(node)
+        for key in keys:
+            self.unassume(key, "yielded")
+        return bool(keys)
 
     def _wait(self, alloc: Allocation, source: str, charge: Charge | None) -> None:
         """Park a holding that does not fit this replica's view yet (e.g. its own binds in
@@ -145,6 +185,7 @@ class Holdings:
 
     def _finish(self, key: str) -> None:
         self._unwait(key)
+        self.assumptions.forget(key, "dropped")
         self._release(key)
         self.finished[key] = None
         while len(self.finished) > FINISHED_MEMORY:

@@ -19,13 +19,15 @@ namespace or (namespace, class) limit of the quota book is ``namespace.<ns>``. A
 under no limit touches no QuotaLedger.
 
 At bind, after the node's GPULedger entry is written (``binder``), ``QuotaGate.admit``
-for each scope in turn: read the scope's ledger (the last version this replica read
-or wrote, else a GET), check the charge with the core's arithmetic (``QuotaBook.check``
-and ``TenantBook.check`` on the cache's book, with the ledger's live entries that the
-book does not know yet charged in for the check), and write the pod's entry with that
-resourceVersion as a precondition; a conflict re-reads and re-checks. A refusal, or a
-scope that kept changing, removes the entries written so far (the binder then removes
-the node entry) and refuses the bind with the quota's reason.
+for each scope in turn (this replica's binds in one scope take turns, ``turns``, so they
+do not lose the compare-and-swap to each other): read the scope's ledger (the last
+version this replica read or wrote, else a GET), check the charge with the core's
+arithmetic (``QuotaBook.check`` and ``TenantBook.check`` on the cache's book, with the
+ledger's live entries that the book does not know yet charged in for the check), and
+write the pod's entry with that resourceVersion as a precondition; a conflict re-reads
+and re-checks. A refusal, or a scope that kept changing, removes the entries written so
+far (the binder then removes the node entry) and refuses the bind with the quota's
+reason.
 
 A head holding ``move_at`` entries moves them to shards (``shard-<k>.<head>``), so no
 object outgrows what the API server stores; admission reads the head and every shard it
@@ -49,6 +51,7 @@ from gpupool.contract import names
 from gpupool.core.quota import Charge, amount_of_allocation
 from gpupool.extender.state.cache import ClusterCache
 from gpupool.extender.state.ledger import Entry, View, advanced, view_of
+from gpupool.extender.state.turns import Turns
 from gpupool.extender.tenancy.quotashards import (
     MOVE_AT_ENTRIES,
     SHARD_BYTES,
@@ -322,6 +325,7 @@ class QuotaGate:
         self.ledgers = ledgers
         self.attempts = attempts
         self.on_conflict = on_conflict
+        self.turns = Turns()
 
     def admit(self, key: str, entry: Entry) -> tuple[list[str], str]:
         """(ledgers written, '' when admitted else why not). Refused: nothing stays written."""
@@ -338,6 +342,11 @@ class QuotaGate:
         return written, ""
 
     def _admit_in(self, name: str, scope: str, key: str, entry: Entry, charge: Charge) -> str:
+        with self.turns.of(name):  # this replica's binds in one scope: one after another
+            return self._admit_turn(name, scope, key, entry, charge)
+
+    def _admit_turn(self, name: str, scope: str, key: str, entry: Entry, charge: Charge
+                    ) -> str:
         for _ in range(self.attempts):
             try:
                 view, marks = self.ledgers.state(name)

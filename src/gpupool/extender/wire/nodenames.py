@@ -71,6 +71,16 @@ def scaled(values: np.ndarray) -> np.ndarray:
     return np.rint((values - lo) * MAX_SCORE / (hi - lo)).astype(np.int64)
 
 
+def decisive(scores: np.ndarray, pick: int) -> None:
+    """Make ``pick`` the one node with the top score: it gets ``MAX_SCORE``, every other
+    node at most one less (in place). kube-scheduler adds ``score × weight × 10`` to its
+    own plugins' scores and takes the highest total, a tie at random: without this, every
+    node within a twentieth of the best value ties at 10, and the one bound need not be
+    the one the policy chose (nor the one the extender assumed, ``state.assumptions``)."""
+    np.minimum(scores, MAX_SCORE - 1, out=scores)
+    scores[pick] = MAX_SCORE
+
+
 class SentNames(Sequence[str]):
     """The names of the sent nodes that have no row (``-1``), by position; the other
     positions are known by row and are not turned into strings."""
