@@ -93,6 +93,10 @@ def _healing_flags(p: Any) -> None:
     p.add_argument("--heal-per-minute", type=bounded(int, 1, 10_000), default=10,
                    metavar="N", help="evictions healing starts per minute, cluster-wide "
                                      "(default 10)")
+    p.add_argument("--mig-on-demand", action="store_true",
+                   help="ask node agents to repartition idle or growable GPUs in MIG mode for "
+                        "pending pods whose MIG profile no GPU offers (off by default; the "
+                        "agents need --mig-on-demand too; docs/design/mig.md)")
 
 
 def _election_arguments(p: argparse.ArgumentParser) -> None:

@@ -26,6 +26,7 @@ from gpupool.controller.healing import Healer, HealingConfig
 from gpupool.controller.leader import ElectionTiming, LeaderElector, lead
 from gpupool.controller.loop import Controller, Outcome, RoundObserver, WorldCache
 from gpupool.controller.metrics import ControllerMetrics, VerifyTally, serve
+from gpupool.controller.migplanner import MigPlanner
 from gpupool.controller.observed import Observed
 from gpupool.kube.api import DraApi, KubeApi
 from gpupool.kube.controller_ops import ControllerApi
@@ -59,7 +60,8 @@ def reconcile(args: argparse.Namespace, api: ControllerApi) -> int:
     controller = Controller(api, verify=tally, device_classes=classes,
                             observer=_observer(metrics, tally, args.pool_label,
                                                args.stale_after, args.metrics_every),
-                            evictor=_evictor(args, api, metrics))
+                            evictor=_evictor(args, api, metrics),
+                            mig=MigPlanner(api) if args.mig_on_demand else None)
     try:
         return _watch(args, controller, metrics)
     finally:

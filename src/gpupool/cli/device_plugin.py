@@ -34,6 +34,7 @@ from gpupool.nodeagent.dra.versions import nvml_versions
 from gpupool.nodeagent.dra.watch import DraGuards
 from gpupool.nodeagent.exposure import DEFAULT_CDI_KIND, Exposure, Strategy
 from gpupool.nodeagent.fakegpus import FakeGpuBackend
+from gpupool.nodeagent.fakemig import FakeMigDriver
 from gpupool.nodeagent.freezer import Freezer
 from gpupool.nodeagent.gpu import GpuBackend
 from gpupool.nodeagent.isolation.computemode import ComputeModeClient
@@ -45,8 +46,10 @@ from gpupool.nodeagent.isolation.provider import NODE_LABEL, IsolationProvider
 from gpupool.nodeagent.kubeview import KubeEvents, KubeEvictions, KubeInventory, KubePods
 from gpupool.nodeagent.logical import DEFAULT_MIB_PER_DEVICE, Split
 from gpupool.nodeagent.metrics import NodeMetrics, serve
+from gpupool.nodeagent.mig import MigDriver
 from gpupool.nodeagent.monitor import MonitorConfig
 from gpupool.nodeagent.nvml import NvmlGpuBackend
+from gpupool.nodeagent.nvmlmig import NvmlMigDriver
 from gpupool.nodeagent.overuse import OveruseConfig
 from gpupool.nodeagent.verify import MEMO_LIMIT, Verifier
 
@@ -170,6 +173,15 @@ def _monitor_flags(p: Any) -> None:
     p.add_argument("--cgroup-root", type=Path, default=Path("/sys/fs/cgroup"), metavar="DIR",
                    help="the host's cgroup v2 hierarchy, written to pause over-users "
                         "(--over-use-action pause; default /sys/fs/cgroup)")
+    p.add_argument("--mig-on-demand", action="store_true",
+                   help="make the MIG layouts the controller asks on this node's GPUDevices "
+                        "(annotation gpupool.io/mig-layout) through NVML; never destroys a MIG "
+                        "device a pod or process uses (off by default; NVML needs "
+                        "CAP_SYS_ADMIN for it; docs/node-agent.md)")
+    p.add_argument("--mig-interval-seconds", type=bounded(float, 0, 86_400), default=300.0,
+                   metavar="SECONDS",
+                   help="with --mig-on-demand: at most one MIG change on this node this often "
+                        "(default 300)")
     p.add_argument("--metrics-port", type=bounded(int, 0, 65535), default=9400, metavar="PORT",
                    help="Prometheus /metrics port (0: off; default 9400)")
     p.add_argument("--metrics-address", default="0.0.0.0", metavar="ADDRESS",
@@ -184,7 +196,8 @@ def run(args: argparse.Namespace) -> int:
     config = AgentConfig(args.node_name, args.kubelet_dir,
                          Split(args.split, args.mib_per_device), args.memory_unit,
                          args.heartbeat_seconds, decide_unscheduled=args.decide_unscheduled,
-                         monitor_s=args.monitor_seconds, proc_root=args.proc_root)
+                         monitor_s=args.monitor_seconds, proc_root=args.proc_root,
+                         mig_interval_s=args.mig_interval_seconds)
     exposure = Exposure(Strategy(args.device_list_strategy), args.cdi_kind)
     backend: GpuBackend = (FakeGpuBackend(args.fake_gpus) if args.fake_gpus
                            else NvmlGpuBackend())
@@ -200,9 +213,11 @@ def run(args: argparse.Namespace) -> int:
         overuse=OveruseConfig(args.grace_seconds, args.compute_window_seconds,
                               args.memory_tolerance_mib, args.compute_tolerance_pct),
         action=OveruseAction(args.over_use_action),
-        freezer=Freezer(args.proc_root, args.cgroup_root))
+        freezer=Freezer(args.proc_root, args.cgroup_root),
+        device_events=KubeEvents(api, args.node_name))
     pods = KubePods(api)
-    agent = NodeAgent(config, backend, pods, KubeInventory(api.fork()), guards=guards)
+    agent = NodeAgent(config, backend, pods, KubeInventory(api.fork()), guards=guards,
+                      mig_driver=_mig_driver(args, backend))
     server = serve(metrics, args.metrics_address, args.metrics_port) \
         if args.metrics_port else None
     stop = threading.Event()
@@ -218,6 +233,16 @@ def run(args: argparse.Namespace) -> int:
             server.shutdown()
         api.close()
     return 0
+
+
+def _mig_driver(args: argparse.Namespace, backend: GpuBackend) -> MigDriver | None:
+    """What makes the MIG layouts asked of this node (None: --mig-on-demand is off)."""
+    if not args.mig_on_demand:
+        return None
+    if isinstance(backend, FakeGpuBackend):
+        return FakeMigDriver(backend)
+    assert isinstance(backend, NvmlGpuBackend)
+    return NvmlMigDriver(backend.rescan_mig)
 
 
 def _mode(args: argparse.Namespace, api: KubeApi) -> str:

@@ -28,6 +28,7 @@ from gpupool.contract.quotas import permission_or_denial
 from gpupool.controller import fairstatus, groupsync, quotastatus
 from gpupool.controller.deviceclasses import DeviceClassSync
 from gpupool.controller.evictions import Evictor
+from gpupool.controller.migplanner import MigPlanner
 from gpupool.controller.observed import Obj, Observed, Verify, observe
 from gpupool.controller.reconcile import (
     CLASS,
@@ -144,7 +145,8 @@ class Controller:
 
     def __init__(self, api: ControllerApi, clock: Callable[[], str] = utc_now, *,
                  verify: Verify | None, device_classes: DeviceClassSync | None = None,
-                 observer: RoundObserver | None = None, evictor: Evictor | None = None):
+                 observer: RoundObserver | None = None, evictor: Evictor | None = None,
+                 mig: MigPlanner | None = None):
         """``verify`` checks each decision's signature (``KeyRingSource.verify``, which
         remembers outcomes until the published keys change); None
         counts unsigned decisions too (only for clusters without gpupool's extender).
@@ -153,6 +155,7 @@ class Controller:
         the pods of failed GPUs and silent nodes) after each round of ``run``."""
         self.observer = observer
         self.evictor = evictor
+        self.mig = mig  # MIG on demand (``migplanner``): None, off
         self.api = api
         self.device_classes = device_classes
         self.clock = clock
@@ -300,6 +303,8 @@ class Controller:
                 if outcome.writes or outcome.failures:
                     log.info("reconciled: %s", outcome.summary())
                 wait = self._heal(observed, world, stop, resync_s)
+                if self.mig is not None and not stop.is_set():
+                    self.mig.round(observed, world.objects("gpudevices"), world.objects("pods"))
                 if self.observer is not None:
                     self.observer(observed, world, outcome, time.monotonic() - started)
                 if on_round is not None:

@@ -16,6 +16,7 @@ import msgspec
 from lightkube.types import PatchType
 
 from gpupool.kube.api import (
+    GPUDevice,
     KubeApi,
     KubeObject,
     Listing,
@@ -75,6 +76,14 @@ class ControllerApi(KubeApi):
         """Merge-patch ``status`` (``None`` values delete keys)."""
         with translated(f"patch status of ResourceClass {name}"):
             return dict(self.client.patch(ResourceClass.Status, name, {"status": dict(patch)},
+                                          patch_type=PatchType.MERGE))
+
+    def patch_gpu_device_annotations(self, name: str, annotations: Mapping[str, str]
+                                     ) -> KubeObject:
+        """Merge-patch a GPUDevice's annotations (MIG layouts asked of its node agent)."""
+        with translated(f"annotate GPUDevice {name}"):
+            return dict(self.client.patch(GPUDevice, name,
+                                          {"metadata": {"annotations": dict(annotations)}},
                                           patch_type=PatchType.MERGE))
 
     def patch_resource_group_status(self, name: str, patch: Mapping[str, Any]) -> KubeObject:
