@@ -20,7 +20,7 @@ from gpupool.extender.edge.server import ThreadedServer, probe_server
 from .builders import Replica
 from .test_bounded_requests import address, closed_by_server
 
-HELD = 300  # more than the verbs' limit (256), and than the probe port's
+HELD = 300  # far more than the probe port's limit
 
 
 @pytest.fixture

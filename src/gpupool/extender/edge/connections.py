@@ -44,7 +44,9 @@ log = logging.getLogger(__name__)
 _EVENTS = itertools.count()  # orders connections' activity (the loop's clock ticks in ms)
 
 HEADER_BYTES = 64 * 1024
-MAX_CONNECTIONS = 256  # connections + calls at once on the verbs' port; beyond, 503
+MAX_CONNECTIONS = 768  # connections + calls at once on the verbs' port; beyond, 503:
+# kube-scheduler's binds in flight at 50 pods/s lasting 15 s each, within the 1,024
+# file descriptors a container commonly gets (docs/operations.md)
 PROBE_CONNECTIONS = 64  # the kubelet's probes, Prometheus, and room to spare
 PROBE_IDLE_S = 2.0  # the kubelet does not keep probe connections; Prometheus reconnects
 PROBE_HEADER_BYTES = 8 * 1024  # GET /healthz, /readyz, /metrics
