@@ -41,7 +41,7 @@ def test_a_small_body_spelled_otherwise_is_still_read() -> None:
     body = {"pod": POD, "nodeNameToMetaVictims": {"n0": {"pods": [{"uid": "a"}],
                                                          "numPDBViolations": 0}}}
     args = proposals.read_preemption(msgspec.json.encode(body))
-    assert args.victims == {"n0": ["a"]}
+    assert args.victims == {"n0": ("a",)}
 
 
 def test_a_large_body_spelled_otherwise_is_refused_with_the_reason() -> None:

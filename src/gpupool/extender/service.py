@@ -418,8 +418,10 @@ class Extender:
             return protocol.preemption_result({}, {})
         with self.cache.lock, self.cache.without(request.key):
             self.cache.flush()
-            kept = {node: uids for node, uids in args.victims.items()
-                    if proposals.fits_without(self.cache, self.placer, request, node, uids)}
+            known = self.cache.state.index.keys() & args.victims.keys()  # in one C call
+            kept = {node: args.victims[node] for node in sorted(known) if
+                    proposals.fits_without(self.cache, self.placer, request, node,
+                                           args.victims[node])}
         self.metrics.decisions.labels("preempt", "kept" if kept else "none").inc()
         return protocol.preemption_result(kept, args.pdb_violations)
 

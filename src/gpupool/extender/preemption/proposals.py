@@ -15,6 +15,7 @@ read by the general, case-insensitive ``protocol.parse_preemption`` when it is s
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -29,22 +30,24 @@ from gpupool.extender.wire import protocol
 GENERAL_BYTES = 1024 * 1024
 
 
-class _Meta(msgspec.Struct):
+class _Meta(msgspec.Struct, gc=False):
     uid: Any = None
 
 
-class _Victim(msgspec.Struct):
+class _Victim(msgspec.Struct, gc=False):
     UID: Any = None  # a MetaPod
     metadata: _Meta | None = None  # a v1.Pod
 
 
-class _Victims(msgspec.Struct):
-    Pods: list[_Victim] | None = None
+class _Victims(msgspec.Struct, gc=False):
+    Pods: msgspec.Raw = msgspec.Raw(b"null")  # read per node (``_uids``)
     NumPDBViolations: Any = 0
 
 
 _TABLE = msgspec.json.Decoder(dict[str, _Victims])
+_PODS = msgspec.json.Decoder(list[_Victim] | None)
 _TOP = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_NONE: tuple[str, ...] = ()
 TABLES = {"nodenametometavictims": True, "nodenametovictims": False}
 
 
@@ -73,20 +76,18 @@ def read_preemption(body: bytes | bytearray) -> protocol.PreemptionArgs:
 
 
 def _read_table(table: dict[str, _Victims], meta: bool
-                ) -> tuple[dict[str, list[str]], dict[str, int]] | None:
+                ) -> tuple[dict[str, Sequence[str]], dict[str, int]] | None:
     """(victims' UIDs per node, PDB violations per node), or None when an entry is not
-    spelled as kube-scheduler writes it."""
-    victims: dict[str, list[str]] = {}
+    spelled as kube-scheduler writes it. One node at a time, in Python: a large table
+    never holds the interpreter in one long call, and what is kept is untracked by the
+    garbage collector (structs without ``gc``, raw bytes, tuples of strings), so it adds
+    no work to collections that stop every thread (the probes' included)."""
+    victims: dict[str, Sequence[str]] = {}
     violations: dict[str, int] = {}
     for node, entry in table.items():
-        if entry.Pods is None:
+        uids = _uids(entry.Pods, meta)
+        if uids is None:
             return None
-        uids: list[str] = []
-        for v in entry.Pods:
-            uid = v.UID if meta else (v.metadata.uid if v.metadata else None)
-            if not isinstance(uid, str) or not uid:
-                return None
-            uids.append(uid)
         victims[node] = uids
         count = entry.NumPDBViolations
         violations[node] = count if isinstance(count, int) and not isinstance(count, bool) \
@@ -94,8 +95,22 @@ def _read_table(table: dict[str, _Victims], meta: bool
     return victims, violations
 
 
+def _uids(pods: msgspec.Raw, meta: bool) -> tuple[str, ...] | None:
+    """The victims' UIDs of one node's ``Pods``, or None when not spelled as kube-scheduler
+    writes them."""
+    raw = bytes(pods)
+    if raw == b"[]":
+        return _NONE
+    listed = _PODS.decode(raw)
+    if listed is None:
+        return None
+    uids: list[Any] = [v.UID if meta else (v.metadata.uid if v.metadata else None)
+                       for v in listed]
+    return tuple(uids) if all(isinstance(u, str) and u for u in uids) else None
+
+
 def fits_without(cache: ClusterCache, placer: Placer, request: PodRequest, node: str,
-                 victims: list[str]) -> bool:
+                 victims: Sequence[str]) -> bool:
     """Would ``request`` fit ``node`` once ``victims`` are gone? Under the cache lock (with
     the pod's own tentative hold set aside): the victims are released, the node checked,
     and the very same allocations held again. Victims already displaced by a gpupool

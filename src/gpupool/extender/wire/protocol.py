@@ -173,7 +173,7 @@ class PreemptionArgs:
     scheduler proposes (from ``NodeNameToMetaVictims`` or ``NodeNameToVictims``)."""
 
     pod: Mapping[str, Any]
-    victims: dict[str, list[str]]
+    victims: Mapping[str, Sequence[str]]
     pdb_violations: dict[str, int]
 
 
@@ -187,14 +187,14 @@ def parse_preemption(body: Any) -> PreemptionArgs:
     if not isinstance(table, Mapping):
         raise InvalidInput("ExtenderPreemptionArgs has no NodeNameToMetaVictims / "
                            "NodeNameToVictims map")
-    victims: dict[str, list[str]] = {}
+    victims: dict[str, Sequence[str]] = {}
     violations: dict[str, int] = {}
     for node, raw in table.items():
         entry = _folded(raw, f"the victims of node {node}")
         pods = entry.get("pods") or []
         if not isinstance(node, str) or not isinstance(pods, list):
             raise InvalidInput(f"the victims of node {node} must be a list of pods")
-        victims[node] = [_victim_uid(p, meta is not None) for p in pods]
+        victims[node] = tuple(_victim_uid(p, meta is not None) for p in pods)
         count = entry.get("numpdbviolations") or 0
         violations[node] = count if isinstance(count, int) else 0
     return PreemptionArgs(pod, victims, violations)
@@ -208,7 +208,7 @@ def _victim_uid(pod: Any, meta: bool) -> str:
     return uid
 
 
-def preemption_result(victims: Mapping[str, list[str]], violations: Mapping[str, int]
+def preemption_result(victims: Mapping[str, Sequence[str]], violations: Mapping[str, int]
                       ) -> dict[str, Any]:
     return {"NodeNameToMetaVictims": {
         node: {"Pods": [{"UID": u} for u in uids], "NumPDBViolations": violations.get(node, 0)}
