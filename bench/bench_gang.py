@@ -115,7 +115,8 @@ def main() -> None:
                         else Together.ANYWHERE)
             placed = place_gang(state, gang, policy, rng)
             assert placed.ok, placed.summary()
-            whole = cpu_ms(lambda g=gang: place_gang(state, g, policy, rng), args.reps)
+            whole = cpu_ms(lambda g=gang, p=policy, r=rng: place_gang(state, g, p, r),
+                           args.reps)
             per = whole / args.members
             print(f"{name:<12} {shape:<7} {plain:>12.2f} {whole:>9.1f} {per:>13.2f} "
                   f"{per / plain:>12.2f}")
