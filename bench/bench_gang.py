@@ -3,7 +3,7 @@
     .venv/bin/python bench/bench_gang.py [--nodes 5000] [--members 64] [--reps 5]
         [--policy fgd-balance best-fit]
 
-One cluster of ``--nodes`` nodes × 8 GPUs of 80 GiB (100 zones, label
+One cluster of ``--nodes`` nodes × 8 GPUs of 80 GiB (zones of 50 nodes, label
 ``topology.kubernetes.io/zone``), a seeded half of its GPU share already held by pods of
 the five shapes of bench_extender's mix, then in the same run, per policy:
 
@@ -48,8 +48,9 @@ SHAPES = {
 
 
 def busy_cluster(nodes: int, seed: int = 1) -> ClusterState:
+    zones = max(nodes // 50, 1)  # 50 nodes a zone
     state = ClusterState([uniform_node(f"node-{i:05d}", 96000, 1024 * 1024, 8, "A100-80GB",
-                                       81920, {ZONE_LABEL: f"zone-{i % 100:03d}"})
+                                       81920, {ZONE_LABEL: f"zone-{i % zones:03d}"})
                           for i in range(nodes)])
     placer, rng = Placer(make_policy("best-fit", PolicyConfig())), random.Random(seed)
     target, k = nodes * 8 * 500, 0  # half the GPU share, in milli-GPU
