@@ -41,6 +41,7 @@ KINDS: dict[str, Kind] = {
         Kind("nodes", "", "v1", "Node", False),
         Kind("secrets", "", "v1", "Secret", True),
         Kind("configmaps", "", "v1", "ConfigMap", True),
+        Kind("services", "", "v1", "Service", True),
         Kind("events", "", "v1", "Event", True),
         Kind("gpudevices", "gpupool.io", "v1alpha1", "GPUDevice", False),
         Kind("resourceclasses", "gpupool.io", "v1alpha1", "ResourceClass", False),

@@ -9,6 +9,11 @@ problems and hold nothing. Watches the API and reconciles
 on every change and every --resync-seconds; --once reconciles once,
 prints what it did and exits (0, or 1 if a write failed).
 
+With --remote-provider, keeps the slice servers of remote GPU slices: a server pod per
+slice on its decided node and GPU, its Service, its and its sidecar's session
+certificates (renewed, revoked at release), the state of each on its pod; lost servers'
+slices are placed again by the extender, and everything of a gone pod is removed.
+
 Replicas elect a leader through the Lease --lease-name in --lease-namespace (as
 kube-controller-manager does): only the leader reconciles, the others wait to take over.
 /metrics and /healthz are served on --metrics-port. See docs/controller.md and
@@ -24,6 +29,7 @@ from typing import Any
 
 from gpupool.cli.args import KUBECONFIG_HELP, bounded
 from gpupool.contract import names
+from gpupool.contract.slices import PROVIDERS
 from gpupool.kube.controller_ops import ControllerApi
 
 
@@ -74,6 +80,7 @@ def register(subparsers: Any) -> None:
                    help="count a GPU as stale in the metrics when its node agent has not "
                         "reported for this long (default 120, as the extender)")
     _healing_flags(p)
+    _slice_flags(p)
     p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     p.set_defaults(func=run)
 
@@ -97,6 +104,77 @@ def _healing_flags(p: Any) -> None:
                    help="ask node agents to repartition idle or growable GPUs in MIG mode for "
                         "pending pods whose MIG profile no GPU offers (off by default; the "
                         "agents need --mig-on-demand too; docs/design/mig.md)")
+
+
+def _slice_flags(p: argparse.ArgumentParser) -> None:
+    r = p.add_argument_group("remote GPU slices (docs/remote.md)")
+    r.add_argument("--remote-provider", choices=PROVIDERS, default="none",
+                   help="the data plane of remote slices: stub (gpupool's stand-in), lupine, "
+                        "or none: no slice server is started (default none)")
+    r.add_argument("--slice-namespace", default="gpupool-slices", metavar="NAMESPACE",
+                   help="the namespace of the slice servers, their Services and Secrets, the "
+                        "session CA and the revocation list: the controller's alone "
+                        "(default gpupool-slices)")
+    r.add_argument("--slice-server-image", default="", metavar="IMAGE",
+                   help="image of the slice servers (stub: gpupool's; lupine: LUPINE's server "
+                        "image with gpupool added; default none: required with "
+                        "--remote-provider)")
+    r.add_argument("--lupine-server-command", default="", metavar="COMMAND",
+                   help="with --remote-provider lupine: LUPINE's server in that image, "
+                        "{port} for its loopback port (default none: required)")
+    r.add_argument("--lupine-server-env", action="append", default=[], metavar="NAME=VALUE",
+                   help="a variable for LUPINE's server, repeatable (default SCUDA_PORT={port})")
+    r.add_argument("--slice-server-cpu", default="100m", metavar="QUANTITY",
+                   help="CPU each slice server pod requests (default 100m)")
+    r.add_argument("--slice-server-memory", default="128Mi", metavar="QUANTITY",
+                   help="memory each slice server pod requests and is limited to "
+                        "(default 128Mi)")
+    r.add_argument("--slice-lost-after", type=bounded(float, 1, 3600), default=30.0,
+                   metavar="SECONDS",
+                   help="a serving slice server not answering for this long is lost and its "
+                        "slice placed again (default 30)")
+    r.add_argument("--slice-start-deadline", type=bounded(float, 1, 86_400), default=300.0,
+                   metavar="SECONDS",
+                   help="a slice server not ready this long after it was made has failed "
+                        "(default 300)")
+    r.add_argument("--slice-retry-after", type=bounded(float, 1, 86_400), default=120.0,
+                   metavar="SECONDS",
+                   help="a lost or failed slice not placed elsewhere by then is served again "
+                        "where its decision says (default 120)")
+    r.add_argument("--session-lifetime", type=bounded(float, 60, 86_400 * 30), default=3600.0,
+                   metavar="SECONDS",
+                   help="lifetime of the sidecars' and servers' session certificates, "
+                        "renewed when a third is left (default 3600)")
+    r.add_argument("--mps-root", default="/run/gpupool/mps", metavar="DIR",
+                   help="the node agents' --mps-root, mounted into slice servers on MPS "
+                        "nodes (default /run/gpupool/mps)")
+    r.add_argument("--hami-core-library", default="/usr/local/vgpu/libvgpu.so",
+                   metavar="FILE",
+                   help="HAMi-core's library on the nodes, for slice servers on HAMi-core "
+                        "nodes (default /usr/local/vgpu/libvgpu.so)")
+
+
+def slice_settings(args: argparse.Namespace) -> tuple[Any, Any] | None:
+    """The slice servers' settings and timing (``sliceserver.ServerSettings``,
+    ``slicesplan.Timing``), or None without a provider; a missing image or command is a
+    one-line error."""
+    from gpupool.controller.sliceserver import ServerSettings
+    from gpupool.controller.slicesplan import Timing
+
+    if args.remote_provider == "none":
+        return None
+    if not args.slice_server_image:
+        raise SystemExit("gpupool controller: --remote-provider needs --slice-server-image")
+    if args.remote_provider == "lupine" and not args.lupine_server_command:
+        raise SystemExit("gpupool controller: --remote-provider lupine needs "
+                         "--lupine-server-command (LUPINE's server in its image)")
+    env = tuple(args.lupine_server_env) or ("SCUDA_PORT={port}",)
+    settings = ServerSettings(args.remote_provider, args.slice_namespace,
+                              args.slice_server_image,
+                              args.lupine_server_command, env, args.slice_server_cpu,
+                              args.slice_server_memory, args.mps_root, args.hami_core_library)
+    return settings, Timing(args.slice_lost_after, args.slice_start_deadline,
+                            args.slice_retry_after, args.session_lifetime)
 
 
 def _election_arguments(p: argparse.ArgumentParser) -> None:

@@ -19,6 +19,7 @@ import uuid
 
 from rich.console import Console
 
+from gpupool.cli.controller import slice_settings
 from gpupool.controller.deviceclasses import DeviceClassSync
 from gpupool.controller.evictions import Evictor
 from gpupool.controller.figures import DeviceMemo, Heartbeats, figures
@@ -28,6 +29,7 @@ from gpupool.controller.loop import Controller, Outcome, RoundObserver, WorldCac
 from gpupool.controller.metrics import ControllerMetrics, VerifyTally, serve
 from gpupool.controller.migplanner import MigPlanner
 from gpupool.controller.observed import Observed
+from gpupool.controller.slicekeeper import SliceKeeper
 from gpupool.kube.api import DraApi, KubeApi
 from gpupool.kube.controller_ops import ControllerApi
 from gpupool.kube.keystore import KeyRingSource
@@ -61,11 +63,22 @@ def reconcile(args: argparse.Namespace, api: ControllerApi) -> int:
                             observer=_observer(metrics, tally, args.pool_label,
                                                args.stale_after, args.metrics_every),
                             evictor=_evictor(args, api, metrics),
-                            mig=MigPlanner(api) if args.mig_on_demand else None)
+                            mig=MigPlanner(api) if args.mig_on_demand else None,
+                            slices=_slices(args, api, metrics))
     try:
         return _watch(args, controller, metrics)
     finally:
         _close(api, dra_api)
+
+
+def _slices(args: argparse.Namespace, api: ControllerApi, metrics: ControllerMetrics
+            ) -> SliceKeeper | None:
+    chosen = slice_settings(args)
+    if chosen is None:
+        log.info("remote GPU slices off (--remote-provider none)")
+        return None
+    settings, timing = chosen
+    return SliceKeeper(api, settings, timing, host=identity(), report=metrics.slices_kept)
 
 
 def _evictor(args: argparse.Namespace, api: ControllerApi, metrics: ControllerMetrics

@@ -112,6 +112,9 @@ def register(subparsers: Any) -> None:
     r.add_argument("--remote-provider", choices=PROVIDERS, default="none",
                    help="the data plane of remote slices: stub (gpupool's stand-in), lupine, "
                         "or none: remote-required pods are refused (default none)")
+    r.add_argument("--slice-namespace", default="gpupool-slices", metavar="NAMESPACE",
+                   help="the namespace of the slice servers and their Services: the sidecars' "
+                        "address (default gpupool-slices)")
     r.add_argument("--slice-client-image", default="", metavar="IMAGE",
                    help="image of the slice-client sidecar given to remote-required pods "
                         "(gpupool's image; default none: required with --remote-provider)")
@@ -137,7 +140,7 @@ def remote_of(args: argparse.Namespace) -> RemoteSettings:
     if args.remote_provider != "none" and not args.slice_client_image:
         raise SystemExit("gpupool webhook: --remote-provider needs --slice-client-image (the "
                          "image of the sidecar given to remote-required pods)")
-    return RemoteSettings(args.remote_provider, args.namespace, args.slice_client_image,
+    return RemoteSettings(args.remote_provider, args.slice_namespace, args.slice_client_image,
                           args.lupine_client_library, lambda: secrets.token_hex(8))
 
 

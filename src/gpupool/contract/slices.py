@@ -5,13 +5,13 @@ A ``remote-required`` pod gets, at admission, a **slice name** (``gpupool.io/sli
 16 lowercase hex digits the webhook draws) that names everything of its slice that must
 be known before the pod has a uid:
 
-* the Service ``gpupool-slice-<slice>`` in gpupool's namespace, in front of the slice
+* the Service ``gpupool-slice-<slice>`` in the slices' namespace, in front of the slice
   server (its address is the sidecar's ``--slice-server``: a server placed again on
   another node answers on the same address);
 * the TLS Secret ``gpupool-slice-<slice>`` in the pod's namespace, holding the sidecar's
   session certificate (the controller issues it once the pod is bound, bound to the
   pod's uid, and renews it), mounted by the sidecar;
-* the slice server pod ``gpupool-slice-<slice>-<n>`` in gpupool's namespace (``n``
+* the slice server pod ``gpupool-slice-<slice>-<n>`` in the slices' namespace (``n``
   counts the servers of the slice: a slice placed again gets the next one), with its own
   TLS Secret ``gpupool-slice-<slice>-server``.
 
@@ -42,6 +42,8 @@ CLIENT_STATUS_PORT = 14834  # the sidecar's /ready and /status
 LABEL_SLICE = "gpupool.io/slice"  # on the server pod, its Service's selector and Secrets
 LABEL_POD_UID = "gpupool.io/pod-uid"  # the workload pod the object serves
 LABEL_COMPONENT = "app.kubernetes.io/component"
+ANNOTATION_CLIENT_SERIAL = "gpupool.io/client-serial"  # on the server's Secret: the sidecar's
+ANNOTATION_CLIENT_EXPIRES = "gpupool.io/client-expires"  # certificate (hex; epoch seconds)
 COMPONENT = "slice-server"
 PROVIDERS = ("none", "stub", "lupine")
 """The data-plane providers a cluster may configure (``none``: no remote slices)."""
@@ -68,7 +70,7 @@ def client_secret(slice_name: str) -> str:
 
 
 def server_secret(slice_name: str) -> str:
-    """The slice server's TLS Secret, in gpupool's namespace."""
+    """The slice server's TLS Secret, in the slices' namespace."""
     return f"gpupool-slice-{slice_name}-server"
 
 

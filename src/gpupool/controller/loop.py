@@ -40,6 +40,7 @@ from gpupool.controller.reconcile import (
     Plan,
     reconcile,
 )
+from gpupool.controller.slicekeeper import SliceKeeper
 from gpupool.core.model import Labels, freeze_labels
 from gpupool.core.tenants import PermissionBook
 from gpupool.kube.api import KubeApi, Listing
@@ -52,6 +53,9 @@ log = logging.getLogger(__name__)
 KINDS = ("gpudevices", "resourceclasses", "resourcegroups", "pods")
 QUIET_S = 0.2
 """After an event, wait this long for more before reconciling (a burst is one round)."""
+SLICE_CHECK_S = 5.0
+"""While remote slices are served, rounds come at least this often (their servers'
+deadlines are counted between rounds)."""
 
 
 def utc_now() -> str:
@@ -146,7 +150,7 @@ class Controller:
     def __init__(self, api: ControllerApi, clock: Callable[[], str] = utc_now, *,
                  verify: Verify | None, device_classes: DeviceClassSync | None = None,
                  observer: RoundObserver | None = None, evictor: Evictor | None = None,
-                 mig: MigPlanner | None = None):
+                 mig: MigPlanner | None = None, slices: SliceKeeper | None = None):
         """``verify`` checks each decision's signature (``KeyRingSource.verify``, which
         remembers outcomes until the published keys change); None
         counts unsigned decisions too (only for clusters without gpupool's extender).
@@ -156,6 +160,7 @@ class Controller:
         self.observer = observer
         self.evictor = evictor
         self.mig = mig  # MIG on demand (``migplanner``): None, off
+        self.slices = slices  # remote slices' servers (``slicekeeper``): None, none
         self.api = api
         self.device_classes = device_classes
         self.clock = clock
@@ -302,7 +307,8 @@ class Controller:
                                              world.objects("pods"))
                 if outcome.writes or outcome.failures:
                     log.info("reconciled: %s", outcome.summary())
-                wait = self._heal(observed, world, stop, resync_s)
+                wait = min(self._heal(observed, world, stop, resync_s),
+                           self._keep_slices(observed, world, stop, resync_s))
                 if self.mig is not None and not stop.is_set():
                     self.mig.round(observed, world.objects("gpudevices"), world.objects("pods"))
                 if self.observer is not None:
@@ -328,6 +334,17 @@ class Controller:
         if plan.next_s is None:
             return resync_s
         return min(resync_s, max(plan.next_s - self.evictor.clock(), QUIET_S))
+
+    def _keep_slices(self, observed: Observed, world: WorldCache, stop: threading.Event,
+                     resync_s: float) -> float:
+        """Keep the servers of remote slices (``slicekeeper.SliceKeeper``); how long to wait
+        for the next round: while any slice is served, at most ``SLICE_CHECK_S`` (a server
+        that stops answering is noticed within its deadline)."""
+        if self.slices is None:
+            return resync_s
+        done = self.slices.keep(observed, world.objects("pods"), world.objects("gpudevices"),
+                                stop)
+        return min(resync_s, SLICE_CHECK_S) if done is not None else resync_s
 
 
 def _over(ended: threading.Event | None) -> bool:

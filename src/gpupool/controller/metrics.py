@@ -13,7 +13,9 @@ rounds: ``gpupool_controller_reconcile_seconds``, ``..._reconciles_total{result}
 fairly: ``gpupool_controller_tenant_fair_share{tenant, cohort, resource, kind}`` (kind
 ``wanted``, ``share``, ``entitled``), ``..._fair_share_ratio{tenant, cohort, resource}``
 (used over entitled) and ``..._fair_share_dominant_ratio{tenant, cohort}``; healing:
-``gpupool_controller_healing_total{cause, outcome}`` (docs/controller.md, "Healing").
+``gpupool_controller_healing_total{cause, outcome}`` (docs/controller.md, "Healing"); remote
+slices: ``gpupool_controller_remote_slices{state}`` and
+``gpupool_controller_remote_slices_lost_total`` (docs/remote.md).
 
 The cluster figures are set by the leader only, after each round; a replica that does
 not lead clears them (summing over replicas never counts twice).
@@ -121,6 +123,13 @@ class ControllerMetrics:
                                    "Pods of failed GPUs or silent nodes, by cause and what "
                                    "became of their eviction", ["cause", "outcome"],
                                    registry=r)
+        self.remote_slices = Gauge("gpupool_controller_remote_slices",
+                                   "Remote GPU slices by the state of their slice server "
+                                   "(starting, serving, lost, failed, unserved)", ["state"],
+                                   registry=r)
+        self.slices_lost = PromCounter("gpupool_controller_remote_slices_lost_total",
+                                       "Slice servers found lost (serving, then silent past "
+                                       "the deadline)", registry=r)
         self._lock = threading.Lock()
         for result in ("ok", "failed"):
             self.rounds.labels(result)
@@ -128,6 +137,12 @@ class ControllerMetrics:
     def healed(self, cause: str, outcome: str) -> None:
         """One pod healing acted on (``evictions.Evictor``'s tally)."""
         self.healing.labels(cause, outcome).inc()
+
+    def slices_kept(self, done: Any) -> None:
+        """A round of ``slicekeeper.SliceKeeper`` (its ``SlicePlan``)."""
+        for state in ("starting", "serving", "lost", "failed", "unserved"):
+            self.remote_slices.labels(state).set(done.states.get(state, 0))
+        self.slices_lost.inc(done.lost)
 
     # -- rounds --------------------------------------------------------------------------------
     def round_done(self, figs: Figures, observed: Observed, seconds: float, failures: int,

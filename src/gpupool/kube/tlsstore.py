@@ -2,7 +2,8 @@
 
 * Secret ``gpupool-ca`` (type Opaque: ``ca.crt``, ``ca.key``) in gpupool's namespace:
   the certificate authority. Readable only by the components that issue (the extender
-  and the admission webhook).
+  and the admission webhook). Remote slices' session certificates come from a CA of their
+  own, ``gpupool-slice-ca``, which only the controller reads (``ensure_ca``'s ``name``).
 * A leaf per use, as a ``kubernetes.io/tls`` Secret (``tls.crt``, ``tls.key``,
   ``ca.crt``): made when missing, and made again when it is due for renewal
   (``certs.renewal_due``), names other DNS names than wanted, or was not issued by the
@@ -40,25 +41,26 @@ class Leaf:
     ca_cert: str
 
 
-def ensure_ca(kube: KubeApi, namespace: str, now: float) -> PemPair:
-    """The CA, made on first use (and made again when due: leaves follow)."""
+def ensure_ca(kube: KubeApi, namespace: str, now: float, name: str = CA_SECRET) -> PemPair:
+    """The CA in Secret ``name``, made on first use (and made again when due: leaves
+    follow)."""
     for _ in range(ATTEMPTS):
         try:
-            data, version = kube.get_secret_data(namespace, CA_SECRET)
+            data, version = kube.get_secret_data(namespace, name)
         except NotFound:
             data, version = {}, ""
         ca = PemPair(data.get("ca.crt", ""), data.get("ca.key", ""))
         if ca.cert and ca.key and not certs.renewal_due(ca.cert, now, fraction=0.1):
             return ca
-        fresh = certs.new_ca("gpupool-ca", now)
+        fresh = certs.new_ca(name, now)
         try:
-            kube.put_secret_data(namespace, CA_SECRET, {"ca.crt": fresh.cert,
-                                                        "ca.key": fresh.key}, version or None)
+            kube.put_secret_data(namespace, name, {"ca.crt": fresh.cert,
+                                                   "ca.key": fresh.key}, version or None)
         except (AlreadyExists, Conflict):
             continue
-        log.info("made gpupool's certificate authority in Secret %s/%s", namespace, CA_SECRET)
+        log.info("made gpupool's certificate authority in Secret %s/%s", namespace, name)
         return fresh
-    raise KubeError(f"Secret {namespace}/{CA_SECRET} kept changing while it was made")
+    raise KubeError(f"Secret {namespace}/{name} kept changing while it was made")
 
 
 def read_pair(kube: KubeApi, namespace: str, name: str) -> Leaf:

@@ -103,6 +103,11 @@ def read_credential(der: bytes) -> Credential:
     return _credential(cert)
 
 
+def credential_of(pem: str) -> Credential:
+    """A certificate (PEM, as a TLS Secret holds it) as a ``Credential``."""
+    return _credential(load_certificate(pem))
+
+
 def _credential(cert: x509.Certificate) -> Credential:
     try:
         sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value

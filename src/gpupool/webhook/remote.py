@@ -46,7 +46,7 @@ class RemoteSettings:
     """A deployment's data-plane provider and where its slice servers live."""
 
     provider: str = "none"  # contract.slices.PROVIDERS
-    namespace: str = "gpupool-system"  # gpupool's: the slices' Services
+    namespace: str = "gpupool-slices"  # the slice servers' and their Services'
     image: str = ""  # the sidecar's image (gpupool's own)
     lupine_preload: str = ""  # LUPINE's client library in the workload's image, if preloaded
     new_slice: Callable[[], str] = lambda: ""  # draws a slice name (the CLI: 16 hex digits)

