@@ -4,7 +4,12 @@ AdmissionReview denial naming the problem when the request's uid can be read, el
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable, Iterator
+
 import pytest
+
+from gpupool.contract.jsondepth import MAX_DEPTH
 
 from .builders import body, pod, review
 from .conftest import Webhook
@@ -31,6 +36,36 @@ def test_json_nested_deeper_than_can_be_read_gets_400_naming_the_nesting(
         status, out = webhook.post(path, _nested(depth))
         assert status == 400 and "nested too deeply" in out["error"], out
     assert webhook.post("/validate", body(review(pod())))[1]["response"]["allowed"] is True
+
+
+@pytest.fixture
+def recursion_limit() -> Iterator[Callable[[int], None]]:
+    """Sets the interpreter's recursion limit (as a test runner's worker may), then puts
+    it back."""
+    before = sys.getrecursionlimit()
+    yield sys.setrecursionlimit
+    sys.setrecursionlimit(before)
+
+
+@pytest.mark.parametrize("limit", [200_000, 800])
+@pytest.mark.parametrize("depth", [MAX_DEPTH + 1, 1_000, 5_000])
+def test_the_nesting_refused_does_not_depend_on_the_recursion_limit(
+        webhook: Webhook, recursion_limit: Callable[[int], None], limit: int,
+        depth: int) -> None:
+    recursion_limit(limit)
+    for path in ("/validate", "/mutate"):
+        status, out = webhook.post(path, _nested(depth))
+        assert status == 400 and "nested too deeply" in out["error"], out
+        assert f"more than {MAX_DEPTH} levels" in out["error"]
+
+
+@pytest.mark.parametrize("limit", [200_000, 800])
+def test_json_nested_to_the_limit_is_judged_whatever_the_recursion_limit(
+        webhook: Webhook, recursion_limit: Callable[[int], None], limit: int) -> None:
+    recursion_limit(limit)
+    depth = MAX_DEPTH - 6  # the review's own levels above spec.x
+    status, out = webhook.post("/validate", _nested(depth))
+    assert status == 200 and out["response"] == {"uid": "deep-1", "allowed": True}
 
 
 @pytest.mark.parametrize("raw", [b"[" * 100_000, b'{"a":' * 50_000])

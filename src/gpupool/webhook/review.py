@@ -1,7 +1,8 @@
 """AdmissionReview v1 in and out: the wire format the API server speaks to webhooks.
 
 ``read_review`` turns a request body into a ``Request`` (or raises ``BadReview``
-saying what is wrong — also for JSON nested too deeply or a number too long to read —
+saying what is wrong — also for JSON nested more than ``jsondepth.MAX_DEPTH`` levels or a
+number too long to read —
 which the server answers with a denial to ``uid_of(body)``, or with HTTP 400 where no
 ``request.uid`` can be read: there is nothing to answer to). ``answer`` turns a ``Verdict`` into
 the AdmissionReview response body: ``allowed``, a ``status`` with the message a
@@ -17,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpupool.contract import jsondepth
 from gpupool.core.errors import InvalidInput
 
 API_VERSION = "admission.k8s.io/v1"
@@ -124,14 +126,20 @@ def _integer(text: str) -> int:
 
 
 def _json(body: bytes, integer: Callable[[str], object]) -> Any:
-    """``body`` read as JSON; ``BadReview`` for what is no JSON or cannot be read."""
+    """``body`` read as JSON; ``BadReview`` for what is no JSON or cannot be read (nested
+    more than ``jsondepth.MAX_DEPTH`` levels: checked before reading, so the answer never
+    depends on the interpreter's recursion limit)."""
+    too_deep = BadReview(f"the body is not JSON that can be read: it is nested too deeply "
+                         f"(more than {jsondepth.MAX_DEPTH} levels; no Kubernetes object "
+                         "comes near)")
+    if jsondepth.deeper_than(body):
+        raise too_deep
     try:
         return json.loads(body, parse_int=integer)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise BadReview(f"the body is not JSON ({exc})") from None
-    except RecursionError:
-        raise BadReview("the body is not JSON that can be read: it is nested too deeply "
-                        "(no Kubernetes object comes near)") from None
+    except RecursionError:  # a recursion limit set below MAX_DEPTH: refused all the same
+        raise too_deep from None
 
 
 def read_review(body: bytes) -> Request:

@@ -19,6 +19,9 @@ Bounded work per request:
   throws it away; so is a body that would take the bodies being read at once past
   ``budget_bytes``;
 * a body is read into one buffer of its declared length (no chunk list, no join copy);
+* a body nested more than ``jsondepth.MAX_DEPTH`` levels deep is refused before it is
+  decoded (the decoders recurse per level; the answer must not depend on the
+  interpreter's recursion limit);
 * decoding and deciding run off the event loop, on the app's own thread pools (two
   threads decide, sixteen bind: kube-scheduler binds asynchronously, up to its
   parallelism), so the event loop keeps reading other calls while one is decided —
@@ -50,6 +53,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
+from gpupool.contract import jsondepth
 from gpupool.core.errors import InvalidInput
 from gpupool.extender.dra.drafilter import claims_filter_json
 from gpupool.extender.dra.drascores import claims_priorities_json
@@ -185,6 +189,10 @@ class ExtenderApp:
             return None
         if isinstance(body, str):
             return self._refuse(name, f"gpupool {name}: {body}")
+        if jsondepth.deeper_than(body):  # before any decoder recurses into it
+            return self._refuse(name, f"gpupool {name}: the request body is JSON nested more "
+                                      f"than {jsondepth.MAX_DEPTH} levels deep (no Kubernetes "
+                                      "object comes near)")
         if name in INLINE_VERBS and len(body) <= self.inline_bytes:
             return handler(body)  # a small filter: less work than the thread hop costs
         pool = self.binds if name == "bind" else self.decide

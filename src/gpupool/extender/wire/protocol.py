@@ -301,6 +301,8 @@ def decode(body: bytes | bytearray, what: str) -> Any:
         return msgspec.json.decode(body)
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise InvalidInput(f"gpupool {what}: the request is not valid JSON ({exc})") from None
+    except RecursionError:  # the HTTP face refuses deeper bodies before: a lower limit
+        raise InvalidInput(f"gpupool {what}: the request is JSON nested too deeply") from None
 
 
 def encode(result: Any) -> bytes:
