@@ -69,6 +69,14 @@ def test_a_pod_may_set_mode_and_affinity() -> None:
     assert check(review(gpu_pod(annotations=notes))).allowed
 
 
+def test_a_pod_may_opt_out_of_healing_at_creation_and_later() -> None:
+    notes = {"gpupool.io/healing": "off"}
+    assert check(review(gpu_pod(annotations=notes))).allowed
+    old = gpu_pod(node="n1")
+    assert check(review(gpu_pod(node="n1", annotations=notes), operation="UPDATE",
+                        old=old)).allowed
+
+
 def test_a_user_adding_a_decision_to_a_running_pod_is_refused() -> None:
     old = gpu_pod(node="n1")
     new = gpu_pod(node="n1", annotations=DECISION)

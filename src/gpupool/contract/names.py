@@ -15,6 +15,7 @@ LABEL_GROUP = "gpupool.io/group"
 ANNOTATION_MODE = "gpupool.io/mode"  # exclusive | shared
 ANNOTATION_AFFINITY = "gpupool.io/affinity"  # pod | least-loaded
 ANNOTATION_PLACEMENT = "gpupool.io/placement"  # local | remote-allowed | remote-required
+ANNOTATION_HEALING = "gpupool.io/healing"  # "off": the controller never evicts it to heal it
 ANNOTATION_MEMORY_LIMIT = "gpupool.io/gpu-memory-limit"  # burst limit, MiB per GPU
 ANNOTATION_CORE_LIMIT = "gpupool.io/gpu-core-limit"  # burst limit, percent of one GPU
 

@@ -35,8 +35,9 @@ from gpupool.contract import names
 from gpupool.contract.devices import DeviceRecord
 from gpupool.controller.observed import PodHolding
 
-ANNOTATION_HEALING = f"{names.GROUP}/healing"
-"""``off`` on a pod: never evict it to heal it."""
+ANNOTATION_HEALING = names.ANNOTATION_HEALING
+"""``off`` on a pod: never evict it to heal it (pod authors may set it: the webhook's
+``USER_KEYS``)."""
 
 
 class Cause(StrEnum):

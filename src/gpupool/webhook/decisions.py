@@ -2,13 +2,14 @@
 
 A pod's ``gpupool.io/*`` annotations (except those a user sets: ``gpupool.io/mode``,
 ``gpupool.io/affinity`` and the burst limits ``gpupool.io/gpu-memory-limit`` and
-``gpupool.io/gpu-core-limit``, which bind reads and records in the decision, and
-``gpupool.io/placement``) are gpupool's record of a GPU decision. Nobody may create
-a pod carrying them, and an update may add, change or remove them only when the
-caller's account is allowed that key (``Writers``): the node agent its phase, reason,
-device claim and over-use record; the extender writes decisions only through the Binding
-(``pods/binding``), which the same rule checks. Signatures still protect a decision
-that slips past (docs/security.md); this rule makes the attempt visible and early.
+``gpupool.io/gpu-core-limit``, which bind reads and records in the decision,
+``gpupool.io/placement`` and ``gpupool.io/healing``, the pod's own opt-out of healing)
+are gpupool's record of a GPU decision. Nobody may create a pod carrying them, and an
+update may add, change or remove them only when the caller's account is allowed that key
+(``Writers``): the node agent its phase, reason, device claim and over-use record; the
+extender writes decisions only through the Binding (``pods/binding``), which the same
+rule checks. Signatures still protect a decision that slips past (docs/security.md); this
+rule makes the attempt visible and early.
 Pure: no I/O.
 """
 
@@ -23,7 +24,7 @@ from gpupool.contract import names
 PREFIX = "gpupool.io/"
 USER_KEYS = frozenset({names.ANNOTATION_MODE, names.ANNOTATION_AFFINITY,
                        names.ANNOTATION_MEMORY_LIMIT, names.ANNOTATION_CORE_LIMIT,
-                       names.ANNOTATION_PLACEMENT})
+                       names.ANNOTATION_PLACEMENT, names.ANNOTATION_HEALING})
 DECISION_KEYS = frozenset({
     names.ANNOTATION_ALLOCATION, names.ANNOTATION_NODE, names.ANNOTATION_BIND_TIME,
     names.ANNOTATION_PHASE, names.ANNOTATION_REASON, names.ANNOTATION_SIGNATURE,
