@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from gpupool.core import topology
-from gpupool.core.fit import feasible
 from gpupool.core.allocation import Allocation
+from gpupool.core.fit import feasible
 from gpupool.core.gpus import build_allocation, pick_gpus
 from gpupool.core.model import Node
 from gpupool.core.request import GpuDemand, Mode, PodRequest
