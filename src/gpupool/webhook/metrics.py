@@ -5,10 +5,19 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
+RESOURCES = frozenset({"pods", "pods/status", "pods/ephemeralcontainers", "pods/binding",
+                       "pods/eviction", "resourceclasses", "resourcegroups", "tenantquotas",
+                       "gpupermissions"})
+"""What the shipped webhook configurations send (charts/gpupool's webhooks.yaml)."""
+OPERATIONS = frozenset({"CREATE", "UPDATE", "DELETE", "CONNECT"})
+OTHER = "other"
+"""The ``resource`` or ``operation`` label of a review naming anything else: the labels
+come from the request body, and whoever reaches the webhook's port can write any."""
 
 
 class Metrics:
-    """Reviews by endpoint, resource, operation and outcome; latency; bad bodies; TLS."""
+    """Reviews by endpoint, resource, operation and outcome (``reviewed``); latency; bad
+    bodies; TLS."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -34,3 +43,9 @@ class Metrics:
         self.bundle_writes = Counter("gpupool_webhook_ca_bundle_writes_total",
                                      "caBundle updates written to webhook configurations",
                                      registry=self.registry)
+
+    def reviewed(self, endpoint: str, resource: str, operation: str, outcome: str) -> None:
+        """Count one review; a resource or operation not in ``RESOURCES`` / ``OPERATIONS``
+        is counted as ``other`` (label values stay bounded whatever bodies arrive)."""
+        self.reviews.labels(endpoint, resource if resource in RESOURCES else OTHER,
+                            operation if operation in OPERATIONS else OTHER, outcome).inc()

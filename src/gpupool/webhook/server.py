@@ -98,8 +98,7 @@ class WebhookApp:
             return 200, answer(uid, Verdict.deny(f"gpupool webhook: {exc}", 400, "BadRequest"))
         verdict = self._judge(endpoint, rule, request)
         self.metrics.latency.labels(endpoint).observe(time.perf_counter() - started)
-        self.metrics.reviews.labels(endpoint, request.what, request.operation,
-                                    verdict.outcome).inc()
+        self.metrics.reviewed(endpoint, request.what, request.operation, verdict.outcome)
         _log(endpoint, request, verdict)
         return 200, answer(request.uid, verdict)
 
