@@ -22,7 +22,8 @@ H100 80GB and H200 141GB, without the media-extension (``+me``) profiles. Memory
 profile's nominal size (the GB in its name, as MiB); a real node publishes the memory
 NVML reports for each MIG device, which is a little less.
 
-Pure: no I/O.
+Pure: no I/O (the layout rules are remembered per layout shape: a plan asks them of the
+same few layouts many times).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 from gpupool.core.errors import InvalidInput, UnknownName
 
@@ -103,6 +105,7 @@ GEOMETRIES: tuple[MigGeometry, ...] = (
 """The GPUs whose MIG profiles gpupool knows (MIG user guide, "Supported MIG Profiles")."""
 
 
+@lru_cache(maxsize=256)
 def geometry_of(model: str, memory_mib: int) -> MigGeometry | None:
     """The MIG geometry of a GPU from its model name and memory (None: not one gpupool
     knows — a GPU without MIG, or one whose profiles are not in the catalogue)."""
@@ -119,6 +122,7 @@ def geometry_of(model: str, memory_mib: int) -> MigGeometry | None:
     return None
 
 
+@lru_cache(maxsize=16)
 def by_name(name: str) -> MigGeometry:
     for g in GEOMETRIES:
         if g.name == name:
@@ -229,18 +233,27 @@ def check_layout(geometry: MigGeometry, devices: Sequence[MigDevice], where: str
         raise InvalidInput(f"{where}: {problem}")
 
 
+Shape = tuple[tuple[int, int, int], ...]
+"""A layout as (start, size, compute slices) per device, by start: all its rules read."""
+
+
+def shape_of(devices: Iterable[MigDevice]) -> Shape:
+    return tuple(sorted((d.start, d.size, d.slices) for d in devices))
+
+
 def free_starts(geometry: MigGeometry, devices: Sequence[MigDevice], profile: str
                 ) -> list[int]:
     """Where one more ``profile`` device could be created beside ``devices``."""
-    p = geometry.profile(profile)
-    taken = {s for d in devices for s in d.memory_slices()}
-    if sum(d.slices for d in devices) + p.slices > COMPUTE_SLICES:
-        return []
-    return [s for s in p.starts if not taken & set(range(s, s + p.size))]
+    return list(_free_starts(geometry.name, shape_of(devices), profile))
 
 
-def free_compute(devices: Iterable[MigDevice]) -> int:
-    return COMPUTE_SLICES - sum(d.slices for d in devices)
+@lru_cache(maxsize=1 << 14)
+def _free_starts(geometry: str, shape: Shape, profile: str) -> tuple[int, ...]:
+    p = by_name(geometry).profile(profile)
+    taken = {s for start, size, _ in shape for s in range(start, start + size)}
+    if sum(slices for _, _, slices in shape) + p.slices > COMPUTE_SLICES:
+        return ()
+    return tuple(s for s in p.starts if not taken & set(range(s, s + p.size)))
 
 
 def stranded(geometry: MigGeometry, devices: Sequence[MigDevice],
@@ -249,20 +262,33 @@ def stranded(geometry: MigGeometry, devices: Sequence[MigDevice],
     ``Σ_p w_p · [no p fits] · free compute slices``, ``w`` the share of each profile in
     the demand (FGD's fragmentation measure, in MIG slices). An empty ``weights`` weighs
     the geometry's profiles alike."""
-    free = free_compute(devices)
-    if free == 0:
+    return _stranded(geometry.name, shape_of(devices), tuple(sorted(weights.items())))
+
+
+@lru_cache(maxsize=1 << 14)
+def _stranded(geometry: str, shape: Shape, weights: tuple[tuple[str, float], ...]) -> float:
+    free = COMPUTE_SLICES - sum(slices for _, _, slices in shape)
+    if free <= 0:
         return 0.0
-    mix = normalised(geometry, weights)
-    return sum(w * free for name, w in mix.items() if not free_starts(geometry, devices, name))
+    mix = _normalised(geometry, weights)
+    return sum(w * free for name, w in mix if not _free_starts(geometry, shape, name))
 
 
 def normalised(geometry: MigGeometry, weights: Mapping[str, float]) -> dict[str, float]:
     """``weights`` restricted to the geometry's profiles, summing to 1 (alike when none)."""
-    mix = {p.name: float(weights.get(p.name, 0.0)) for p in geometry.profiles}
+    return dict(_normalised(geometry.name, tuple(sorted(weights.items()))))
+
+
+@lru_cache(maxsize=256)
+def _normalised(name: str, weights: tuple[tuple[str, float], ...]
+                ) -> tuple[tuple[str, float], ...]:
+    geometry = by_name(name)
+    given = dict(weights)
+    mix = {p.name: float(given.get(p.name, 0.0)) for p in geometry.profiles}
     total = sum(w for w in mix.values() if w > 0)
     if total <= 0:
-        return {p.name: 1.0 / len(geometry.profiles) for p in geometry.profiles}
-    return {k: max(w, 0.0) / total for k, w in mix.items()}
+        return tuple((p.name, 1.0 / len(geometry.profiles)) for p in geometry.profiles)
+    return tuple((k, max(w, 0.0) / total) for k, w in mix.items())
 
 
 def describe_layout(devices: Iterable[MigDevice]) -> str:

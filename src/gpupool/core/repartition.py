@@ -113,22 +113,55 @@ def plan(state: ClusterState, request: PodRequest, constraints: Constraints = NO
          ) -> Plan | None:
     """The best repartition that lets ``request`` run, or None: it asks no MIG device, it
     fits somewhere already, or no node's idle or growable GPUs can offer its devices."""
-    if not request.gpus or constraints.blocked is not None:
-        return None
-    demand = merged_demand(request)
-    if not demand.mig_profile:
-        return None
-    nodes = _candidate_nodes(state, request, constraints)
-    fit = gpu_fit_mask(state, demand, constraints.gpu_mask)
-    if bool((fit[nodes].sum(axis=1) >= demand.count).any()):
-        return None
-    best: tuple[tuple[float, int, int], Plan] | None = None
-    for i in nodes:
-        found = _plan_node(state, int(i), request.key, demand, int(fit[i].sum()),
-                           weights or {}, allowed)
-        if found is not None and (best is None or found[0] < best[0]):
-            best = found
-    return None if best is None else best[1]
+    return Planner().plan(state, request, constraints, weights, allowed)
+
+
+_Found = tuple[tuple[float, int, int], Plan] | None
+
+
+class Planner:
+    """``plan``, remembering each node's best change until the node's row changes (its
+    ``state.version``): the simulator asks for thousands of pods while one node changes at
+    a time. Not thread-safe; only calls without ``allowed`` are remembered."""
+
+    def __init__(self) -> None:
+        self._versions: object = None
+        self._memo: dict[tuple[object, ...], _Found] = {}
+
+    def plan(self, state: ClusterState, request: PodRequest,
+             constraints: Constraints = NO_CONSTRAINTS,
+             weights: Mapping[str, float] | None = None, allowed: Allowed | None = None
+             ) -> Plan | None:
+        if not request.gpus or constraints.blocked is not None:
+            return None
+        demand = merged_demand(request)
+        if not demand.mig_profile:
+            return None
+        nodes = _candidate_nodes(state, request, constraints)
+        fit = gpu_fit_mask(state, demand, constraints.gpu_mask)
+        if bool((fit[nodes].sum(axis=1) >= demand.count).any()):
+            return None
+        if self._versions is not state.version:  # a new layout: every row is new
+            self._versions, self._memo = state.version, {}
+        mix = tuple(sorted((weights or {}).items()))
+        best: _Found = None
+        for i in nodes:
+            key = (int(i), int(state.version[i]), demand.mig_profile, demand.count,
+                   int(fit[i].sum()), mix)
+            if allowed is None and key in self._memo:
+                found = self._memo[key]
+            else:
+                found = _plan_node(state, int(i), request.key, demand, int(fit[i].sum()),
+                                   dict(mix), allowed)
+                if allowed is None:
+                    self._memo[key] = found
+            if found is not None and (best is None or found[0] < best[0]):
+                best = found
+        if best is None:
+            return None
+        return replace(best[1], key=request.key, changes=tuple(
+            replace(c, reason=_reason(request.key, demand, c.destroy, c.create))
+            for c in best[1].changes))
 
 
 def _candidate_nodes(state: ClusterState, request: PodRequest, constraints: Constraints
@@ -154,15 +187,16 @@ def _plan_node(state: ClusterState, i: int, key: str, demand: GpuDemand, have: i
     changed = [g for g in gpus if g.created]
     changes = tuple(Change(node.name, g.gpu.uuid, g.gpu.index, g.before(),
                            tuple(g.destroyed), tuple(g.created),
-                           _reason(key, demand, g)) for g in changed)
+                           _reason(key, demand, g.destroyed, g.created)) for g in changed)
     rebuilds = sum(1 for g in changed if g.destroyed)
     return (cost, rebuilds, i), Plan(key, node.name, changes, cost)
 
 
-def _reason(key: str, demand: GpuDemand, g: _Gpu) -> str:
-    made = ", ".join(d.describe() for d in g.created)
-    how = (f"its idle MIG devices {mig.describe_layout(g.destroyed)} destroyed, "
-           if g.destroyed else "")
+def _reason(key: str, demand: GpuDemand, destroyed: Sequence[MigDevice],
+            created: Sequence[MigDevice]) -> str:
+    made = ", ".join(d.describe() for d in created)
+    how = (f"its idle MIG devices {mig.describe_layout(destroyed)} destroyed, "
+           if destroyed else "")
     return (f"pod {key} asks {demand.describe()} and no GPU offers them: {how}{made} "
             "created")
 

@@ -142,11 +142,14 @@ class ClusterState:
                 bool(self.healthy[i, j]) == g.healthy for j, g in enumerate(node.gpus)):
             return []
         kept = list(self._by_node.get(node.name, {}).values())
-        for alloc in kept:
-            self._forget(alloc)
-        nodes = list(self.nodes)
-        nodes[i] = node
-        self._rebuild(nodes)
+        if len(node.gpus) <= self.width:
+            self._refill(i, node, kept)  # the other rows stay as they are
+        else:
+            for alloc in kept:
+                self._forget(alloc)
+            nodes = list(self.nodes)
+            nodes[i] = node
+            self._rebuild(nodes)
         sick = self.present[i] & ~self.healthy[i]
         self.healthy[i] |= sick  # re-seat existing allocations whatever the health
         lost = []
@@ -158,6 +161,25 @@ class ClusterState:
         self.healthy[i] &= ~sick
         self._refresh_row(i)
         return lost
+
+    def _refill(self, i: int, node: Node, kept: list[Allocation]) -> None:
+        """Row ``i`` made ``node`` in place (its GPUs fit the arrays' width): what ``kept``
+        held is given back and forgotten, the row emptied and filled again; a new layout,
+        as after ``_rebuild``."""
+        for alloc in kept:
+            self._apply(alloc, +1)
+            self._forget(alloc)
+        self.unit_cap = self.unit_cap.copy()  # a new capacity array (``fit``'s memo keys on it)
+        for row in (self.present, self.healthy):
+            row[i] = False
+        for row in (self.core_cap, self.core_free, self.unit_cap, self.unit_free,
+                    self.mig_kind):
+            row[i] = 0
+        self.nodes[i] = node
+        self.layout = object()
+        self._fill_row(i, node)
+        self._refresh_maxima()
+        self.epoch += 1
 
     def set_health(self, node: str, gpu_uuid: str, healthy: bool) -> None:
         i = self.node_index(node)
