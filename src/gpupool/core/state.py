@@ -170,11 +170,11 @@ class ClusterState:
             self._apply(alloc, +1)
             self._forget(alloc)
         self.unit_cap = self.unit_cap.copy()  # a new capacity array (``fit``'s memo keys on it)
-        for row in (self.present, self.healthy):
-            row[i] = False
-        for row in (self.core_cap, self.core_free, self.unit_cap, self.unit_free,
-                    self.mig_kind):
-            row[i] = 0
+        for flags in (self.present, self.healthy):
+            flags[i] = False
+        for amounts in (self.core_cap, self.core_free, self.unit_cap, self.unit_free,
+                        self.mig_kind):
+            amounts[i] = 0
         self.nodes[i] = node
         self.layout = object()
         self._fill_row(i, node)
