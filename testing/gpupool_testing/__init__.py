@@ -7,6 +7,8 @@ shipped in the container image, and product code must not import it (checked by
 * ``fake_apiserver.FakeApiServer`` — a FAKE in-memory Kubernetes API server on
   127.0.0.1 (the one test seam in front of the real API), over
   ``fake_store.Store`` (objects, watch history, selectors, merge patch).
+* ``rawhttp`` — not a fake: a bare HTTP/1.1 client that sends a body in chosen pieces
+  and reads the answer with llhttp (fuzz tests and benchmarks of the HTTP servers).
 """
 
 from pathlib import Path
