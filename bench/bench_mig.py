@@ -20,6 +20,8 @@ import statistics
 import time
 from pathlib import Path
 
+from bench_remote import mean_std  # bench/ is the script's own directory
+
 from gpupool.cli.simulate import seeds as parse_seeds
 from gpupool.core.policies import DEFAULT_POLICY
 from gpupool.core.policies.config import PolicyConfig
@@ -32,11 +34,6 @@ TRACE_DIR = REPO.parent / "shared" / "traces" / "alibaba-gpu-2023"
 NODES = "openb_node_list_gpu_node.csv"
 TRACES = ("default", "gpushare20")
 MIG_MODELS = frozenset({"G2", "G3"})
-
-
-def mean_std(values: list[float]) -> str:
-    std = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.fmean(values):.2f} ± {std:.2f}"
 
 
 def row(trace: str, runs: list[MigRun]) -> str:
