@@ -13,6 +13,7 @@ from gpupool.contract import annotations as records
 from gpupool.contract import names
 from gpupool.core.allocation import Allocation
 from gpupool.core.policies import DEFAULT_POLICY
+from gpupool.core.serving import ServingConfig
 from gpupool.extender.metrics import Metrics
 from gpupool.extender.preemption.plans import PreemptionSettings
 from gpupool.extender.service import Extender, Settings
@@ -103,7 +104,8 @@ class Replica:
     def __init__(self, fake: FakeApiServer, policy: str = DEFAULT_POLICY, seed: int = 0,
                  stale_after_s: float = 120.0, clock: Callable[[], float] = time.time,
                  scheduler_name: str = "gpupool-scheduler",
-                 preemption: PreemptionSettings | None = None):
+                 preemption: PreemptionSettings | None = None,
+                 serving: ServingConfig | None = None):
         self.api = KubeApi.connect(server=fake.url)
         self.keys = decision_keys(self.api, clock)
         metrics = Metrics()
@@ -111,7 +113,8 @@ class Replica:
                                   decisions=DecisionCheck(self.keys, metrics.unverified))
         self.feeds: Feeds = start_feeds(self.api, self.cache, watch_timeout_s=2)
         settings = Settings(policy, seed=seed, scheduler_name=scheduler_name,
-                            preemption=preemption or PreemptionSettings())
+                            preemption=preemption or PreemptionSettings(),
+                            serving=serving or ServingConfig())
         self.extender = Extender(self.cache, settings, metrics, self.api, self.keys, clock)
 
     def close(self) -> None:

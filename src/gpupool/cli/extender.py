@@ -33,6 +33,7 @@ import uvicorn
 from gpupool.cli.args import KUBECONFIG_HELP, add_log_level, bounded, check_weights, weight
 from gpupool.core.policies import DEFAULT_POLICY, POLICIES, make_policy
 from gpupool.core.policies.config import PolicyConfig
+from gpupool.core.serving import ZONE_LABEL, ServingConfig
 from gpupool.extender.bind.gate import DEFAULT_SCHEDULER
 from gpupool.extender.bind.reconcile import LedgerReconciler
 from gpupool.extender.edge.app import build_app, build_probes, build_verbs
@@ -144,6 +145,17 @@ def register(subparsers: Any) -> None:
                    help="a placement handed to kube-scheduler's bind counts as taken for the "
                         "next pods until the bind comes, at most this long (default "
                         f"{ASSUME_EXPIRY_S:g}; 0: not at all)")
+    p.add_argument("--remote-slices", action="store_true",
+                   help="place remote GPU slices: a remote-required pod runs on any node "
+                        "(nodes without GPUs too) with its slice served by a slice server on "
+                        "its own node, a node of its topology domains, or any node (needs a "
+                        "data-plane provider: the controller's and webhook's "
+                        "--remote-provider; docs/remote.md; default off: such pods are "
+                        "refused)")
+    p.add_argument("--topology-label", action="append", metavar="LABEL",
+                   help="with --remote-slices: a node label whose value is a topology domain "
+                        "remote slices are served from first; repeatable, most specific "
+                        f"first (default {ZONE_LABEL})")
     p.add_argument("--seed", type=int, default=0, metavar="N",
                    help="seed for tie breaking (default 0)")
     add_log_level(p)
@@ -209,8 +221,10 @@ def _wire(args: argparse.Namespace) -> Wired:
     preemption = PreemptionSettings(args.preemption, args.preemption_hold,
                                     args.preemption_retry,
                                     instance=os.environ.get("POD_NAME") or socket.gethostname())
+    serving = ServingConfig(args.remote_slices, tuple(args.topology_label or (ZONE_LABEL,)))
     settings = Settings(args.policy, dict(args.weight), seed=args.seed,
-                        scheduler_name=args.scheduler_name, preemption=preemption)
+                        scheduler_name=args.scheduler_name, preemption=preemption,
+                        serving=serving)
     extender = Extender(cache, settings, metrics, api, keys)
     shared = extender.binder.quotas.ledgers if extender.binder is not None else None
     return Wired(api, extender, keys, LedgerReconciler(cache, api, quota_ledgers=shared))

@@ -15,6 +15,12 @@
   from it — then ``binder.Binder``: ``Placer.decide`` among the one node against the
   freshest state, a compare-and-swap on the node's GPULedger, then one Binding that also
   carries the signed decision annotations (docs/design/extender.md).
+* remote GPU slices (``core.serving.ServingPlacer``, docs/design/remote.md): a pod whose
+  slice may be served by another node passes filter on every node that can be its home
+  (``homes``: the reason of the others from ``explain_home``), prioritize ranks those by
+  where its slice would be served (own node, then each topology domain, then any), and
+  bind decides with the node kube-scheduler chose as home, writing the entry into the
+  ledger of the node that serves the slice.
 * preempt: keeps the nodes where the proposed victims free enough GPU.
 * DRA: a device-plugin pod is refused on a node that serves its GPUs through Dynamic
   Resource Allocation (``dramodes``, also at bind and preemption); a pod whose GPUs come
@@ -65,7 +71,8 @@ from gpupool.core.fit import Constraints
 from gpupool.core.placement import Candidates, Placer, choose
 from gpupool.core.policies import make_policy
 from gpupool.core.policies.config import PolicyConfig
-from gpupool.core.request import PodRequest
+from gpupool.core.request import PodRequest, Serving
+from gpupool.core.serving import ServingConfig, ServingPlacer
 from gpupool.core.state import ClusterState, IntArray
 from gpupool.extender.bind.binder import Binder
 from gpupool.extender.bind.gate import DEFAULT_SCHEDULER, assumable, bindable_request
@@ -80,7 +87,7 @@ from gpupool.extender.tenancy.tenantmetrics import TenancyCollector
 from gpupool.extender.wire import protocol
 from gpupool.extender.wire.nodenames import MAX_SCORE, Matched, NameTable, decisive, scaled
 from gpupool.extender.wire.podspec import pod_request
-from gpupool.extender.wire.refusals import Refusals, noted
+from gpupool.extender.wire.refusals import Refusals, listed, noted
 from gpupool.extender.workload import BUILTIN_WORKLOAD, observed_workload
 from gpupool.kube.api import KubeApi
 
@@ -100,6 +107,7 @@ class Settings:
     seed: int = 0
     scheduler_name: str = DEFAULT_SCHEDULER  # bind acts only on pods naming it
     preemption: PreemptionSettings = field(default_factory=PreemptionSettings)
+    serving: ServingConfig = field(default_factory=ServingConfig)  # remote GPU slices
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +150,8 @@ class Extender:
         self.workload_note = "built-in"
         self.placer = Placer(make_policy(settings.policy, PolicyConfig(BUILTIN_WORKLOAD,
                                                                        settings.weights)))
+        self.serving = ServingPlacer(self.placer, settings.serving)
+        cache.homes_without_gpus(settings.serving.remote)  # a remote slice's home needs none
         metrics.gpus_allocated.set_function(lambda: self.usage_gpus()[0])
         metrics.gpus_total.set_function(lambda: float(self.usage_gpus()[1]))
         metrics.registry.register(TenancyCollector(cache))
@@ -154,6 +164,7 @@ class Extender:
             workload, note = observed_workload(self.cache.state, list(self.requests.values()))
             self.placer = Placer(make_policy(self.settings.policy,
                                              PolicyConfig(workload, self.settings.weights)))
+            self.serving = ServingPlacer(self.placer, self.settings.serving)
             self.workload_note = note
             self.refusals.clear()
         return note
@@ -238,6 +249,8 @@ class Extender:
         state = self.cache.state
         idx = sent.rows
         constraints = self.cache.modes.constraints(state, request, self.cache.catalogue)
+        if served_remotely(request):
+            return self._filtered_remote(args, request, table, sent, constraints), None
         cands = self.placer.candidates(state, request, constraints)
         if sent.all_known:
             ok = cands.mask[idx]
@@ -274,6 +287,32 @@ class Extender:
             return answer, None
         only = int(idx[int(np.flatnonzero(ok)[0])])
         return answer, (constraints, self._decide_on_row(request, constraints, only))
+
+    def _filtered_remote(self, args: protocol.ExtenderArgs, request: PodRequest,
+                         table: NameTable, sent: Matched, constraints: Constraints) -> bytes:
+        """Filter for a pod whose slice may be served by another node: the nodes that can
+        be its home (``ServingPlacer.homes``: its CPU and memory there, its slice there or
+        on a node of its domains or anywhere); the others with ``explain_home``'s reason.
+        Preemption does not make room for a remote slice."""
+        state = self.cache.state
+        homes = self.serving.homes(state, request, constraints)
+        idx = sent.rows
+        ok = np.zeros(len(idx), np.bool_)
+        ok[idx >= 0] = homes.fits[idx[idx >= 0]]
+        failed = unresolvable = protocol.NO_NODES
+        passing: IntArray | None = None
+        names_json = args.names_json
+        if not ok.all():
+            failed, unresolvable = listed(state, sent.names, idx, ok, lambda i: (
+                self.serving.explain_home(state, request, i, constraints, homes)))
+            passing = np.flatnonzero(ok)
+            names_json = b""
+            if args.cache_capable:
+                names_json = table.names_json(idx[passing])
+                table.remember(names_json, idx[passing])
+        self.metrics.decisions.labels(
+            "filter", "fits" if passing is None or passing.size else "unschedulable").inc()
+        return protocol.filter_answer(args, names_json, passing, failed, unresolvable)
 
     def _stamp(self, state: ClusterState) -> tuple[object, ...]:
         """Changes whenever anything a decision reads changes (versions only grow)."""
@@ -366,6 +405,11 @@ class Extender:
             except InvalidInput as exc:
                 return self._prioritize_error(exc)
             rows = sent.rows if sent.all_known else sent.rows[sent.rows >= 0]
+            if served_remotely(request):
+                with self.cache.without(request.key):
+                    answer = self._remote_priorities(state, request, table, rows)
+                self.metrics.decisions.labels("prioritize", "scored").inc()
+                return answer
             with self.cache.without(request.key):
                 c, cands = self._cycle_for(state, request, rows)
                 if cands.indices.size == 0:
@@ -384,6 +428,18 @@ class Extender:
             answer = table.priorities_json(rows[positive], scores[positive])
         self.metrics.decisions.labels("prioritize", "scored").inc()
         return answer
+
+    def _remote_priorities(self, state: ClusterState, request: PodRequest, table: NameTable,
+                           rows: IntArray) -> bytes:
+        """A remote slice's homes ranked by where its slice would be served: its own node
+        first (``MAX_SCORE``), then each topology domain in order, then any node; the
+        scheduler's other scores order homes of one rank."""
+        c = self.cache.modes.constraints(state, request, self.cache.catalogue)
+        rank = self.serving.homes(state, request, c).rank[rows]
+        step = max(1, MAX_SCORE // (len(self.settings.serving.domains) + 2))
+        scores = np.where(rank >= 0, np.maximum(MAX_SCORE - rank * step, 1), 0)
+        positive = scores > 0
+        return table.priorities_json(rows[positive], scores[positive])
 
     def _favour_hold(self, key: str, full: IntArray, cands: Candidates) -> bool:
         """The node where a preemption made room for this pod comes first (the others 0);
@@ -436,7 +492,7 @@ class Extender:
         except GpupoolError as exc:
             self.metrics.decisions.labels("bind", "error").inc()
             return protocol.binding_result(str(exc))
-        error = self.binder.bind(args, request, self.placer, self.rng, clock) \
+        error = self.binder.bind(args, request, self.placer, self.rng, clock, self.serving) \
             if self.binder else "this extender has no Kubernetes API to bind with"
         clock.done()
         self.metrics.decisions.labels("bind", "error" if error else "bound").inc()
@@ -454,6 +510,12 @@ class Extender:
         of a pending pod with this UID, else a fresh read."""
         return bindable_request(args, self.cache.unbound.get(args.uid), self.kube,
                                 self.settings.scheduler_name)
+
+
+def served_remotely(request: PodRequest) -> bool:
+    """Whether ``ServingPlacer`` decides the pod (it asks a slice server: placed remotely
+    when remote slices are on, refused with the reason when they are off)."""
+    return bool(request.gpus) and request.serving is not Serving.LOCAL
 
 
 def _sent(table: NameTable, args: protocol.ExtenderArgs) -> Matched:

@@ -22,9 +22,9 @@ from typing import Any
 
 import msgspec
 
-from gpupool.contract.podspec_request import pod_request
 from gpupool.core.errors import InvalidInput
 from gpupool.core.request import PodRequest
+from gpupool.extender.wire.podspec import pod_request
 from gpupool.extender.wire.protocol import BindingArgs
 from gpupool.kube.api import KubeApi
 from gpupool.kube.errors import KubeError, NotFound

@@ -142,15 +142,16 @@ def take(cache: ClusterCache, want: Want) -> Ask | NoVictims | None:
 
 
 def candidates(ask: Ask, nodes: Sequence[str] | None = None) -> list[Candidate]:
-    """The pods gpupool placed on the sent nodes (or ``nodes``), whose decisions the state
-    holds, not displaced by a live hold, other than the pod itself, as the core's
+    """The pods gpupool placed on the sent nodes (or ``nodes``) — their own, or remote
+    slices those nodes serve to pods bound elsewhere — whose decisions the state holds,
+    not displaced by a live hold, other than the pod itself, as the core's
     candidates: node by node in the sent order, each node's by UID (the order ``select``
     breaks its last ties in)."""
     state, out = ask.state.state(), []
     for node in ask.sent if nodes is None else nodes:
         for alloc in sorted(state.allocations_on(node), key=lambda a: a.key):
             f = ask.pods.get(alloc.key)
-            if f is None or f.decision is None or f.node != node or \
+            if f is None or f.decision is None or f.node != alloc.node or \
                     alloc.key in ask.displaced or alloc.key == ask.key or \
                     not _same(alloc, f.decision):
                 continue
@@ -187,16 +188,17 @@ def choose(ask: Ask) -> Selection | tenantpreempt.Chosen | NoVictims:
 
 
 def placed_on(cache: ClusterCache, key: str, rows: Sequence[int]) -> list[Candidate]:
-    """The pods gpupool placed on ``rows`` and holds, not displaced by another hold, as
-    candidates, on the live state (under the cache lock)."""
+    """The pods gpupool placed on ``rows`` (or whose remote slices they serve) and holds,
+    not displaced by another hold, as candidates, on the live state (under the cache
+    lock)."""
     state = cache.state
     displaced = cache.displaced()
     out = []
     for i in rows:
-        for uid in sorted(cache.pods_on.get(state.nodes[i].name, ())):
+        for alloc in sorted(state.allocations_on(state.nodes[i].name), key=lambda a: a.key):
+            uid = alloc.key  # its own pods, and the remote slices it serves
             f = cache.pods.get(uid)
-            alloc = state.allocations.get(uid)
-            if f is None or f.decision is None or alloc is None or uid in displaced or \
+            if f is None or f.decision is None or uid in displaced or \
                     uid == key or "pod" not in cache.sources.get(uid, ()):
                 continue
             out.append(Candidate(alloc, f.priority, f.charge(),
@@ -212,7 +214,8 @@ def hold_on(cache: ClusterCache, decide: Decide, request: PodRequest, constraint
     are released for the decision and held again; under the cache lock)."""
     state = cache.state
     gone = [c.allocation for c in (*chosen.victims, *candidates)
-            if c.allocation.node == node and (c.leaving or c in chosen.victims)]
+            if node in (c.allocation.node, c.allocation.gpu_node) and
+            (c.leaving or c in chosen.victims)]
     released = [a for a in (state.release(a.key) for a in dict.fromkeys(gone)) if a]
     try:
         return decide(request, constraints, state.index[node])

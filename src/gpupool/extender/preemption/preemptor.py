@@ -58,6 +58,7 @@ from gpupool.extender.preemption import planner, tenantpreempt
 from gpupool.extender.preemption.plans import Plan, PreemptionSettings, Victim, stamp
 from gpupool.extender.state.cache import ClusterCache
 from gpupool.extender.state.ledger import HOLD, Entry, FitCheck, Ledgers, View, counted
+from gpupool.extender.state.pods import PodFacts
 from gpupool.extender.wire.podspec import may_preempt, pod_id, pod_priority
 from gpupool.kube.api import KubeApi
 from gpupool.kube.errors import Conflict, KubeError, NotFound
@@ -190,7 +191,7 @@ class Preemptor:
         victims = []
         for uid in entry.displaces:
             f = self.cache.pods.get(uid)
-            if f is not None and not f.leaving and f.node == node:
+            if f is not None and not f.leaving and _serving(f) == node:
                 victims.append(Victim(uid, f.namespace, f.name, f.priority))
         if not victims:
             return
@@ -310,7 +311,7 @@ class Preemptor:
         displaced = cache.displaced()
         for v in plan.victims:
             g = cache.pods.get(v.uid)
-            if g is None or v.uid in cache.finished or (g.node != plan.node and
+            if g is None or v.uid in cache.finished or (_serving(g) != plan.node and
                                                          not plan.anywhere):
                 return f"pod {v.namespace}/{v.name} is gone or elsewhere"
             if v.uid in displaced:
@@ -390,3 +391,8 @@ class Preemptor:
                                        datetime.fromtimestamp(self.clock(), UTC))
         except KubeError as exc:
             log.warning("recording Event %s on %s/%s: %s", reason, namespace, name, exc)
+
+
+def _serving(f: PodFacts) -> str:
+    """The node whose GPUs a placed pod holds: its own, or its remote slice's server's."""
+    return f.decision.gpu_node if f.decision is not None else f.node

@@ -71,6 +71,7 @@ class ClusterCache(Commitments):
                          pending_grace_s)
         self.assumptions.expiry_s = assume_expiry_s
         self.stale_after_s = stale_after_s
+        self.gpu_less_homes = False  # remote slices on: nodes without GPUs are homes too
         self.decisions = decisions or DecisionCheck(None)
         self.catalogue_version = 0
         self.nodes: dict[str, NodeFacts] = {}
@@ -85,6 +86,13 @@ class ClusterCache(Commitments):
         self.dra = DraClaims()  # ResourceSlices and ResourceClaims (held as "claim")
         # fair share counts the asks of pods still pending (not yet bound, not gone)
         self.catalogue.tenants.waiting.still_waiting = lambda uid: uid in self.unbound
+
+    def homes_without_gpus(self, on: bool) -> None:
+        """Whether nodes without GPUs are in the state (remote slices: they are homes)."""
+        with self.lock:
+            if self.gpu_less_homes != on:
+                self.gpu_less_homes = on
+                self.dirty.update(self.nodes)
 
     # -- pods -----------------------------------------------------------------------------------
     def sync_pods(self, pods: Iterable[Any]) -> None:
@@ -265,8 +273,8 @@ class ClusterCache(Commitments):
         for dev in self.devices.values():
             by_node.setdefault(dev.node, []).append(dev)
         now = self.clock()
-        return {name: inventory.build_node(f, by_node[name], now, self.stale_after_s)
-                for name, f in self.nodes.items() if name in by_node}
+        return {name: inventory.build_node(f, by_node.get(name, ()), now, self.stale_after_s)
+                for name, f in self.nodes.items() if name in by_node or self.gpu_less_homes}
 
     def _relayout_all(self) -> None:
         """Rebuild the state from scratch and hold everything again."""
@@ -302,7 +310,7 @@ class ClusterCache(Commitments):
         devs = [d for d in self.devices.values() if d.node == name]
         facts = self.nodes.get(name)
         present = name in self.state.index
-        if facts is None or not devs:
+        if facts is None or not (devs or self.gpu_less_homes):
             if present:
                 for alloc in self.state.remove_node(name):
                     self.sources.pop(alloc.key, None)

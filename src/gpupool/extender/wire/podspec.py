@@ -5,12 +5,15 @@ Per container, ``resources.limits`` (falling back to ``requests``) may carry
 * ``gpupool.io/gpu``: N GPUs (alone: exclusive whole GPUs);
 * ``gpupool.io/gpu-memory``: MiB of GPU memory per GPU (a whole number);
 * ``gpupool.io/gpu-core``: percent of one GPU's compute per GPU (1..100);
-* ``class.gpupool.io/<class>``: N GPUs of resource class ``<class>``.
+* ``class.gpupool.io/<class>``: N GPUs of resource class ``<class>``;
+* ``gpupool.io/remote-gpu``: N GPUs of a ``remote-required`` pod, served by slice servers.
 
 Memory or core without a count means one GPU. ``gpupool.io/mode``
 (``exclusive``|``shared``) overrides the default mode (shared when memory or
 core is asked, else exclusive); ``gpupool.io/affinity`` is ``pod`` or
-``least-loaded``; the label ``gpupool.io/group`` names the resource group. The
+``least-loaded``; ``gpupool.io/placement`` says where the slices may be served (a
+``remote-allowed`` pod is served by its own node here: ``pod_request``); the label
+``gpupool.io/group`` names the resource group. The
 tenant is the pod's namespace. The pod's CPU and memory are the larger of the
 sum over containers and the largest init container (requests, else limits).
 
@@ -26,11 +29,13 @@ resource-name test the extender needs.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gpupool.contract import names
-from gpupool.contract.podspec_request import pod_request, pod_where
+from gpupool.contract.podspec_request import pod_request as contract_request
+from gpupool.contract.podspec_request import pod_where
+from gpupool.core.request import PodRequest, Serving
 
 __all__ = ["PodId", "is_gpupool_resource", "may_preempt", "pod_id", "pod_priority",
            "pod_request"]
@@ -47,6 +52,19 @@ class PodId:
     @property
     def key(self) -> str:
         return self.uid or f"{self.namespace}/{self.name}"
+
+
+def pod_request(pod: Mapping[str, Any]) -> PodRequest:
+    """The pod's request as the extender places it: ``contract.podspec_request``'s, with a
+    ``remote-allowed`` pod served by its own node. Its GPUs are counted by
+    ``gpupool.io/gpu``, which kube-scheduler counts against its node's own GPUs and kubelet
+    hands out through the node agent's devices, so a slice served elsewhere would leave it
+    a device it must not use (``remote-required`` pods count theirs as
+    ``gpupool.io/remote-gpu``; docs/remote.md)."""
+    request = contract_request(pod)
+    if request.serving is Serving.REMOTE_ALLOWED:
+        return replace(request, serving=Serving.LOCAL)
+    return request
 
 
 def pod_id(pod: Mapping[str, Any]) -> PodId:

@@ -25,14 +25,14 @@ a name sent twice would be listed twice (Go's decoder keeps the last, the same).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence, Set
+from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass
 
 import msgspec
 import numpy as np
 
 from gpupool.core.fit import Constraints, explain
-from gpupool.core.reasons import Check, for_scheduler
+from gpupool.core.reasons import Check, Reason, for_scheduler
 from gpupool.core.request import PodRequest
 from gpupool.core.state import ClusterState, IntArray
 from gpupool.extender.metrics import Metrics
@@ -127,6 +127,25 @@ class Refusals:
             table.permanent[i] = bool(reason is not None and reason.permanent)
             table.check[i] = CODE[reason.check.value] if reason is not None else OTHER
             table.version[i] = state.version[i]
+
+
+def listed(state: ClusterState, node_names: Sequence[str], idx: IntArray, ok: np.ndarray,
+           why: Callable[[int], Reason | None]) -> tuple[bytes, bytes]:
+    """(FailedNodes, FailedAndUnresolvableNodes) for the sent nodes not ``ok``, each
+    explained by ``why(row)`` as it stands now (no table: the reason a node cannot be a
+    remote slice's home depends on the room of other nodes too)."""
+    failed: list[bytes] = []
+    never: list[bytes] = []
+    for k in np.flatnonzero(~ok).tolist():
+        i = int(idx[k])
+        if i < 0:
+            never.append(member(node_names[k], UNKNOWN_NODE))
+            continue
+        reason = why(i)
+        text = PREFIX + (reason.common() if reason is not None else "does not fit now")
+        (never if reason is not None and reason.permanent else failed).append(
+            member(state.nodes[i].name, text))
+    return members_json(failed), members_json(never)
 
 
 def noted(failed: bytes, unresolvable: bytes, notes: dict[str, str], sent: Set[str]

@@ -1,0 +1,246 @@
+"""Remote GPU slices through the extender (FAKE API server, real client and informers):
+placement order (own node, then the pod's zone, then any node), one account per GPU for
+local and remote slices (two racing replicas included), quotas and preemption counting
+remote slices, and the reasons a person reads when a slice cannot be served."""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from gpupool_testing.fake_apiserver import FakeApiServer
+
+from gpupool.contract import annotations as records
+from gpupool.core.model import Gpu, Node
+from gpupool.core.serving import ServingConfig
+from gpupool.core.state import ClusterState
+from gpupool.extender.preemption.plans import PreemptionSettings
+from tests.waiting import wait_for
+
+from .builders import Replica, gpu_obj, node_obj, pod_obj, schedule
+
+ZONE = "topology.kubernetes.io/zone"
+GPUS = {"gpu-a1": "a", "gpu-a2": "a", "gpu-b1": "b"}
+CPUS = {"cpu-a": "a", "cpu-b": "b"}
+ALL = [*CPUS, *GPUS]
+SERVING = ServingConfig(remote=True, domains=(ZONE,))
+
+
+def seed(fake: FakeApiServer) -> None:
+    for name, zone in {**CPUS, **GPUS}.items():
+        fake.seed("nodes", node_obj(name, labels={ZONE: zone}))
+    for name in GPUS:
+        fake.seed("gpudevices", gpu_obj(name, 0))
+
+
+def in_state(r: Replica) -> int:
+    """The nodes in the replica's state, its pending changes applied."""
+    with r.cache.lock:
+        r.cache.flush()
+        return len(r.cache.state.nodes)
+
+
+@pytest.fixture
+def replica(fake: FakeApiServer) -> Iterator[Replica]:
+    seed(fake)
+    r = Replica(fake, serving=SERVING)
+    assert wait_for(lambda: in_state(r) == len(ALL))
+    yield r
+    r.close()
+
+
+def remote(name: str, mib: int, ns: str = "default", priority: int | None = None
+           ) -> dict[str, Any]:
+    """A remote-required pod as the admission webhook leaves it."""
+    pod = pod_obj(name, {"gpupool.io/remote-gpu": "1", "gpupool.io/gpu-memory": str(mib)},
+                  ns=ns, annotations={"gpupool.io/placement": "remote-required",
+                                      "gpupool.io/slice": f"{random.getrandbits(64):016x}"})
+    if priority is not None:
+        pod["spec"]["priority"] = priority
+    return pod
+
+
+def local(name: str, mib: int, ns: str = "default") -> dict[str, Any]:
+    return pod_obj(name, {"gpupool.io/gpu": "1", "gpupool.io/gpu-memory": str(mib)}, ns=ns)
+
+
+def bind(r: Replica, pod: dict[str, Any], node: str) -> str:
+    meta = pod["metadata"]
+    assert wait_for(lambda: meta["uid"] in r.cache.unbound)
+    answer = r.extender.bind({"PodName": meta["name"], "PodNamespace": meta["namespace"],
+                              "PodUID": meta["uid"], "Node": node})
+    return str(answer["Error"])
+
+
+def served_by(fake: FakeApiServer, pod: dict[str, Any]) -> str:
+    stored = fake.get("pods", pod["metadata"]["name"], pod["metadata"]["namespace"])
+    assert stored is not None
+    alloc = records.decode(stored["metadata"]["uid"], stored["metadata"]["annotations"])
+    return alloc.allocation.served_by
+
+
+def reasons(answer: dict[str, Any]) -> dict[str, str]:
+    return {n: r.removeprefix("gpupool: ") for n, r in
+            {**answer["FailedNodes"], **answer["FailedAndUnresolvableNodes"]}.items()}
+
+
+def test_a_slice_is_served_from_the_pods_node_then_its_zone_then_any_node(
+        fake: FakeApiServer, replica: Replica) -> None:
+    first = fake.seed("pods", remote("first", 30000))
+    answer = replica.extender.filter({"Pod": first, "NodeNames": ALL})
+    assert sorted(answer["NodeNames"]) == sorted(ALL)  # nodes without GPUs are homes too
+    scores = {h["Host"]: h["Score"] for h in replica.extender.prioritize(
+        {"Pod": first, "NodeNames": ALL}).items()}
+    assert scores == {"gpu-a1": 10, "gpu-a2": 10, "gpu-b1": 10, "cpu-a": 7, "cpu-b": 7}
+    assert bind(replica, first, "cpu-a") == ""
+    assert served_by(fake, first) in ("gpu-a1", "gpu-a2")  # its zone
+    second = fake.seed("pods", remote("second", 30000))
+    assert bind(replica, second, "cpu-a") == ""
+    assert {served_by(fake, first), served_by(fake, second)} == {"gpu-a1", "gpu-a2"}
+    third = fake.seed("pods", remote("third", 30000))
+    assert bind(replica, third, "cpu-a") == ""
+    assert served_by(fake, third) == "gpu-b1"  # zone a is full: any node
+    own = fake.seed("pods", remote("own", 8000))
+    assert bind(replica, own, "gpu-a1") == ""
+    assert served_by(fake, own) == "gpu-a1"  # a slice server beside the pod
+    # each slice is recorded in the ledger of the node that serves it, none on cpu-a
+    assert fake.get("gpuledgers", "cpu-a") is None
+    entries = (fake.get("gpuledgers", "gpu-b1") or {})["spec"]["entries"]
+    assert third["metadata"]["uid"] in entries
+    # nothing has room for another 30000 MiB anywhere: every node says why
+    fourth = fake.seed("pods", remote("fourth", 30000))
+    refused = replica.extender.filter({"Pod": fourth, "NodeNames": ALL})
+    assert refused["NodeNames"] == []
+    assert reasons(refused)["cpu-a"] == ("1 × (30000 MiB): no room on this node's GPUs nor, "
+                                         "as a remote slice, on any other node's")
+    error = bind(replica, fourth, "cpu-b")
+    assert "own node:" in error and "topology.kubernetes.io/zone=b:" in error
+
+
+def test_a_local_and_a_remote_slice_never_over_commit_one_gpu(
+        fake: FakeApiServer, replica: Replica) -> None:
+    mine = fake.seed("pods", local("mine", 30000))
+    assert bind(replica, mine, "gpu-a1") == ""
+    theirs = fake.seed("pods", remote("theirs", 20000))
+    assert bind(replica, theirs, "cpu-a") == ""
+    assert served_by(fake, theirs) == "gpu-a2"  # gpu-a1 has 10960 MiB left
+    late = fake.seed("pods", local("late", 30000))
+    error = bind(replica, late, "gpu-a2")
+    assert "node gpu-a2" in error and "have room" in error
+
+
+def recorded_state(fake: FakeApiServer) -> ClusterState:
+    """Every recorded decision reserved into one fresh state (``OverCommit`` if any GPU
+    holds more than it has)."""
+    nodes = [Node(n, 10**9, 10**9, (Gpu(f"GPU-{n}-0", 0, "A100", 40960),) if n in GPUS
+                  else ()) for n in ALL]
+    state = ClusterState(nodes)
+    for pod in fake.objects("pods"):
+        notes = pod["metadata"].get("annotations") or {}
+        if pod["spec"].get("nodeName") and records.has_decision(notes):
+            state.reserve(records.decode(pod["metadata"]["uid"], notes).allocation)
+    return state
+
+
+def test_two_replicas_racing_local_and_remote_slices_never_over_commit(
+        fake: FakeApiServer) -> None:
+    seed(fake)
+    rng = random.Random(11)
+    pods = []
+    for k in range(80):
+        mib = rng.choice([4096, 8192, 12288])
+        pod = remote(f"r{k}", mib) if k % 2 else local(f"l{k}", mib)
+        pods.append((fake.seed("pods", pod), rng.choice(ALL if k % 2 else list(GPUS))))
+    replicas = [Replica(fake, seed=1, serving=SERVING), Replica(fake, seed=2, serving=SERVING)]
+    outcome: dict[str, str] = {}
+
+    def run(r: Replica, mine: list[tuple[dict[str, Any], str]]) -> None:
+        assert wait_for(lambda: in_state(r) == len(ALL))
+        for pod, node in mine:
+            outcome[pod["metadata"]["name"]] = bind(r, pod, node) or node
+
+    try:
+        threads = [threading.Thread(target=run, args=(r, pods[k::2]))
+                   for k, r in enumerate(replicas)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    finally:
+        for r in replicas:
+            r.close()
+    state = recorded_state(fake)  # raises OverCommit if a GPU was given out twice
+    bound = [n for n, o in outcome.items() if o in ALL]
+    assert len(bound) >= 10 and any(n.startswith("r") for n in bound)
+    assert state.usage().allocated_milli > 0
+
+
+def test_a_tenant_quota_counts_remote_slices_like_local_ones(
+        fake: FakeApiServer, replica: Replica) -> None:
+    fake.seed("tenantquotas", {"metadata": {"name": "lab"},
+                               "spec": {"namespaces": ["lab"], "limits": {"memoryMiB": 40000}}})
+    assert wait_for(lambda: len(replica.cache.catalogue.tenants) == 1)
+    first = fake.seed("pods", remote("first", 30000, ns="lab"))
+    assert bind(replica, first, "cpu-a") == ""
+    again = fake.seed("pods", local("again", 20000, ns="lab"))
+    answer = replica.extender.filter({"Pod": again, "NodeNames": list(GPUS)})
+    assert answer["NodeNames"] == []
+    assert "quota of tenant lab exceeded" in next(iter(reasons(answer).values()))
+    also = fake.seed("pods", remote("also", 20000, ns="lab"))
+    assert "quota of tenant lab exceeded" in bind(replica, also, "cpu-b")
+
+
+def test_a_remote_slice_is_a_victim_preemption_can_evict(fake: FakeApiServer) -> None:
+    seed(fake)
+    r = Replica(fake, serving=SERVING, preemption=PreemptionSettings(hold_s=60.0, retry_s=0.0))
+    try:
+        assert wait_for(lambda: "budgets" in r.cache.synced and in_state(r) == len(ALL))
+        victims = []
+        for k, home in enumerate(("cpu-a", "cpu-a", "cpu-b")):
+            pod = fake.seed("pods", remote(f"low{k}", 30000, priority=10))
+            assert bind(r, pod, home) == ""
+            victims.append(pod)
+        urgent = local("urgent", 30000)
+        urgent["spec"]["priority"] = 1000
+        urgent = fake.seed("pods", urgent)
+        assert wait_for(lambda: urgent["metadata"]["uid"] in r.cache.unbound)
+        assert r.extender.filter({"Pod": urgent, "NodeNames": list(GPUS)})["NodeNames"] == []
+        preemptor = r.extender.preemptor
+        assert preemptor is not None
+        assert wait_for(lambda: not preemptor.planning and not preemptor.inflight)
+        gone = [p for p in victims if fake.get("pods", p["metadata"]["name"], "default") is None]
+        assert len(gone) == 1  # one remote slice evicted to make the room
+        assert wait_for(lambda: gone[0]["metadata"]["uid"] not in r.cache.pods)
+        node, error = schedule(r.extender, urgent, list(GPUS))
+        assert error == "" and node == served_by_name(gone[0], fake, victims)
+    finally:
+        r.close()
+
+
+def served_by_name(gone: dict[str, Any], fake: FakeApiServer, pods: list[dict[str, Any]]
+                   ) -> str:
+    """The node whose GPU the evicted pod's slice was on: the one the others do not use."""
+    used = {served_by(fake, p) for p in pods if p is not gone and
+            fake.get("pods", p["metadata"]["name"], "default") is not None}
+    (free,) = set(GPUS) - used
+    return free
+
+
+def test_without_remote_slices_on_a_remote_required_pod_is_refused_everywhere(
+        fake: FakeApiServer) -> None:
+    seed(fake)
+    r = Replica(fake)
+    try:
+        assert wait_for(lambda: in_state(r) == len(GPUS))
+        pod = fake.seed("pods", remote("p", 4096))
+        answer = r.extender.filter({"Pod": pod, "NodeNames": ALL})
+        assert answer["NodeNames"] == [] and not answer["FailedNodes"]
+        never = answer["FailedAndUnresolvableNodes"]
+        assert set(never) == set(ALL)
+        assert never["gpu-a1"] == ("gpupool: remote-required: remote GPU slices are not "
+                                   "enabled on this cluster (no data-plane provider)")
+    finally:
+        r.close()
