@@ -1,8 +1,10 @@
-"""A preempt body as large as the limit allows (200,000 node keys, about 9 MB) stalls
-nothing: reading it leaves nothing per node for the garbage collector (whose passes stop
-every thread, the probes' included, for as long as they take), the verdict looks only at
-nodes the cache knows, and over kube-scheduler's mutual TLS /healthz and a small filter
-are answered while it is decided. Latency itself is measured by bench/bench_probes.py."""
+"""A preempt body as large as the limit allows stalls nothing: reading 200,000 node keys
+(about 9 MB) leaves nothing per node for the garbage collector (whose passes stop every
+thread, the probes' included, for as long as they take) and the verdict looks only at
+nodes the cache knows; over kube-scheduler's mutual TLS, such a body naming more nodes
+than the cluster has is refused unread, and the largest kube-scheduler sends is decided
+while /healthz and a small filter are answered. Latency itself is measured by
+bench/bench_probes.py."""
 
 from __future__ import annotations
 
@@ -82,33 +84,43 @@ def test_the_verdict_looks_only_at_nodes_the_cache_knows(
         served.close()
 
 
-def test_healthz_and_a_small_filter_are_answered_while_a_large_preempt_is_decided(
-        fake: FakeApiServer, nodes: list[str], tmp_path: Path) -> None:
-    served = Served(fake, tmp_path)
+def largest_kube_scheduler_preempt(nodes: list[str], pod: dict[str, Any]) -> bytes:
+    """What kube-scheduler sends at most: 500 candidate nodes (a tenth of 5,000) with 256
+    victims each, the pod padded to the limit."""
+    victims = [{"UID": f"{k:036d}"} for k in range(256)]
+    table = {n: {"Pods": victims, "NumPDBViolations": 0} for n in nodes}
+    table |= {f"ghost-{k:03d}": {"Pods": victims, "NumPDBViolations": 0}
+              for k in range(500 - len(nodes))}
+    pod["metadata"]["annotations"] = {"pad": ""}
+    bare = len(msgspec.json.encode({"Pod": pod, "NodeNameToMetaVictims": table}))
+    pod["metadata"]["annotations"]["pad"] = "x" * (BodyLimits.for_cluster().preempt_bytes - bare)
+    return msgspec.json.encode({"Pod": pod, "NodeNameToMetaVictims": table})
+
+
+def while_polled(served: Served, body: bytes, small: dict[str, Any], nodes: list[str]
+                 ) -> tuple[httpx.Response, list[list[str]], bool]:
+    """(the preempt's answer, the small filter's nodes, whether /healthz answered while
+    the preempt was in flight)."""
     extender = served.replica.extender
-    pod = fake.seed("pods", pod_obj("big", {"gpupool.io/gpu": "1"}))
-    small = pod_obj("small", {"gpupool.io/gpu": "1"})
-    small["metadata"]["uid"] = "u-small"
-    body = preempt_body(nodes, 1, pod)
     healthz: list[float] = []
     filtered: list[list[str]] = []
     stop = threading.Event()
-    try:
-        with probe_server(build_probes(extender), closed=extender.metrics.closed) as probes:
-            def poll() -> None:
-                with httpx.Client(base_url=probes.url, trust_env=False, timeout=30) as http:
-                    while not stop.is_set():
-                        assert http.get("/healthz").status_code == 200
-                        healthz.append(time.monotonic())
+    with probe_server(build_probes(extender), closed=extender.metrics.closed) as probes:
+        def poll() -> None:
+            with httpx.Client(base_url=probes.url, trust_env=False, timeout=30) as http:
+                while not stop.is_set():
+                    assert http.get("/healthz").status_code == 200
+                    healthz.append(time.monotonic())
 
-            def filter_meanwhile() -> None:
-                with served.client(served.scheduler) as http:
-                    answer = http.post("/filter", json={"Pod": small, "NodeNames": nodes},
-                                       extensions={"sni_hostname": SERVICE_NAME})
-                    filtered.append(answer.json()["NodeNames"])
+        def filter_meanwhile() -> None:
+            with served.client(served.scheduler) as http:
+                answer = http.post("/filter", json={"Pod": small, "NodeNames": nodes},
+                                   extensions={"sni_hostname": SERVICE_NAME})
+                filtered.append(answer.json()["NodeNames"])
 
-            poller = threading.Thread(target=poll)
-            poller.start()
+        poller = threading.Thread(target=poll)
+        poller.start()
+        try:
             with served.client(served.scheduler) as http:
                 started = time.monotonic()
                 other = threading.Thread(target=filter_meanwhile)
@@ -117,12 +129,52 @@ def test_healthz_and_a_small_filter_are_answered_while_a_large_preempt_is_decide
                                    extensions={"sni_hostname": SERVICE_NAME})
                 ended = time.monotonic()
                 other.join()
+        finally:
             stop.set()
             poller.join()
+    return answer, filtered, any(started < t < ended for t in healthz)
+
+
+def test_healthz_and_a_small_filter_are_answered_while_the_largest_preempt_is_decided(
+        fake: FakeApiServer, nodes: list[str], tmp_path: Path) -> None:
+    served = Served(fake, tmp_path)
+    try:
+        pod = fake.seed("pods", pod_obj("big", {"gpupool.io/gpu": "1"}))
+        small = pod_obj("small", {"gpupool.io/gpu": "1"})
+        small["metadata"]["uid"] = "u-small"
+        body = largest_kube_scheduler_preempt(nodes, pod)
+        assert len(body) == BodyLimits.for_cluster().preempt_bytes
+        answer, filtered, probed = while_polled(served, body, small, nodes)
     finally:
-        stop.set()
         served.close()
     assert answer.status_code == 200
     assert set(answer.json()["NodeNameToMetaVictims"]) == set(nodes)  # read and decided
     assert filtered == [nodes]
-    assert any(started < t < ended for t in healthz)
+    assert probed
+
+
+def test_a_preempt_naming_more_nodes_than_the_cluster_has_is_refused_unread(
+        fake: FakeApiServer, nodes: list[str], tmp_path: Path) -> None:
+    served = Served(fake, tmp_path)
+    try:
+        pod = fake.seed("pods", pod_obj("big", {"gpupool.io/gpu": "1"}))
+        small = pod_obj("small", {"gpupool.io/gpu": "1"})
+        small["metadata"]["uid"] = "u-small"
+        answer, filtered, _ = while_polled(served, preempt_body(nodes, 1, pod), small, nodes)
+        refused = served.replica.extender.metrics.registry.get_sample_value(
+            "gpupool_extender_refused_requests_total", {"verb": "preempt"})
+    finally:
+        served.close()
+    assert answer.status_code == 200 and answer.json() == {"NodeNameToMetaVictims": {}}
+    assert refused == 1
+    assert filtered == [nodes]
+
+
+def test_the_count_of_candidate_nodes_is_never_below_the_nodes_named() -> None:
+    most = 5000
+    for named in (most, most + 1):
+        body = b'{"Pod":{},"NodeNameToMetaVictims":{' + b",".join(
+            b'"n%d":{"Pods":[],"NumPDBViolations":0}' % k for k in range(named)) + b"}}"
+        assert bool(proposals.too_many_nodes(body, most)) is (named > most)
+    escaped = b'{"Pod":{"a":"' + b'\\"NumPDBViolations\\":' * 10_000 + b'"}}'
+    assert proposals.too_many_nodes(escaped, 100) == ""  # inside a string: not a key

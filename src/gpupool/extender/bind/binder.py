@@ -51,11 +51,11 @@ from gpupool.core.eligibility import charge_of
 from gpupool.core.errors import OverCommit
 from gpupool.core.placement import Placer
 from gpupool.core.request import PodRequest
+from gpupool.extender.bind.ledgerbatch import LedgerBatches
 from gpupool.extender.metrics import BindClock, Metrics
 from gpupool.extender.state.cache import ClusterCache
-from gpupool.extender.state.ledger import Entry, FitCheck, Ledgers, View, counted
+from gpupool.extender.state.ledger import Entry, FitCheck, Ledgers, View
 from gpupool.extender.state.signatures import DecisionCheck, DecisionKeys
-from gpupool.extender.state.turns import Turns
 from gpupool.extender.tenancy.quotaledger import QuotaGate, QuotaLedgers
 from gpupool.extender.wire.protocol import BindingArgs
 from gpupool.extender.wire.refusals import UNKNOWN_NODE
@@ -84,7 +84,7 @@ class Binder:
         self.clock = clock
         self.keys = keys
         self.deadline_s = BIND_DEADLINE_S
-        self.turns = Turns()
+        self.writes = LedgerBatches(cache, self.ledgers, self.fits, self._read_again)
         self.quotas = QuotaGate(cache, QuotaLedgers(kube), attempts, metrics.conflicts.inc)
 
     def bind(self, args: BindingArgs, request: PodRequest, placer: Placer,
@@ -94,9 +94,7 @@ class Binder:
         clock = clock or BindClock()
         began = time.monotonic()
         stamp = self.now()  # one bind time, in the ledger entry and on the pod alike
-        with self.turns.of(args.node):  # this replica's binds on the node, one at a time
-            clock.lap("node-queue")
-            placed = self._commit(args, request, placer, rng, stamp, clock)
+        placed = self._commit(args, request, placer, rng, stamp, clock)
         if isinstance(placed, str):
             return placed
         scopes, refused = self.quotas.admit(request.key, self._entry(args, request, *placed,
@@ -155,18 +153,14 @@ class Binder:
             clock.lap("decide")
             if isinstance(step, str):
                 return step
-            alloc, group, view, prune, node = step
+            alloc, group, view, _, node = step  # the write prunes (ledgerbatch)
             entry = self._entry(args, request, alloc, group, stamp)
             try:
-                held = counted(view, prune, replacing=request.key)
-                self.fits.check(node, held, alloc, self.cache.state.memory_unit_mib)
-                new_view = self.ledgers.commit(view, request.key, entry, prune)
-            except (OverCommit, Conflict) as exc:
+                new_view = self.writes.commit(view.node, node, request.key, entry,
+                                              lambda: clock.lap("node-queue"))
+            except (OverCommit, Conflict):
                 clock.lap("ledger")
-                self.metrics.conflicts.inc()
-                if isinstance(exc, OverCommit) or not self._moved_on(view):
-                    self._refresh_ledger(args.node)  # else decide again on the newer view
-                    clock.lap("ledger-reread")
+                self.metrics.conflicts.inc()  # the write read the ledger again if need be
                 continue
             except KubeError as exc:
                 clock.lap("ledger")
@@ -214,6 +208,12 @@ class Binder:
         ours = view.resource_version or ""
         theirs = (held.resource_version if held is not None else None) or ""
         return ours.isdigit() and theirs.isdigit() and int(theirs) > int(ours)
+
+    def _read_again(self, view: View) -> None:
+        """After a lost write from ``view``: a fresh copy of its ledger, unless the cache
+        holds a newer one already."""
+        if not self._moved_on(view):
+            self._refresh_ledger(view.node)
 
     def _refresh_ledger(self, node: str) -> None:
         try:

@@ -21,7 +21,8 @@ Bounded work per request:
 * a body is read into one buffer of its declared length (no chunk list, no join copy);
 * a body nested more than ``jsondepth.MAX_DEPTH`` levels deep is refused before it is
   decoded (the decoders recurse per level; the answer must not depend on the
-  interpreter's recursion limit);
+  interpreter's recursion limit); so is a preempt body naming more candidate nodes than
+  the cluster has (``proposals.too_many_nodes``);
 * decoding and deciding run off the event loop, on the app's own thread pools (two
   threads decide, sixteen bind: kube-scheduler binds asynchronously, up to its
   parallelism), so the event loop keeps reading other calls while one is decided —
@@ -59,6 +60,7 @@ from gpupool.extender.dra.drafilter import claims_filter_json
 from gpupool.extender.dra.drascores import claims_priorities_json
 from gpupool.extender.edge.sizing import BodyLimits
 from gpupool.extender.metrics import Metrics
+from gpupool.extender.preemption import proposals
 from gpupool.extender.service import READY_KINDS, Extender
 from gpupool.extender.wire import protocol
 
@@ -193,6 +195,9 @@ class ExtenderApp:
             return self._refuse(name, f"gpupool {name}: the request body is JSON nested more "
                                       f"than {jsondepth.MAX_DEPTH} levels deep (no Kubernetes "
                                       "object comes near)")
+        crowded = proposals.too_many_nodes(body, self.limits.nodes) if name == "preempt" else ""
+        if crowded:
+            return self._refuse(name, f"gpupool {name}: {crowded}")
         if name in INLINE_VERBS and len(body) <= self.inline_bytes:
             return handler(body)  # a small filter: less work than the thread hop costs
         pool = self.binds if name == "bind" else self.decide

@@ -16,9 +16,11 @@ size (``--max-nodes``, default 5,000: the largest cluster Kubernetes supports):
 * bind: four names (``BIND_BYTES``).
 
 A larger body is refused with an ``Error`` naming the limit and the flag that raises it;
-it is read and thrown away, never buffered. ``budget_bytes`` bounds the bodies buffered
-at once over all connections, so concurrent large requests cannot add up past the
-process's memory limit.
+it is read and thrown away, never buffered. So is a preempt body naming more candidate
+nodes than the cluster has (``nodes``: its cost grows with the nodes named, and a few
+hundred thousand small entries fit in the byte limit). ``budget_bytes`` bounds the
+bodies buffered at once over all connections, so concurrent large requests cannot add up
+past the process's memory limit.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ class BodyLimits:
     preempt_bytes: int
     bind_bytes: int = BIND_BYTES
     budget_bytes: int = 0
+    nodes: int = MAX_NODES  # the most nodes a call can name (a preempt's candidates)
 
     @classmethod
     def for_cluster(cls, max_nodes: int = MAX_NODES, cache_capable: bool = True
@@ -61,7 +64,7 @@ class BodyLimits:
         filter_bytes = POD_BYTES + max_nodes * per_node
         preempt_bytes = POD_BYTES + candidates(max_nodes) * (NAME_BYTES + victims)
         return cls(filter_bytes, preempt_bytes, BIND_BYTES,
-                   2 * max(filter_bytes, preempt_bytes))
+                   2 * max(filter_bytes, preempt_bytes), max_nodes)
 
     def of(self, verb: str) -> int:
         if verb == "bind":

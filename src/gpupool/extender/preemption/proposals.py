@@ -48,7 +48,23 @@ _TABLE = msgspec.json.Decoder(dict[str, _Victims])
 _PODS = msgspec.json.Decoder(list[_Victim] | None)
 _TOP = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _NONE: tuple[str, ...] = ()
+ENTRY_KEY = b'"NumPDBViolations":'
+SMALLEST_ENTRY = len(b'"":{"Pods":[],"NumPDBViolations":0},')
 TABLES = {"nodenametometavictims": True, "nodenametovictims": False}
+
+
+def too_many_nodes(body: bytes | bytearray, most: int) -> str:
+    """Why ``body`` is refused unread when it names more candidate nodes than ``most`` (a
+    cluster of the size served has no more), else "". Counted, not decoded: Go writes
+    ``"NumPDBViolations":`` in every node's entry, and nowhere else can it stand
+    unescaped but as a key, so the count is at least the nodes named."""
+    if len(body) < most * SMALLEST_ENTRY:
+        return ""  # too short to name that many
+    named = body.count(ENTRY_KEY)
+    if named <= most:
+        return ""
+    return (f"the request names {named} candidate nodes, more than the {most} of the "
+            "largest cluster this extender serves (--max-nodes)")
 
 
 def read_preemption(body: bytes | bytearray) -> protocol.PreemptionArgs:
