@@ -84,6 +84,7 @@ def every_filter_reason(ext: Extender) -> Iterator[str]:
     yield from filtered(ext, {"class.gpupool.io/h100": "1"})        # class: no GPU here
     yield from filtered(ext, {"class.gpupool.io/nope": "1"})        # class: unknown
     yield from filtered(ext, {gpu: "1"}, labels={"gpupool.io/group": "nope"})  # group
+    yield from filtered(ext, {"mig.gpupool.io/1g.10gb": "1", gpu: "1"})  # MIG profile
     hold(ext, "busy-a0", "a", (Slice("GPU-a-0", 0, 30720, 95),))
     hold(ext, "busy-a1", "a", (Slice("GPU-a-1", 1, 30720, 95),))
     hold(ext, "busy-b0", "b", (Slice("GPU-b-0", 0, 30720, 95),))
