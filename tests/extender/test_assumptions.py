@@ -1,6 +1,6 @@
 """Assumptions: a placement handed to kube-scheduler's bind counts as taken for the next
 pods until its bind comes (or it expires, or a record of the cluster needs the room), and
-this replica's binds on one node take turns on its ledger."""
+this replica's concurrent binds on one node share its ledger's writes."""
 
 from __future__ import annotations
 
@@ -155,7 +155,7 @@ def test_with_assumptions_off_prioritize_holds_nothing(
     assert outcome(replica.extender, "made") == 0
 
 
-def test_a_replicas_binds_on_one_node_take_turns_without_ledger_conflicts(
+def test_a_replicas_concurrent_binds_on_one_node_lose_no_write_to_each_other(
         fake: FakeApiServer) -> None:
     nodes = seed_cluster(fake, 1, 8)
     pods = [fake.seed("pods", pod_obj(f"p{k}", {"gpupool.io/gpu": "1"})) for k in range(8)]
@@ -171,7 +171,7 @@ def test_a_replicas_binds_on_one_node_take_turns_without_ledger_conflicts(
         assert errors == [""] * 8
         assert replica.extender.metrics.conflicts._value.get() == 0  # none lost a race
         assert replica.extender.binder is not None
-        assert replica.extender.binder.turns.waiting() == 0  # the turns were let go
+        assert replica.extender.binder.writes.batches.turns.held() == 0  # all let go
         assert len(fake.get("gpuledgers", nodes[0])["spec"]["entries"]) == 8
     finally:
         replica.close()

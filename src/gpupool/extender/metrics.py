@@ -8,8 +8,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
 STAGE_BUCKETS = (0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0, 5.0)
-BIND_STAGES = ("parse", "gate", "node-queue", "decide", "ledger", "ledger-reread", "quota",
-               "sign", "binding", "cleanup")
+BIND_STAGES = ("parse", "gate", "decide", "node-queue", "ledger", "quota", "sign", "binding",
+               "cleanup")
 """A bind's stages, in order (``gpupool_extender_bind_stage_seconds``; docs/operations.md)."""
 
 

@@ -66,7 +66,7 @@ class Holdings:
         try:
             self._reserve(alloc)
         except OverCommit as exc:
-            if source not in (ASSUME, "bind") and self._make_way(alloc.node):
+            if source not in (ASSUME, "bind") and self._make_way(alloc.gpu_node):
                 return self.hold(alloc, source, charge)  # no assumption is left in its way
             self.conflicts += 1
             if source == ASSUME:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -114,14 +114,14 @@ def decode_entry(uid: str, raw: Any) -> Entry:
                  tuple(displaces) if kind == HOLD else ())
 
 
-def counted(view: View, prune: Iterable[str] = (), replacing: str | None = None
+def counted(view: View, prune: Iterable[str] = (), replacing: Collection[str] = ()
             ) -> list[Allocation]:
     """The allocations a fit check of ``view`` counts: every entry but ``prune`` and the
-    entries displaced by a hold that is neither pruned nor being ``replacing``'s (a pod's
-    bind replaces its own hold: its victims count again unless they are gone)."""
+    entries displaced by a hold that is neither pruned nor of a pod in ``replacing`` (a
+    pod's bind replaces its own hold: its victims count again unless they are gone)."""
     dropped = set(prune)
     displaced = {v for u, e in view.entries.items()
-                 if e.is_hold and u not in dropped and u != replacing for v in e.displaces}
+                 if e.is_hold and u not in dropped and u not in replacing for v in e.displaces}
     return [e.allocation for u, e in view.entries.items()
             if u not in dropped and u not in displaced]
 
@@ -296,15 +296,21 @@ class Ledgers:
 
         Raises ``Conflict`` (or ``AlreadyExists``) when it moved on.
         """
+        return self.commit_all(view, {uid: entry}, prune)
+
+    def commit_all(self, view: View, entries: Mapping[str, Entry], prune: Iterable[str] = ()
+                   ) -> View:
+        """``commit`` of several pods' entries in one write."""
         changes: dict[str, Any] = {u: None for u in prune if u in view.entries}
-        changes[uid] = entry.to_json()
-        old = view.entries.get(uid)
-        if old is not None and old.is_hold and not entry.is_hold:  # a merge patch merges:
-            changes[uid].update(kind=None, expires=None, displaces=None)  # drop them
+        for uid, entry in entries.items():
+            changes[uid] = entry.to_json()
+            old = view.entries.get(uid)
+            if old is not None and old.is_hold and not entry.is_hold:  # a merge patch
+                changes[uid].update(kind=None, expires=None, displaces=None)  # merges: drop
         if view.resource_version is None:
             obj = {"apiVersion": names.API_VERSION, "kind": "GPULedger",
                    "metadata": {"name": view.node},
-                   "spec": {"node": view.node, "entries": {uid: changes[uid]}}}
+                   "spec": {"node": view.node, "entries": {u: changes[u] for u in entries}}}
             return advanced(View(view.node), changes, self.api.create_ledger(obj))
         patch = {"spec": {"entries": changes}}
         return advanced(view, changes, self.api.patch_ledger(view.node, patch,

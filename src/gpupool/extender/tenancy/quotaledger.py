@@ -19,15 +19,17 @@ namespace or (namespace, class) limit of the quota book is ``namespace.<ns>``. A
 under no limit touches no QuotaLedger.
 
 At bind, after the node's GPULedger entry is written (``binder``), ``QuotaGate.admit``
-for each scope in turn (this replica's binds in one scope take turns, ``turns``, so they
-do not lose the compare-and-swap to each other): read the scope's ledger (the last
-version this replica read or wrote, else a GET), check the charge with the core's
-arithmetic (``QuotaBook.check`` and ``TenantBook.check`` on the cache's book, with the
+for each scope in turn (this replica's binds in one scope take turns, and whoever has
+the turn writes the charges of every bind that waited for it in one write,
+``turns.Batches``, so they neither lose the compare-and-swap to each other nor pass one
+per round trip): read the scope's ledger (the last version this replica read or wrote,
+else a GET), check each charge with the core's arithmetic (``QuotaBook.check`` and
+``TenantBook.check`` on the cache's book, which holds every bind in flight, with the
 ledger's live entries that the book does not know yet charged in for the check), and
-write the pod's entry with that resourceVersion as a precondition; a conflict re-reads
-and re-checks. A refusal, or a scope that kept changing, removes the entries written so
-far (the binder then removes the node entry) and refuses the bind with the quota's
-reason.
+write the entries of those that fit with that resourceVersion as a precondition; a
+conflict re-reads and re-checks. A refusal, or a scope that kept changing, removes the
+entries written so far (the binder then removes the node entry) and refuses the bind
+with the quota's reason.
 
 A head holding ``move_at`` entries moves them to shards (``shard-<k>.<head>``), so no
 object outgrows what the API server stores; admission reads the head and every shard it
@@ -44,14 +46,15 @@ import hashlib
 import logging
 import re
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from gpupool.contract import names
 from gpupool.core.quota import Charge, amount_of_allocation
 from gpupool.extender.state.cache import ClusterCache
 from gpupool.extender.state.ledger import Entry, View, advanced, view_of
-from gpupool.extender.state.turns import Turns
+from gpupool.extender.state.turns import Batches
 from gpupool.extender.tenancy.quotashards import (
     MOVE_AT_ENTRIES,
     SHARD_BYTES,
@@ -173,14 +176,21 @@ class QuotaLedgers:
                prune: Iterable[str] = ()) -> View:
         """Add ``entry`` (and drop ``prune``) if the ledger is still at ``view``'s version;
         ``Conflict`` (or ``AlreadyExists``) when it moved on."""
-        changes: dict[str, Any] = {u: None for u in prune if u in view.entries and u != uid}
-        changes[uid] = entry.to_json()
+        return self.commit_all(view, scope, {uid: entry}, prune)
+
+    def commit_all(self, view: View, scope: str, entries: Mapping[str, Entry],
+                   prune: Iterable[str] = ()) -> View:
+        """``commit`` of several pods' entries in one write."""
+        changes: dict[str, Any] = {u: None for u in prune
+                                   if u in view.entries and u not in entries}
+        changes.update((uid, entry.to_json()) for uid, entry in entries.items())
         if view.resource_version is None:
+            fresh = {uid: changes[uid] for uid in entries}
             obj = {"apiVersion": names.API_VERSION, "kind": KIND,
                    "metadata": {"name": view.node},
-                   "spec": {"scope": scope, "entries": {uid: changes[uid]}}}
+                   "spec": {"scope": scope, "entries": fresh}}
             answer = self.api.create_quota_ledger(obj)
-            written = advanced(View(view.node), {uid: changes[uid]}, answer)
+            written = advanced(View(view.node), fresh, answer)
         else:
             try:
                 answer = self.api.patch_quota_ledger(
@@ -316,6 +326,15 @@ def _named(view: View, name: str) -> View:
     return View(name, view.resource_version, view.entries)
 
 
+@dataclass(frozen=True, slots=True)
+class Charged:
+    """One bind's charge waiting for a QuotaLedger's write."""
+
+    key: str
+    entry: Entry
+    charge: Charge
+
+
 class QuotaGate:
     """Admits a bind's charge in every quota scope's ledger, or says why not."""
 
@@ -325,7 +344,7 @@ class QuotaGate:
         self.ledgers = ledgers
         self.attempts = attempts
         self.on_conflict = on_conflict
-        self.turns = Turns()
+        self.batches: Batches[Charged, str] = Batches()
 
     def admit(self, key: str, entry: Entry) -> tuple[list[str], str]:
         """(ledgers written, '' when admitted else why not). Refused: nothing stays written."""
@@ -342,28 +361,34 @@ class QuotaGate:
         return written, ""
 
     def _admit_in(self, name: str, scope: str, key: str, entry: Entry, charge: Charge) -> str:
-        with self.turns.of(name):  # this replica's binds in one scope: one after another
-            return self._admit_turn(name, scope, key, entry, charge)
+        """'' when admitted in QuotaLedger ``name``, else why not: in one write with the
+        other binds of this replica waiting for that ledger (``turns.Batches``)."""
+        return self.batches.submit(name, Charged(key, entry, charge),
+                                   lambda batch: self._admit_batch(name, scope, batch))
 
-    def _admit_turn(self, name: str, scope: str, key: str, entry: Entry, charge: Charge
-                    ) -> str:
+    def _admit_batch(self, name: str, scope: str, batch: Sequence[Charged]) -> list[str]:
+        """Each charge of ``batch`` checked on the ledger's version, those that fit written
+        together; a conflict checks them all again."""
         for _ in range(self.attempts):
             try:
                 view, marks = self.ledgers.state(name)
                 whole = self.ledgers.whole(view, marks)
+                keys = {c.key for c in batch}
                 with self.cache.lock:
-                    why = self.refusal(whole, key, charge)
-                    prune = [u for u in self.cache.quota_prunable(view) if u != key]
-                if why:  # the version remembered may be outdated: the next bind reads it
-                    self.ledgers.forget(name)
-                    return why
-                self.ledgers.spread(self.ledgers.commit(view, scope, key, entry, prune), scope)
-                return ""
+                    whys = [self.refusal(whole, c.key, c.charge) for c in batch]
+                    prune = [u for u in self.cache.quota_prunable(view) if u not in keys]
+                fit = {c.key: c.entry for c, why in zip(batch, whys, strict=True) if not why}
+                if fit:
+                    self.ledgers.spread(self.ledgers.commit_all(view, scope, fit, prune), scope)
+                if len(fit) < len(batch):  # the version remembered may be outdated: the
+                    self.ledgers.forget(name)  # next bind reads it
+                return whys
             except Unreadable as exc:
                 self.ledgers.forget(name)
-                return (f"the quota of {scope} cannot be checked for {entry.pod or key}: "
-                        f"{exc}; nothing was written (fix or delete that object: docs/tenancy.md, "
-                        "\"QuotaLedger shards\"); the scheduler will retry")
+                return [f"the quota of {scope} cannot be checked for {c.entry.pod or c.key}: "
+                        f"{exc}; nothing was written (fix or delete that object: "
+                        "docs/tenancy.md, \"QuotaLedger shards\"); the scheduler will retry"
+                        for c in batch]
             except (Conflict, AlreadyExists):
                 self.on_conflict()
                 self.ledgers.forget(name)
@@ -371,10 +396,10 @@ class QuotaGate:
                 self.ledgers.forget(name)
                 hint = " (is the QuotaLedger CRD applied? deploy/crds/quotaledgers.yaml)" \
                     if isinstance(exc, NotFound) else ""
-                return (f"recording the quota charge of {key} in QuotaLedger {name} failed: "
-                        f"{exc}{hint}; the scheduler will retry")
-        return (f"the quota of {scope} kept changing under {key} ({self.attempts} attempts); "
-                "the scheduler will retry")
+                return [f"recording the quota charge of {c.key} in QuotaLedger {name} failed: "
+                        f"{exc}{hint}; the scheduler will retry" for c in batch]
+        return [f"the quota of {scope} kept changing under {c.key} ({self.attempts} "
+                "attempts); the scheduler will retry" for c in batch]
 
     def refusal(self, view: View, key: str, charge: Charge) -> str:
         """Why ``charge`` of pod ``key`` does not fit, counting the cache's charges and the
