@@ -1,3 +1,4 @@
 """Bind: which pods the extender may bind (``gate``), the GPULedger compare-and-swap, quota
-charge and signed Binding of one pod (``binder``), and keeping the GPULedger and
-QuotaLedger objects in step with the live pods (``reconcile``)."""
+charge and signed Binding of one pod (``binder``), the ledger writes its binds share
+(``ledgerbatch``), and keeping the GPULedger and QuotaLedger objects in step with the
+live pods (``reconcile``)."""
