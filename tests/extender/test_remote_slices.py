@@ -8,16 +8,20 @@ from __future__ import annotations
 import random
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from gpupool_testing.fake_apiserver import FakeApiServer
 
 from gpupool.contract import annotations as records
+from gpupool.contract.slices import SliceState, SliceStatus
 from gpupool.core.model import Gpu, Node
 from gpupool.core.serving import ServingConfig
 from gpupool.core.state import ClusterState
 from gpupool.extender.preemption.plans import PreemptionSettings
+from gpupool.security.signing import claims_of
+from tests.rbac_grants import grants, needed, refused, rendered
 from tests.waiting import wait_for
 
 from .builders import Replica, gpu_obj, node_obj, pod_obj, schedule
@@ -244,3 +248,55 @@ def test_without_remote_slices_on_a_remote_required_pod_is_refused_everywhere(
                                    "enabled on this cluster (no data-plane provider)")
     finally:
         r.close()
+
+
+def lose(fake: FakeApiServer, pod: dict[str, Any], node: str) -> None:
+    """What the controller writes when the slice's server on ``node`` stopped answering."""
+    status = SliceStatus(SliceState.LOST, node, "gpupool-slices/x", "no answer for 45 s",
+                         "2026-01-01T00:00:00Z")
+    fake.patch("pods", pod["metadata"]["name"], {"metadata": {"annotations": {
+        "gpupool.io/slice-status": status.encode()}}}, pod["metadata"]["namespace"])
+
+
+def test_a_lost_slice_is_placed_again_on_another_node_with_a_new_signed_decision(
+        fake: FakeApiServer, replica: Replica, tmp_path: Path) -> None:
+    pod = fake.seed("pods", remote("train", 30000))
+    assert bind(replica, pod, "cpu-a") == ""
+    before = served_by(fake, pod)
+    lose(fake, pod, before)
+    uid = pod["metadata"]["uid"]
+    assert wait_for(lambda: replica.cache.pods[uid].slice_lost == before)
+    replacer = replica.extender.replacer
+    assert replacer is not None
+    (other,) = {"gpu-a1", "gpu-a2"} - {before}  # the zone's other GPU
+    assert replacer.sweep() == {"default/train": other}
+    assert served_by(fake, pod) == other
+    stored = fake.get("pods", "train", "default")
+    notes = stored["metadata"]["annotations"]
+    replica.keys.ring().verify(claims_of(uid, "default", "train", notes),
+                               notes["gpupool.io/signature"])  # raises if not signed
+    assert uid not in ((fake.get("gpuledgers", before) or {}).get("spec", {}).get("entries")
+                       or {})
+    assert uid in fake.get("gpuledgers", other)["spec"]["entries"]
+    assert [e["reason"] for e in fake.objects("events")] == ["GpupoolSlicePlacedAgain"]
+    assert replacer.sweep() == {}  # the decision moved: nothing is lost any more
+    rules = grants(rendered(tmp_path, "remote.provider=stub"), "gpupool-extender")
+    assert refused(needed(fake.requests), rules) == set()
+
+
+def test_a_lost_slice_with_no_room_elsewhere_keeps_its_decision_and_says_why(
+        fake: FakeApiServer, replica: Replica) -> None:
+    pods = [fake.seed("pods", remote(f"p{k}", 30000)) for k in range(3)]
+    for pod in pods:
+        assert bind(replica, pod, "cpu-b") == ""
+    lost = served_by(fake, pods[0])
+    lose(fake, pods[0], lost)
+    uid = pods[0]["metadata"]["uid"]
+    assert wait_for(lambda: replica.cache.pods[uid].slice_lost == lost)
+    replacer = replica.extender.replacer
+    assert replacer is not None
+    (why,) = replacer.sweep().values()
+    assert "none of its" in why or "no other node" in why
+    assert served_by(fake, pods[0]) == lost
+    replacer.sweep()  # the same reason is told once
+    assert [e["reason"] for e in fake.objects("events")] == ["GpupoolSliceNotPlacedAgain"]

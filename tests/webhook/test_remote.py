@@ -208,3 +208,17 @@ def test_the_placement_annotation_is_a_users_own_but_the_slice_name_is_not_edita
 def test_the_slice_names_agree_with_the_contract() -> None:
     assert slices.server_address("0123456789abcdef", "gpupool-system") == \
         "gpupool-slice-0123456789abcdef.gpupool-system.svc:14900"
+
+
+def test_the_extender_may_rewrite_a_decision_only_where_remote_slices_are_on() -> None:
+    from gpupool.cli.main import build_parser
+    from gpupool.cli.webhook import settings_of
+    from gpupool.webhook.decisions import REPLACING_KEYS
+
+    on = build_parser().parse_args(["webhook", "--remote-provider", "stub",
+                                    "--slice-client-image", "reg.example/gpupool:1"])
+    off = build_parser().parse_args(["webhook"])
+    assert settings_of(on).writers.may_change(EXTENDER) == REPLACING_KEYS
+    assert settings_of(off).writers.may_change(EXTENDER) == frozenset()
+    with pytest.raises(SystemExit, match="needs --slice-client-image"):
+        settings_of(build_parser().parse_args(["webhook", "--remote-provider", "stub"]))

@@ -291,6 +291,8 @@ def _housekeeping(wired: Wired, tls: ReloadingContext | None, args: argparse.Nam
     since_workload = since_tls = 0.0
     while not stop.wait(args.sweep_every):
         extender.cache.sweep()
+        if extender.replacer is not None:
+            extender.replacer.sweep()
         wired.reconciler.run_once()
         since_workload += args.sweep_every
         since_tls += args.sweep_every

@@ -37,6 +37,7 @@ from gpupool.webhook.decisions import (
     CONTROLLER_KEYS,
     NODE_AGENT_DECIDING_KEYS,
     NODE_AGENT_KEYS,
+    REPLACING_KEYS,
     Writers,
     service_account,
 )
@@ -129,8 +130,11 @@ def settings_of(args: argparse.Namespace, api: KubeApi | None = None) -> Setting
     agent = service_account(args.namespace, args.node_agent_account)
     keys = NODE_AGENT_DECIDING_KEYS if args.node_agent_decides else NODE_AGENT_KEYS
     controller = service_account(args.namespace, args.controller_account)
-    writers = Writers({agent: keys, controller: CONTROLLER_KEYS},
-                      frozenset({service_account(args.namespace, args.extender_account)}))
+    extender = service_account(args.namespace, args.extender_account)
+    by_user = {agent: keys, controller: CONTROLLER_KEYS}
+    if args.remote_provider != "none":  # it places lost remote slices again
+        by_user[extender] = REPLACING_KEYS
+    writers = Writers(by_user, frozenset({extender}))
     return Settings(args.scheduler_name, writers, args.guard == "all-pods",
                     frozenset({agent}), _pod_node(api) if api is not None else None,
                     remote_of(args))

@@ -20,7 +20,8 @@
   (``homes``: the reason of the others from ``explain_home``), prioritize ranks those by
   where its slice would be served (own node, then each topology domain, then any), and
   bind decides with the node kube-scheduler chose as home, writing the entry into the
-  ledger of the node that serves the slice.
+  ledger of the node that serves the slice; a slice whose server the controller found
+  lost is placed again elsewhere (``replacement.Replacer``, from the sweep).
 * preempt: keeps the nodes where the proposed victims free enough GPU.
 * DRA: a device-plugin pod is refused on a node that serves its GPUs through Dynamic
   Resource Allocation (``dramodes``, also at bind and preemption); a pod whose GPUs come
@@ -76,6 +77,7 @@ from gpupool.core.serving import ServingConfig, ServingPlacer
 from gpupool.core.state import ClusterState, IntArray
 from gpupool.extender.bind.binder import Binder
 from gpupool.extender.bind.gate import DEFAULT_SCHEDULER, assumable, bindable_request
+from gpupool.extender.bind.replacement import Replacer
 from gpupool.extender.dra.drascores import claim_priorities
 from gpupool.extender.metrics import BindClock, Metrics
 from gpupool.extender.preemption import proposals
@@ -152,6 +154,8 @@ class Extender:
                                                                        settings.weights)))
         self.serving = ServingPlacer(self.placer, settings.serving)
         cache.homes_without_gpus(settings.serving.remote)  # a remote slice's home needs none
+        self.replacer = Replacer(cache, kube, keys, lambda: self.serving, self.rng, clock) \
+            if kube is not None and keys is not None and settings.serving.remote else None
         metrics.gpus_allocated.set_function(lambda: self.usage_gpus()[0])
         metrics.gpus_total.set_function(lambda: float(self.usage_gpus()[1]))
         metrics.registry.register(TenancyCollector(cache))

@@ -36,6 +36,10 @@ WEBHOOK_KEYS = frozenset({names.ANNOTATION_SLICE})
 overwrites any value, and ``remote.unexpected`` checks it); guarded on every update."""
 CONTROLLER_KEYS = frozenset({names.ANNOTATION_SLICE_STATUS})
 """The controller's record of a remote slice's server."""
+REPLACING_KEYS = frozenset({
+    names.ANNOTATION_ALLOCATION, names.ANNOTATION_NODE, names.ANNOTATION_BIND_TIME,
+    names.ANNOTATION_PHASE, names.ANNOTATION_SIGNATURE, names.ANNOTATION_RESOURCE_GROUP})
+"""With remote slices, the extender writes a lost slice's new decision on its bound pod."""
 ANNOTATION_OVER_USE = "gpupool.io/over-use"
 """The node agent's record of a container using more than its slice (its monitor)."""
 NODE_AGENT_KEYS = frozenset({names.ANNOTATION_PHASE, names.ANNOTATION_REASON,

@@ -50,7 +50,8 @@ from gpupool.core.allocation import Allocation
 from gpupool.core.eligibility import charge_of
 from gpupool.core.errors import OverCommit
 from gpupool.core.placement import Placer
-from gpupool.core.request import PodRequest
+from gpupool.core.request import PodRequest, Serving
+from gpupool.core.serving import ServingPlacer
 from gpupool.extender.bind.ledgerbatch import LedgerBatches
 from gpupool.extender.metrics import BindClock, Metrics
 from gpupool.extender.state.cache import ClusterCache
@@ -88,37 +89,41 @@ class Binder:
         self.quotas = QuotaGate(cache, QuotaLedgers(kube), attempts, metrics.conflicts.inc)
 
     def bind(self, args: BindingArgs, request: PodRequest, placer: Placer,
-             rng: random.Random, clock: BindClock | None = None) -> str:
+             rng: random.Random, clock: BindClock | None = None,
+             serving: ServingPlacer | None = None) -> str:
         """'' when bound, else why not (the scheduler shows it and retries). ``clock``
-        times the stages (``metrics.BIND_STAGES``)."""
+        times the stages (``metrics.BIND_STAGES``). ``serving`` places a pod that may have
+        its slice served remotely (docs/design/remote.md): its entry goes into the ledger
+        of the node whose GPUs serve it, which may not be the node it is bound to."""
         clock = clock or BindClock()
         began = time.monotonic()
         stamp = self.now()  # one bind time, in the ledger entry and on the pod alike
-        placed = self._commit(args, request, placer, rng, stamp, clock)
+        placed = self._commit(args, request, placer, rng, stamp, clock, serving)
         if isinstance(placed, str):
             return placed
+        ledger_node = placed[0].gpu_node  # args.node unless served by another node
         scopes, refused = self.quotas.admit(request.key, self._entry(args, request, *placed,
                                                                      stamp))
         clock.lap("quota")
         if refused:
-            self._roll_back(args.node, request.key)
+            self._roll_back(ledger_node, request.key)
             return f"node {args.node}: {refused}"
         notes = self._signed(args, *placed, stamp)
         clock.lap("sign")
         if time.monotonic() - began > self.deadline_s:
-            self._roll_back(args.node, request.key, scopes)
+            self._roll_back(ledger_node, request.key, scopes)
             return (f"binding {args.namespace}/{args.name} to {args.node} took longer than "
                     f"{self.deadline_s:.0f}s (the API server is slow); the scheduler will retry")
         try:
             self.kube.bind_pod(args.namespace, args.name, args.uid, args.node, notes)
         except KubeError as exc:
             clock.lap("binding")
-            self._roll_back_failed(args, request.key, scopes)
+            self._roll_back_failed(args, request.key, scopes, ledger_node)
             return f"binding {args.namespace}/{args.name} to {args.node} failed: {exc}"
         clock.lap("binding")
         with self.cache.lock:
             self.cache.unhold(request.key, "bind")
-        self._remove_superseded(args.node, request.key)
+        self._remove_superseded(ledger_node, request.key)
         clock.lap("cleanup")
         return ""
 
@@ -145,11 +150,11 @@ class Binder:
                 log.warning("removing %s from the GPU ledger of %s: %s", key, other, exc)
 
     def _commit(self, args: BindingArgs, request: PodRequest, placer: Placer,
-                rng: random.Random, stamp: str, clock: BindClock
-                ) -> tuple[Allocation, str | None] | str:
+                rng: random.Random, stamp: str, clock: BindClock,
+                serving: ServingPlacer | None = None) -> tuple[Allocation, str | None] | str:
         """Decide on the node and win the ledger's compare-and-swap; or say why not."""
         for _ in range(self.attempts):
-            step = self._decide_on(args, request, placer, rng)
+            step = self._decide_on(args, request, placer, rng, serving)
             clock.lap("decide")
             if isinstance(step, str):
                 return step
@@ -174,7 +179,7 @@ class Binder:
                 f"({self.attempts} attempts); the scheduler will retry")
 
     def _decide_on(self, args: BindingArgs, request: PodRequest, placer: Placer,
-                   rng: random.Random) -> Step | str:
+                   rng: random.Random, serving: ServingPlacer | None = None) -> Step | str:
         with self.cache.lock:
             self.cache.flush()
             self.cache.readopt(request.key, args.node)
@@ -183,16 +188,24 @@ class Binder:
             if i is None:
                 return f"node {args.node}: {UNKNOWN_NODE}"
             c = self.cache.modes.constraints(state, request, self.cache.catalogue)
-            placement = placer.decide(state, request, rng, c, among=np.array([i], np.int64),
-                                      explain_limit=1)
-            if placement.allocation is None:
-                return placement.reasons[0].sentence() if placement.reasons else \
-                    f"node {args.node}: {request.describe()} does not fit now"
-            alloc = placement.allocation
+            if serving is not None and request.gpus and request.serving is not Serving.LOCAL:
+                served = serving.decide(state, request, args.node, rng, c)
+                if served.allocation is None:
+                    return served.summary()
+                alloc = served.allocation
+            else:
+                placement = placer.decide(state, request, rng, c,
+                                          among=np.array([i], np.int64), explain_limit=1)
+                if placement.allocation is None:
+                    return placement.reasons[0].sentence() if placement.reasons else \
+                        f"node {args.node}: {request.describe()} does not fit now"
+                alloc = placement.allocation
             if not self.cache.hold(alloc, "bind", charge_of(request, alloc, c)):
                 return f"node {args.node}: could not reserve {alloc.describe()}"
-            view = self.cache.ledgers.get(args.node) or View(args.node)
-            return alloc, c.group, view, self.cache.prunable(view), state.nodes[i]
+            serves = alloc.gpu_node  # whose ledger records the slices
+            view = self.cache.ledgers.get(serves) or View(serves)
+            return alloc, c.group, view, self.cache.prunable(view), \
+                state.nodes[state.index[serves]]
 
     @staticmethod
     def _entry(args: BindingArgs, request: PodRequest, alloc: Allocation, group: str | None,
@@ -221,18 +234,22 @@ class Binder:
         except KubeError as exc:
             log.warning("reading the GPU ledger of %s: %s", node, exc)
 
-    def _roll_back_failed(self, args: BindingArgs, key: str, scopes: list[str]) -> None:
+    def _roll_back_failed(self, args: BindingArgs, key: str, scopes: list[str],
+                          ledger_node: str | None = None) -> None:
         """After a failed Binding: if the pod is bound all the same (another bind of it won,
         or the API server applied it and the answer was lost), the entries under its uid
-        are the winner's and stay (the node's only when it is bound there); else all go."""
+        are the winner's and stay (the node's only when it is bound there); else all go.
+        ``ledger_node``: whose ledger this bind wrote (the serving node of a remote slice;
+        default the node)."""
+        ledger_node = ledger_node or args.node
         bound = self._bound_node(args)
         if bound is None:
-            self._roll_back(args.node, key, scopes)
+            self._roll_back(ledger_node, key, scopes)
             return
         log.info("binding %s/%s to %s failed but the pod is bound to %s: its ledger "
                  "entries are kept", args.namespace, args.name, args.node, bound)
         if bound != args.node:
-            self._roll_back(args.node, key, [])
+            self._roll_back(ledger_node, key, [])
 
     def _bound_node(self, args: BindingArgs) -> str | None:
         """The node the pod with ``args``' uid is bound to (None: not bound, or unknown)."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
+from dataclasses import replace
 
 from gpupool.core.allocation import Allocation
 from gpupool.core.eligibility import Catalogue
@@ -61,7 +62,7 @@ class Holdings:
             if source != "pod":  # the pod's own record wins over a ledger or a guess
                 return False
             self._release(key)
-        if alloc.node not in self.state.index:
+        if alloc.node not in self.state.index or alloc.gpu_node not in self.state.index:
             return False
         try:
             self._reserve(alloc)
@@ -149,14 +150,13 @@ class Holdings:
             self.state.reserve(self._positioned(alloc))
 
     def _positioned(self, alloc: Allocation) -> Allocation:
-        """``alloc`` with GPU positions looked up by uuid (indices may have gaps)."""
-        node = self.state.nodes[self.state.index[alloc.node]]
+        """``alloc`` with GPU positions looked up by uuid (indices may have gaps) on the
+        node whose GPUs hold its slices."""
+        node = self.state.nodes[self.state.index[alloc.gpu_node]]
         if all(s.gpu_position < len(node.gpus) and node.gpus[s.gpu_position].uuid == s.gpu_uuid
                for s in alloc.slices):
             return alloc
-        remapped = ledger.gpu_only(alloc, node)
-        return Allocation(alloc.key, alloc.node, alloc.cpu_milli, alloc.memory_mib,
-                          remapped.slices, alloc.exclusive)
+        return replace(alloc, slices=ledger.gpu_only(alloc, node).slices)
 
     def _charge(self, key: str, charge: Charge) -> None:
         try:

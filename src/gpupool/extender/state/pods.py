@@ -21,6 +21,7 @@ from typing import Any
 
 from gpupool.contract import annotations as records
 from gpupool.contract import names
+from gpupool.contract.slices import SliceState, read_status
 from gpupool.core.allocation import Allocation
 from gpupool.core.errors import InvalidInput, QuantityError
 from gpupool.core.model import Labels, freeze_labels
@@ -30,7 +31,8 @@ from gpupool.core.quota import Charge, amount_of_allocation
 log = logging.getLogger(__name__)
 
 TERMINAL_PHASES = names.POD_TERMINAL_PHASES
-GPU_RESOURCES = frozenset({names.RESOURCE_GPU, names.RESOURCE_MEMORY, names.RESOURCE_CORE})
+GPU_RESOURCES = frozenset({names.RESOURCE_GPU, names.RESOURCE_MEMORY, names.RESOURCE_CORE,
+                           names.RESOURCE_REMOTE_GPU})
 
 DecisionFilter = Callable[[str, str, str, Mapping[str, str], Allocation, bool], bool]
 """(uid, namespace, name, annotations, decision, asks a GPU) -> may the decision count?"""
@@ -59,6 +61,7 @@ class PodFacts:
     leaving: bool = False  # being deleted (deletionTimestamp set)
     labels: Labels = ()  # kept for pods with a counted decision (disruption budgets)
     bound_s: float = 0.0  # its signed bind time (epoch seconds; 0: none), for "youngest first"
+    slice_lost: str = ""  # a remote slice's node the controller found its server lost on
 
     def held(self) -> Allocation:
         """What the pod holds on its node (its decision, or just CPU and memory)."""
@@ -91,7 +94,16 @@ def facts_of(pod: Any, counts: DecisionFilter = no_decisions) -> PodFacts:
                     priority if isinstance(priority, int) else 0,
                     meta.deletionTimestamp is not None,
                     freeze_labels(meta.labels) if decision is not None else (),
-                    _bound_s(notes) if decision is not None else 0.0)
+                    _bound_s(notes) if decision is not None else 0.0,
+                    _lost_on(notes) if decision is not None and decision.served_by else "")
+
+
+def _lost_on(notes: Mapping[str, str]) -> str:
+    """The node a remote slice's server was lost (or failed) on, by the controller's
+    ``gpupool.io/slice-status`` ("" when it serves, or says nothing)."""
+    status = read_status(notes)
+    lost = status is not None and status.state in (SliceState.LOST, SliceState.FAILED)
+    return status.node if lost and status is not None else ""
 
 
 def _bound_s(notes: Mapping[str, str]) -> float:
