@@ -179,3 +179,27 @@ def test_without_a_provider_or_a_slice_name_or_with_a_taken_one_nothing_is_serve
     assert [(m.state, m.reason) for m in marks(taken)] == [
         (SliceState.UNSERVED, f"its slice name {NAME} is already used by pod lab/train"),
         (SliceState.SERVING, "")]
+
+
+def test_the_server_and_sidecar_arguments_are_what_the_commands_accept() -> None:
+    from gpupool.cli.main import build_parser
+    from gpupool.webhook.remote import RemoteSettings, sidecar
+
+    parser = build_parser()
+    pod = created(run([remote()], services={}, credentials=()))[1]
+    container = pod["spec"]["containers"][0]  # type: ignore[index]
+    args = parser.parse_args(container["command"][1:] + container["args"])
+    assert (args.gpu_uuid, args.memory_mib, args.core_pct, args.isolation_provider) == (
+        "GPU-g1-0", 5120, 30, "mps")
+    lupine = replace(SETTINGS, provider="lupine", provider_command="/opt/lupine/server {port}",
+                     provider_env=("SCUDA_PORT={port}",))
+    pod = created(run([remote()], services={}, credentials=(), settings=lupine))[1]
+    container = pod["spec"]["containers"][0]  # type: ignore[index]
+    args = parser.parse_args(container["command"][1:] + container["args"])
+    assert (args.provider, args.provider_command, args.allow_exposed_provider) == (
+        "command", "/opt/lupine/server {port}", True)
+    side = sidecar(RemoteSettings("stub", "gpupool-slices", "img"), NAME)
+    words = [a.replace("$(GPUPOOL_POD_UID)", "u1") for a in side["args"]]
+    client = parser.parse_args(side["command"][1:] + words)
+    assert client.slice_server == (f"gpupool-slice-{NAME}.gpupool-slices.svc", 14900)
+    assert (client.pod_uid, client.port, client.status_port) == ("u1", 14833, 14834)
