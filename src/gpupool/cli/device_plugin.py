@@ -153,6 +153,10 @@ def _monitor_flags(p: Any) -> None:
                    help="the host's /proc (process -> cgroup -> pod; default /proc)")
     p.add_argument("--monitor-seconds", type=bounded(float, 0, above=True), default=10.0,
                    metavar="SECONDS", help="usage sample period (default 10)")
+    p.add_argument("--slice-namespace", default="gpupool-slices", metavar="NAMESPACE",
+                   help="the namespace of remote slices' servers: the usage of those on this "
+                        "node is monitored as the workloads' (docs/remote.md; empty: not "
+                        "read; default gpupool-slices)")
     p.add_argument("--grace-seconds", type=bounded(float, 0), default=30.0, metavar="SECONDS",
                    help="how long a container may exceed its slice before it is an "
                         "over-user (default 30)")
@@ -197,7 +201,8 @@ def run(args: argparse.Namespace) -> int:
                          Split(args.split, args.mib_per_device), args.memory_unit,
                          args.heartbeat_seconds, decide_unscheduled=args.decide_unscheduled,
                          monitor_s=args.monitor_seconds, proc_root=args.proc_root,
-                         mig_interval_s=args.mig_interval_seconds)
+                         mig_interval_s=args.mig_interval_seconds,
+                         slice_namespace=args.slice_namespace)
     exposure = Exposure(Strategy(args.device_list_strategy), args.cdi_kind)
     backend: GpuBackend = (FakeGpuBackend(args.fake_gpus) if args.fake_gpus
                            else NvmlGpuBackend())

@@ -22,6 +22,7 @@ pod there can mount).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +35,7 @@ REVOCATIONS_DIR = "/var/run/gpupool/revocations"
 LOOPBACK_PORT = 14833
 ANNOTATION_SERVES = "gpupool.io/serves"  # on the server pod: the workload pod, ns/name
 ANNOTATION_GPU = "gpupool.io/gpu"  # on the server pod: the decided GPU's uuid
+ANNOTATION_SPEC = "gpupool.io/slice-spec"  # on the server pod: the slice, for the node agent
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +128,8 @@ def server_pod(s: Served, generation: int, settings: ServerSettings, isolation: 
                      "namespace": settings.namespace,
                      "labels": labels(s.slice_name, s.uid),
                      "annotations": {ANNOTATION_SERVES: s.ref,
-                                     ANNOTATION_GPU: s.piece.gpu_uuid}},
+                                     ANNOTATION_GPU: s.piece.gpu_uuid,
+                                     ANNOTATION_SPEC: spec_of(s)}},
         "spec": {
             "nodeName": s.allocation.gpu_node, "restartPolicy": "Never",
             "automountServiceAccountToken": False, "enableServiceLinks": False,
@@ -151,6 +154,16 @@ def server_pod(s: Served, generation: int, settings: ServerSettings, isolation: 
             "volumes": volumes + extra_volumes,
         },
     }
+
+
+def spec_of(s: Served) -> str:
+    """``gpupool.io/slice-spec``: what the node agent's over-use monitor needs of the slice
+    (``nodeagent.slices``): the workload pod, its container, the GPU and the limits."""
+    return json.dumps({"uid": s.uid, "pod": s.ref, "container": s.piece.container,
+                       "gpu": s.piece.gpu_uuid, "memoryMiB": s.piece.memory_limit_mib,
+                       "corePct": s.piece.core_limit_pct,
+                       "exclusive": s.allocation.exclusive}, sort_keys=True,
+                      separators=(",", ":"))
 
 
 def service(slice_name: str, uid: str, namespace: str) -> Obj:

@@ -41,7 +41,13 @@ from gpupool.nodeagent.isolation.none import NoIsolation
 from gpupool.nodeagent.isolation.provider import NODE_LABEL, IsolationProvider
 from gpupool.nodeagent.logical import LogicalPool, Split
 from gpupool.nodeagent.metrics import NodeMetrics
-from gpupool.nodeagent.monitor import Held, MonitorConfig, UsageMonitor, held_slices
+from gpupool.nodeagent.monitor import (
+    Attribution,
+    Held,
+    MonitorConfig,
+    UsageMonitor,
+    held_slices,
+)
 from gpupool.nodeagent.nodestate import served_devices
 from gpupool.nodeagent.overuse import OveruseConfig, OveruseTracker
 from gpupool.nodeagent.podresources import PodResourcesClient
@@ -49,6 +55,7 @@ from gpupool.nodeagent.pods import Pod
 from gpupool.nodeagent.refusals import RefusalRecorder, audit
 from gpupool.nodeagent.roster import GpuRoster
 from gpupool.nodeagent.server import KUBELET_SOCKET, DevicePluginService, PluginSocket, register
+from gpupool.nodeagent.slices import SliceAttribution
 from gpupool.nodeagent.telemetry import TelemetryMetrics
 from gpupool.nodeagent.verify import PATIENCE_S, DecisionGate, Verifier
 from gpupool.nodeagent.workers import Workers
@@ -69,6 +76,7 @@ class AgentConfig:
     proc_root: Path = Path("/proc")
     key_patience_s: float = PATIENCE_S  # an Allocate waits this long for unreadable keys
     mig_interval_s: float = mig.DEFAULT_INTERVAL_S  # at most one MIG repartition this often
+    slice_namespace: str = ""  # remote slices' servers: their usage monitored ("": not)
 
     @property
     def plugin_dir(self) -> Path:
@@ -130,6 +138,7 @@ class NodeAgent:
                                                   config.monitor_s),
                                     backend.usage, self._cached_pods, self.gate,
                                     OveruseTracker(g.overuse), self.actions, g.metrics,
+                                    attribution=self._slices(config),
                                     bursts=self._burst_watch())
         self.workers = Workers()
         self._stop = self.workers.stopping
@@ -141,6 +150,14 @@ class NodeAgent:
         self.repartitioner = None if mig_driver is None else mig.Repartitioner(
             config.node, mig_driver, self._mig_clients, g.device_events, clock, time.monotonic,
             config.mig_interval_s)
+
+    def _slices(self, config: AgentConfig) -> Callable[[Sequence[Pod]], Attribution] | None:
+        """The monitor's attribution with the remote slices this node serves (``slices``)."""
+        if not config.slice_namespace:
+            return None
+        return lambda pods: SliceAttribution(config.proc_root, pods,
+                                             held_slices(pods, self.gate),
+                                             config.slice_namespace)
 
     def _burst_watch(self) -> BurstWatch:
         """Bursts judged against the memory of the GPUs present (``nodeagent.burst``)."""

@@ -89,6 +89,7 @@ class Attribution:
         self.by_uid = {p.uid: p for p in pods}
         self.held = held
         self.skipped: dict[str, int] = defaultdict(int)
+        self.stand_ins: dict[str, Pod] = {}  # pod uid -> the pod acted on in its stead
 
     def observe(self, usage: Sequence[GpuUsage]) -> tuple[list[Observation], frozenset[str]]:
         used: dict[SliceKey, _Use] = defaultdict(_Use)
@@ -179,7 +180,7 @@ class UsageMonitor:
         seen = self.attribution(pods) if self.attribution is not None else \
             Attribution(self.config.proc_root, pods, held_slices(pods, self.gate))
         observations, skipped = seen.observe(usage)
-        by_uid, now = {p.uid: p for p in pods}, self.clock()
+        by_uid, now = {**{p.uid: p for p in pods}, **seen.stand_ins}, self.clock()
         if self.bursts is not None:
             observations = self.bursts.judge(now, observations, usage, by_uid)
         changes = self.tracker.update(now, observations, skipped)

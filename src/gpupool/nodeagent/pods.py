@@ -53,6 +53,7 @@ class Pod:
     problem: str = ""  # why the GPU containers could not be read (they are then empty)
     asks_gpu: bool = True  # some container asks a gpupool GPU resource (any of them)
     container_ids: tuple[tuple[str, str], ...] = ()  # (runtime container id, container name)
+    ip: str = ""  # status.podIP (a slice server's, for its usage: ``slices``)
 
     @property
     def ref(self) -> str:
@@ -150,7 +151,7 @@ def pod_from_json(obj: Mapping[str, Any]) -> Pod:
         deleting=bool(meta.get("deletionTimestamp")),
         annotations=dict(meta.get("annotations") or {}), containers=gpu, problem=problem,
         asks_gpu=bool(gpu) or any(_asks_gpu(c) for c in containers),
-        container_ids=_runtime_ids(status))
+        container_ids=_runtime_ids(status), ip=str(status.get("podIP") or ""))
 
 
 def _gpu_container(ref: str, c: Mapping[str, Any]) -> GpuContainer | None:
