@@ -138,12 +138,14 @@ def build(nodes: Iterable[Any], devices: Iterable[Mapping[str, Any]], pods: Iter
           memory_unit_mib: int, ledgers: Iterable[Mapping[str, Any]] = ()) -> LiveCluster:
     """The live cluster from listed objects (lightkube Node and Pod models, CR dicts)."""
     problems: list[str] = []
+    pods = list(pods)
     records_by_node = _devices(devices, problems)
     facts = {f.name: f for f in (inventory.node_facts(n) for n in nodes)}
     for node in sorted(set(records_by_node) - set(facts)):
         problems.append(f"GPUDevices name node {node}, which is not a Node of the cluster")
-    built = [inventory.build_node(facts[n], records_by_node[n], now_s, stale_after_s)
-             for n in sorted(records_by_node) if n in facts]
+    homes = _remote_homes(pods)
+    built = [inventory.build_node(facts[n], records_by_node.get(n, ()), now_s, stale_after_s)
+             for n in sorted(facts) if n in records_by_node or n in homes]
     state = ClusterState(built, memory_unit_mib)
     live = LiveCluster(state, Catalogue(GroupCatalog(), ClassCatalog(), QuotaBook()),
                        problems=problems, signatures=signatures)
@@ -159,6 +161,17 @@ def build(nodes: Iterable[Any], devices: Iterable[Mapping[str, Any]], pods: Iter
     _hold(live, list(pods))
     _apply_health(live)
     return live
+
+
+def _remote_homes(pods: Iterable[Any]) -> set[str]:
+    """The nodes of pods whose slices a slice server serves (``servedBy``): in the state
+    even without GPUs, as the extender holds them with remote slices on."""
+    out = set()
+    for pod in pods:
+        raw = (pod.metadata.annotations or {}).get(names.ANNOTATION_ALLOCATION, "")
+        if '"servedBy"' in raw and pod.spec is not None and pod.spec.nodeName:
+            out.add(pod.spec.nodeName)
+    return out
 
 
 def _devices(devices: Iterable[Mapping[str, Any]], problems: list[str]

@@ -111,6 +111,8 @@ def _holders(g: Report) -> str:
     for h in g["holders"]:
         who = h["pod"] + (f" ({h['container']})" if h["container"] else "")
         line = f"{who} {h['memoryMiB']} MiB {h['corePct']} %"
+        if h.get("remoteFrom"):
+            line += f" (remote slice: the pod runs on {h['remoteFrom']})"
         if h["signature"] == "forged":
             line += " FORGED decision, not counted"
         elif not h["counted"]:
@@ -157,6 +159,19 @@ def _pod_facts(report: Report) -> Iterator[tuple[str, str]]:
     yield from _decision_facts(report)
 
 
+def _served_line(d: Report) -> str:
+    """Where a remote slice is served and what its server is doing."""
+    line = f"a slice server on {d['servedBy']}"
+    sl = d["slice"] or {}
+    if sl.get("state"):
+        line += f": {sl['state']}" + (f" ({sl['server']})" if sl.get("server") else "")
+        line += f" since {sl['since']}" if sl.get("since") else ""
+        line += f" — {sl['reason']}" if sl.get("reason") else ""
+    else:
+        line += ": no server reported yet"
+    return line
+
+
 def _decision_facts(report: Report) -> Iterator[tuple[str, str]]:
     d = report["decision"]
     if d is None:
@@ -170,6 +185,8 @@ def _decision_facts(report: Report) -> Iterator[tuple[str, str]]:
                            f"{len(d['gpus'])} GPU slice(s){', exclusive' if d['exclusive'] else ''}"
                            f"; phase {phase}; bound {d['bindTime'] or '?'}")
         yield "counted", "yes" if d["counted"] else f"no: {d['why']}"
+        if d.get("servedBy"):
+            yield "served by", _served_line(d)
     sig = report["signature"]
     if sig is not None:
         state = {"verified": "verified", "forged": "FORGED", "unchecked": "not checked",

@@ -24,6 +24,7 @@ from gpupool.cli.inspect_fit import nodes_json, verdicts
 from gpupool.contract import annotations as records
 from gpupool.contract import names
 from gpupool.contract.podspec_request import pod_request
+from gpupool.contract.slices import read_status
 from gpupool.core.errors import InvalidInput
 from gpupool.core.fragmentation import FragmentationModel
 from gpupool.core.placement import Placer
@@ -57,7 +58,8 @@ def nodes_report(live: LiveCluster, only: Sequence[str] = ()) -> Report:
     model = FragmentationModel(workload)
     frag = model.measure(state.free_milli, state.cpu_free, model.access(state)) \
         if state.nodes else np.zeros(0, np.int64)
-    rows = [i for i, n in enumerate(state.nodes) if not only or n.name in only]
+    rows = [i for i, n in enumerate(state.nodes)  # a remote slice's home without GPUs:
+            if n.name in only or (not only and n.gpus)]  # only when named
     return {"kind": "GPUNodes", "fragmentationWorkload": source,
             "nodes": [_node(live, i, int(frag[i]) / workload.total_weight) for i in rows],
             **_common(live)}
@@ -99,7 +101,8 @@ def _gpu(live: LiveCluster, i: int, j: int) -> Report:
                     "total": int(state.core_cap[i, j])},
         "holders": [{"pod": h.pod, "container": c, "memoryMiB": m, "corePct": k,
                      "signature": h.signature.state, "counted": h.counted,
-                     "note": h.why_not or None}
+                     "note": h.why_not or None,
+                     "remoteFrom": h.allocation.node if h.allocation.served_by else None}
                     for h, m, k, c in live.holders_on(gpu.uuid)],
     }
 
@@ -177,7 +180,19 @@ def _decision(live: LiveCluster, uid: str, notes: Mapping[str, str], node: str |
                   "corePct": s.core_pct} for s in alloc.slices],
         "counted": holder is not None and holder.counted,
         "why": _why_not_held(holder, decision.phase, alloc.node, node),
+        "servedBy": alloc.served_by or None,
+        "slice": _slice_state(notes) if alloc.served_by else None,
     }
+
+
+def _slice_state(notes: Mapping[str, str]) -> Report:
+    """What the controller says of a remote slice's server (``gpupool.io/slice-status``)."""
+    status = read_status(notes)
+    if status is None:
+        return {"state": None, "server": None, "node": None, "reason": None, "since": None}
+    return {"state": status.state.value, "server": status.server or None,
+            "node": status.node or None, "reason": status.reason or None,
+            "since": status.since or None}
 
 
 def _model(live: LiveCluster, uuid: str) -> str | None:
