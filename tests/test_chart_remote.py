@@ -30,6 +30,8 @@ def test_the_stub_provider_wires_controller_webhook_namespace_and_network_policy
     args = container(docs, "Deployment", "gpupool-controller")["args"]
     assert {"--remote-provider=stub", "--slice-namespace=gpupool-slices",
             "--slice-server-image=gpupool:0.1.0", "--slice-lost-after=30"} <= set(args)
+    agent = one(docs, "DaemonSet", "gpupool-node-agent")["spec"]["template"]["spec"]
+    assert "--slice-namespace=gpupool-slices" in agent["containers"][0]["args"]
     extender = container(docs, "Deployment", "gpupool-extender")["args"]
     assert {"--remote-slices", "--topology-label=topology.kubernetes.io/zone"} <= set(extender)
     hook = container(docs, "Deployment", "gpupool-webhook")["args"]
