@@ -11,12 +11,13 @@ from __future__ import annotations
 import gc
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import msgspec
+import pytest
 from gpupool_testing.fake_apiserver import FakeApiServer
 
 from gpupool.extender.edge.app import build_probes
@@ -72,16 +73,11 @@ def test_victims_are_kept_as_tuples_the_collector_lets_go_of() -> None:
 
 
 def test_the_verdict_looks_only_at_nodes_the_cache_knows(
-        fake: FakeApiServer, nodes: list[str], tmp_path: Path) -> None:
-    served = Served(fake, tmp_path)
-    try:
-        pod = fake.seed("pods", pod_obj("big", {"gpupool.io/gpu": "1"}))
-        body = preempt_body(nodes, 1, pod)
-        assert len(body) < BodyLimits.for_cluster().preempt_bytes
-        answer = served.replica.extender.preempt(body)
-        assert set(answer["NodeNameToMetaVictims"]) == set(nodes)  # room on each
-    finally:
-        served.close()
+        fake: FakeApiServer, nodes: list[str], served: Served) -> None:
+    body = preempt_body(nodes, 1, pods(fake)[0])
+    assert len(body) < BodyLimits.for_cluster().preempt_bytes
+    answer = served.replica.extender.preempt(body)
+    assert set(answer["NodeNameToMetaVictims"]) == set(nodes)  # room on each
 
 
 def largest_kube_scheduler_preempt(nodes: list[str], pod: dict[str, Any]) -> bytes:
@@ -135,18 +131,26 @@ def while_polled(served: Served, body: bytes, small: dict[str, Any], nodes: list
     return answer, filtered, any(started < t < ended for t in healthz)
 
 
+@pytest.fixture
+def served(fake: FakeApiServer, nodes: list[str], tmp_path: Path) -> Iterator[Served]:
+    s = Served(fake, tmp_path)
+    yield s
+    s.close()
+
+
+def pods(fake: FakeApiServer) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the pod that preempts, stored; a small pod to filter meanwhile)."""
+    small = pod_obj("small", {"gpupool.io/gpu": "1"})
+    small["metadata"]["uid"] = "u-small"
+    return fake.seed("pods", pod_obj("big", {"gpupool.io/gpu": "1"})), small
+
+
 def test_healthz_and_a_small_filter_are_answered_while_the_largest_preempt_is_decided(
-        fake: FakeApiServer, nodes: list[str], tmp_path: Path) -> None:
-    served = Served(fake, tmp_path)
-    try:
-        pod = fake.seed("pods", pod_obj("big", {"gpupool.io/gpu": "1"}))
-        small = pod_obj("small", {"gpupool.io/gpu": "1"})
-        small["metadata"]["uid"] = "u-small"
-        body = largest_kube_scheduler_preempt(nodes, pod)
-        assert len(body) == BodyLimits.for_cluster().preempt_bytes
-        answer, filtered, probed = while_polled(served, body, small, nodes)
-    finally:
-        served.close()
+        fake: FakeApiServer, nodes: list[str], served: Served) -> None:
+    pod, small = pods(fake)
+    body = largest_kube_scheduler_preempt(nodes, pod)
+    assert len(body) == BodyLimits.for_cluster().preempt_bytes
+    answer, filtered, probed = while_polled(served, body, small, nodes)
     assert answer.status_code == 200
     assert set(answer.json()["NodeNameToMetaVictims"]) == set(nodes)  # read and decided
     assert filtered == [nodes]
@@ -154,17 +158,11 @@ def test_healthz_and_a_small_filter_are_answered_while_the_largest_preempt_is_de
 
 
 def test_a_preempt_naming_more_nodes_than_the_cluster_has_is_refused_unread(
-        fake: FakeApiServer, nodes: list[str], tmp_path: Path) -> None:
-    served = Served(fake, tmp_path)
-    try:
-        pod = fake.seed("pods", pod_obj("big", {"gpupool.io/gpu": "1"}))
-        small = pod_obj("small", {"gpupool.io/gpu": "1"})
-        small["metadata"]["uid"] = "u-small"
-        answer, filtered, _ = while_polled(served, preempt_body(nodes, 1, pod), small, nodes)
-        refused = served.replica.extender.metrics.registry.get_sample_value(
-            "gpupool_extender_refused_requests_total", {"verb": "preempt"})
-    finally:
-        served.close()
+        fake: FakeApiServer, nodes: list[str], served: Served) -> None:
+    pod, small = pods(fake)
+    answer, filtered, _ = while_polled(served, preempt_body(nodes, 1, pod), small, nodes)
+    refused = served.replica.extender.metrics.registry.get_sample_value(
+        "gpupool_extender_refused_requests_total", {"verb": "preempt"})
     assert answer.status_code == 200 and answer.json() == {"NodeNameToMetaVictims": {}}
     assert refused == 1
     assert filtered == [nodes]
