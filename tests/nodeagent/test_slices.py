@@ -42,7 +42,7 @@ def usage_server() -> Iterator[tuple[str, int, list[dict[str, Any]]]]:
     records: list[dict[str, Any]] = []
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+        def do_GET(self) -> None:
             body = json.dumps(records).encode()
             self.send_response(200 if self.path == "/usage" else 404)
             self.send_header("Content-Type", "application/json")
