@@ -106,8 +106,8 @@ def test_a_remote_slice_is_served_followed_and_released_with_its_credentials(
                                                     "lastTransitionTime": "2026-01-01T00:00:00Z"}]
             }, NS)
             assert wait_for(lambda: status_of(fake).state is SliceState.SERVING)
-            reasons = {e["reason"] for e in fake.objects("events")}
-            assert "GpupoolSliceServing" in reasons
+            assert wait_for(lambda: "GpupoolSliceServing" in {
+                e["reason"] for e in fake.objects("events")})  # written after the status
             # the workload's pod goes: everything of its slice goes, certificates revoked
             fake.delete("pods", "train", "lab")
             assert wait_for(lambda: not server_pods(fake) and not fake.objects("services"))

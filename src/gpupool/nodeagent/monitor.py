@@ -180,7 +180,8 @@ class UsageMonitor:
         seen = self.attribution(pods) if self.attribution is not None else \
             Attribution(self.config.proc_root, pods, held_slices(pods, self.gate))
         observations, skipped = seen.observe(usage)
-        by_uid, now = {**{p.uid: p for p in pods}, **seen.stand_ins}, self.clock()
+        stand_ins = getattr(seen, "stand_ins", {})  # an attribution may name none
+        by_uid, now = {**{p.uid: p for p in pods}, **stand_ins}, self.clock()
         if self.bursts is not None:
             observations = self.bursts.judge(now, observations, usage, by_uid)
         changes = self.tracker.update(now, observations, skipped)
