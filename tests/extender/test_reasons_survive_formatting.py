@@ -68,8 +68,9 @@ def hold(ext: Extender, key: str, node: str, slices: tuple[Slice, ...], cpu: int
 
 def filtered(ext: Extender, limits: dict[str, Any], *, ns: str = "default",
              labels: dict[str, str] | None = None, cpu: str = "1", memory: str = "1Gi",
-             nodes: list[str] = NODES) -> list[str]:
-    pod = pod_obj("p", limits, ns=ns, labels=labels, cpu=cpu, memory=memory)
+             nodes: list[str] = NODES, annotations: dict[str, str] | None = None) -> list[str]:
+    pod = pod_obj("p", limits, ns=ns, labels=labels, cpu=cpu, memory=memory,
+                  annotations=annotations)
     pod["metadata"]["uid"] = "uid-p"
     return texts_of(ext.filter({"Pod": pod, "NodeNames": nodes}))
 
@@ -85,6 +86,8 @@ def every_filter_reason(ext: Extender) -> Iterator[str]:
     yield from filtered(ext, {"class.gpupool.io/nope": "1"})        # class: unknown
     yield from filtered(ext, {gpu: "1"}, labels={"gpupool.io/group": "nope"})  # group
     yield from filtered(ext, {"mig.gpupool.io/1g.10gb": "1", gpu: "1"})  # MIG profile
+    yield from filtered(ext, {"gpupool.io/remote-gpu": "1"},  # remote slices: none here
+                        annotations={"gpupool.io/placement": "remote-required"})
     hold(ext, "busy-a0", "a", (Slice("GPU-a-0", 0, 30720, 95),))
     hold(ext, "busy-a1", "a", (Slice("GPU-a-1", 1, 30720, 95),))
     hold(ext, "busy-b0", "b", (Slice("GPU-b-0", 0, 30720, 95),))

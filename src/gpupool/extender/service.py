@@ -89,7 +89,7 @@ from gpupool.extender.tenancy.tenantmetrics import TenancyCollector
 from gpupool.extender.wire import protocol
 from gpupool.extender.wire.nodenames import MAX_SCORE, Matched, NameTable, decisive, scaled
 from gpupool.extender.wire.podspec import pod_request
-from gpupool.extender.wire.refusals import Refusals, listed, noted
+from gpupool.extender.wire.refusals import Refusals, noted
 from gpupool.extender.workload import BUILTIN_WORKLOAD, observed_workload
 from gpupool.kube.api import KubeApi
 
@@ -307,7 +307,7 @@ class Extender:
         passing: IntArray | None = None
         names_json = args.names_json
         if not ok.all():
-            failed, unresolvable = listed(state, sent.names, idx, ok, lambda i: (
+            failed, unresolvable = self.refusals.listed(state, sent.names, idx, ok, lambda i: (
                 self.serving.explain_home(state, request, i, constraints, homes)))
             passing = np.flatnonzero(ok)
             names_json = b""

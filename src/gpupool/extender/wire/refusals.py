@@ -96,6 +96,26 @@ class Refusals:
             self.metrics.failures.labels(CHECKS[code]).inc(int(counts[code]))
         return members_json(table.member[rows[~perm]].tolist()), members_json(unresolvable)
 
+    def listed(self, state: ClusterState, node_names: Sequence[str], idx: IntArray,
+               ok: np.ndarray, why: Callable[[int], Reason | None]) -> tuple[bytes, bytes]:
+        """(FailedNodes, FailedAndUnresolvableNodes) for the sent nodes not ``ok``, each
+        explained by ``why(row)`` as it stands now (no table: the reason a node cannot be a
+        remote slice's home depends on the room of other nodes too)."""
+        failed: list[bytes] = []
+        never: list[bytes] = []
+        for k in np.flatnonzero(~ok).tolist():
+            i = int(idx[k])
+            if i < 0:
+                never.append(member(node_names[k], UNKNOWN_NODE))
+                continue
+            reason = why(i)
+            text = PREFIX + (reason.common() if reason is not None else "does not fit now")
+            check = reason.check.value if reason is not None else "other"
+            self.metrics.failures.labels(check).inc()
+            (never if reason is not None and reason.permanent else failed).append(
+                member(state.nodes[i].name, text))
+        return members_json(failed), members_json(never)
+
     def _table(self, state: ClusterState, request: PodRequest, c: Constraints,
                catalogue_version: int) -> ReasonTable:
         if self.layout is not state.index:  # another layout (id(state) and epoch can
@@ -127,25 +147,6 @@ class Refusals:
             table.permanent[i] = bool(reason is not None and reason.permanent)
             table.check[i] = CODE[reason.check.value] if reason is not None else OTHER
             table.version[i] = state.version[i]
-
-
-def listed(state: ClusterState, node_names: Sequence[str], idx: IntArray, ok: np.ndarray,
-           why: Callable[[int], Reason | None]) -> tuple[bytes, bytes]:
-    """(FailedNodes, FailedAndUnresolvableNodes) for the sent nodes not ``ok``, each
-    explained by ``why(row)`` as it stands now (no table: the reason a node cannot be a
-    remote slice's home depends on the room of other nodes too)."""
-    failed: list[bytes] = []
-    never: list[bytes] = []
-    for k in np.flatnonzero(~ok).tolist():
-        i = int(idx[k])
-        if i < 0:
-            never.append(member(node_names[k], UNKNOWN_NODE))
-            continue
-        reason = why(i)
-        text = PREFIX + (reason.common() if reason is not None else "does not fit now")
-        (never if reason is not None and reason.permanent else failed).append(
-            member(state.nodes[i].name, text))
-    return members_json(failed), members_json(never)
 
 
 def noted(failed: bytes, unresolvable: bytes, notes: dict[str, str], sent: Set[str]
