@@ -118,12 +118,13 @@ def test_an_interrupted_simulation_is_marked_partial_in_its_summary_and_table(
                  "--out", str(out)]) == 130
     summary = json.loads((out / "summary.json").read_text())
     assert summary["partial"] is True and summary["interrupted"] is True
-    assert summary["seeds"] == [1]
+    [seed] = summary["seeds"]  # the run that finished first: two workers, any of the three
+    assert seed in (1, 2, 3)
     assert summary["planned"] == {"policies": ["random"], "seeds": [1, 2, 3], "runs": 3}
-    assert [(r["policy"], r["seed"]) for r in summary["runs"]] == [("random", 1)]
+    assert [(r["policy"], r["seed"]) for r in summary["runs"]] == [("random", seed)]
     assert summary["policies"]["random"]["runs"] == 1
     shown = capsys.readouterr().out
-    assert "protocol mode, PARTIAL (interrupted): 1 of 3 runs, seeds 1 of 1-3\n" in shown
+    assert f"protocol mode, PARTIAL (interrupted): 1 of 3 runs, seeds {seed} of 1-3\n" in shown
     row = next(line for line in shown.splitlines() if line.startswith("│ random"))
     assert row.split("│")[2].strip() == "1 of 3"  # the runs column, only in a partial table
 
