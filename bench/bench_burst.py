@@ -275,6 +275,7 @@ class Outcome:
     binds: list[float] = field(default_factory=list)  # seconds per bind call
     cycles: list[float] = field(default_factory=list)  # filter + prioritize, seconds
     refused: Counter[str] = field(default_factory=Counter)
+    examples: dict[str, str] = field(default_factory=dict)  # the first refusal of each kind
     unschedulable: int = 0
     http_503: int = 0
 
@@ -396,6 +397,7 @@ class StandIn:
             self.inflight -= 1
             if error:
                 self.outcome.refused[refusal_kind(error)] += 1
+                self.outcome.examples.setdefault(refusal_kind(error), error)
                 self._back(k, tries, locked=True)
             else:
                 self.outcome.bound += 1
@@ -482,6 +484,9 @@ def report(nodes: int, opts: Options, rows: list[tuple[str, dict[str, Any]]]) ->
         print(f"{variant:8} {rate:7.1f} {o.bound:6d} {binds:>16} {cycle:>12} {refused:>37} "
               f"{o.http_503 + o.refused['503']:5d} {r['cpu_ms']:7.2f} {r['over']:5d} "
               f"{r['unsigned']:8d}" + (f"   ×{rate / base:.2f} of no-op" if base else ""))
+    for variant, r in rows:
+        for kind, error in sorted(r["outcome"].examples.items()):
+            print(f"{variant}: first refusal counted as {kind}: {error[:300]}")
     for variant, r in rows:
         m = r["metrics"]
         count = m.get("gpupool_extender_bind_stage_seconds_count:parse", 0.0)
