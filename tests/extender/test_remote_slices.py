@@ -300,3 +300,14 @@ def test_a_lost_slice_with_no_room_elsewhere_keeps_its_decision_and_says_why(
     assert served_by(fake, pods[0]) == lost
     replacer.sweep()  # the same reason is told once
     assert [e["reason"] for e in fake.objects("events")] == ["GpupoolSliceNotPlacedAgain"]
+
+
+def test_a_remote_allowed_pod_is_served_by_its_own_nodes_devices(
+        fake: FakeApiServer, replica: Replica) -> None:
+    allowed = local("allowed", 8192)
+    allowed["metadata"]["annotations"]["gpupool.io/placement"] = "remote-allowed"
+    allowed = fake.seed("pods", allowed)
+    answer = replica.extender.filter({"Pod": allowed, "NodeNames": ALL})
+    assert sorted(answer["NodeNames"]) == sorted(GPUS)  # no home without GPUs of its own
+    assert bind(replica, allowed, "gpu-b1") == ""
+    assert served_by(fake, allowed) == ""  # its own node's device: a version-1 decision

@@ -58,7 +58,7 @@ import random
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import msgspec
@@ -337,7 +337,7 @@ class Extender:
         digest = hashlib.blake2b(pod_json, digest_size=16).digest() if pod_json else None
         request = self.translated.get(digest) if digest is not None else None
         if request is None:
-            request = pod_request(pod)
+            request = as_served(pod_request(pod))
             if digest is not None:
                 self.translated[digest] = request
                 while len(self.translated) > REMEMBERED_REQUESTS:
@@ -512,8 +512,19 @@ class Extender:
     def _bind_request(self, args: protocol.BindingArgs) -> PodRequest:
         """The request of the pod as the API server has it (``gate``): the informer's copy
         of a pending pod with this UID, else a fresh read."""
-        return bindable_request(args, self.cache.unbound.get(args.uid), self.kube,
-                                self.settings.scheduler_name)
+        return as_served(bindable_request(args, self.cache.unbound.get(args.uid), self.kube,
+                                          self.settings.scheduler_name))
+
+
+def as_served(request: PodRequest) -> PodRequest:
+    """``request`` as the extender places it: a ``remote-allowed`` pod is served by its own
+    node. Its GPUs are counted by ``gpupool.io/gpu``, which kube-scheduler counts against
+    its node's own GPUs and kubelet hands out as the node agent's devices, so a slice
+    served elsewhere would leave it a device it must not use (``remote-required`` pods
+    count theirs as ``gpupool.io/remote-gpu``; docs/design/remote.md)."""
+    if request.serving is Serving.REMOTE_ALLOWED:
+        return replace(request, serving=Serving.LOCAL)
+    return request
 
 
 def served_remotely(request: PodRequest) -> bool:

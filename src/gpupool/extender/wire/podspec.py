@@ -11,8 +11,7 @@ Per container, ``resources.limits`` (falling back to ``requests``) may carry
 Memory or core without a count means one GPU. ``gpupool.io/mode``
 (``exclusive``|``shared``) overrides the default mode (shared when memory or
 core is asked, else exclusive); ``gpupool.io/affinity`` is ``pod`` or
-``least-loaded``; ``gpupool.io/placement`` says where the slices may be served (a
-``remote-allowed`` pod is served by its own node here: ``pod_request``); the label
+``least-loaded``; ``gpupool.io/placement`` says where the slices may be served; the label
 ``gpupool.io/group`` names the resource group. The
 tenant is the pod's namespace. The pod's CPU and memory are the larger of the
 sum over containers and the largest init container (requests, else limits).
@@ -29,13 +28,11 @@ resource-name test the extender needs.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from gpupool.contract import names
-from gpupool.contract.podspec_request import pod_request as contract_request
-from gpupool.contract.podspec_request import pod_where
-from gpupool.core.request import PodRequest, Serving
+from gpupool.contract.podspec_request import pod_request, pod_where
 
 __all__ = ["PodId", "is_gpupool_resource", "may_preempt", "pod_id", "pod_priority",
            "pod_request"]
@@ -52,19 +49,6 @@ class PodId:
     @property
     def key(self) -> str:
         return self.uid or f"{self.namespace}/{self.name}"
-
-
-def pod_request(pod: Mapping[str, Any]) -> PodRequest:
-    """The pod's request as the extender places it: ``contract.podspec_request``'s, with a
-    ``remote-allowed`` pod served by its own node. Its GPUs are counted by
-    ``gpupool.io/gpu``, which kube-scheduler counts against its node's own GPUs and kubelet
-    hands out through the node agent's devices, so a slice served elsewhere would leave it
-    a device it must not use (``remote-required`` pods count theirs as
-    ``gpupool.io/remote-gpu``; docs/remote.md)."""
-    request = contract_request(pod)
-    if request.serving is Serving.REMOTE_ALLOWED:
-        return replace(request, serving=Serving.LOCAL)
-    return request
 
 
 def pod_id(pod: Mapping[str, Any]) -> PodId:
