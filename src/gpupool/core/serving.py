@@ -213,11 +213,12 @@ class ServingPlacer:
         refusal = self._refusal(state, request, i, constraints)
         if refusal is not None:
             return replace(refusal, node=name)
-        reason = explain(state, request, i, constraints)
-        if reason is None or not self.remote_for(request):
-            return reason
-        if (homes or self.homes(state, request, constraints)).rank[i] >= 0:
-            return None
+        if homes is None or homes.rank[i] >= 0 or not self.remote_for(request):
+            reason = explain(state, request, i, constraints)
+            if reason is None or not self.remote_for(request):
+                return reason
+            if (homes or self.homes(state, request, constraints)).rank[i] >= 0:
+                return None
         demand = demand_of(request)
         what = demand.describe() if demand is not None else "its GPUs"
         return Reason(name, Check.REMOTE, f"{what}: no room on this node's GPUs nor, as a "
@@ -238,7 +239,8 @@ class ServingPlacer:
         if self._not_enabled(request):
             return Reason("", Check.REMOTE, f"{Serving.REMOTE_REQUIRED.value}: {NOT_ENABLED}",
                           True)
-        if self.remote_for(request) and not _hosts(state, request)[i]:
+        if self.remote_for(request) and not (state.cpu_free[i] >= request.cpu_milli and
+                                             state.mem_free[i] >= request.memory_mib):
             return explain(state, replace(request, gpus=(), models=None), i)
         return None
 
