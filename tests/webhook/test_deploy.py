@@ -12,6 +12,7 @@ import yaml
 
 from gpupool.webhook.admission import mutate, validate
 from gpupool.webhook.review import read_review
+from gpupool.webhook.scheduling import GPUPOOL_PREFIXES
 
 from .builders import EXTENDER, NODE_AGENT, Obj, body, container, gpu_pod, pod, review
 from .cel import conditions
@@ -61,6 +62,10 @@ REFUSED_OR_PATCHED: list[tuple[str, Obj]] = [
     ("pods.validate.gpupool.io", review(gpu_pod(node="n1", annotations=DECISION),
                                         operation="UPDATE", old=gpu_pod(node="n1"))),
     ("pods.validate.gpupool.io", ephemeral_update()),
+    ("pods.validate.gpupool.io", review(pod("p", "team-a", container(
+        limits={"mig.gpupool.io/1g.10gb": "1"}, env={"LD_PRELOAD": "/x.so"})))),
+    ("pods.validate.gpupool.io", review(pod("p", "team-a", container(), init=[container(
+        "i", requests={"mig.gpupool.io/1g.10gb": "1"}, env={"CUDA_MPS_PIPE_DIRECTORY": "/x"})]))),
     ("bindings.validate.gpupool.io", review(binding(DECISION), sub="binding", kind="Binding")),
     ("tenancy.validate.gpupool.io", review({"metadata": {"name": "g"}, "spec": {
         "tenants": ["A B"]}}, resource="resourcegroups", group="gpupool.io")),
@@ -76,6 +81,7 @@ def test_every_request_the_webhook_refuses_is_sent_to_it(hook: str, request_revi
 
 def test_every_gpu_pod_is_sent_to_the_mutating_webhook_and_others_are_not() -> None:
     for obj in (gpu_pod(), pod("p", "team-a", container(limits={"class.gpupool.io/t4": "1"})),
+                pod("p", "team-a", container(limits={"mig.gpupool.io/1g.10gb": "1"})),
                 pod("p", "team-a", container(), init=[container(
                     "i", requests={"gpupool.io/gpu": "1"})])):
         request_review = review(obj)
@@ -83,6 +89,14 @@ def test_every_gpu_pod_is_sent_to_the_mutating_webhook_and_others_are_not() -> N
         assert conditions(MUTATING, request_review["request"]) is True
     for obj in (pod(), pod("p", "team-a", container(limits={"cpu": "1", "nvidia.com/gpu": "1"}))):
         assert conditions(MUTATING, review(obj)["request"]) is False
+
+
+@pytest.mark.parametrize("prefix", GPUPOOL_PREFIXES)
+def test_a_pod_asking_any_gpupool_resource_is_sent_to_both_pod_webhooks(prefix: str) -> None:
+    for asked in (container(limits={f"{prefix}x": "1"}), container(requests={f"{prefix}x": "1"})):
+        request = review(pod("p", "team-a", asked))["request"]
+        assert conditions(MUTATING, request) is True
+        assert conditions(HOOKS["pods.validate.gpupool.io"], request) is True
 
 
 @pytest.mark.parametrize("request_review", [
