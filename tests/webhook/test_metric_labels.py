@@ -1,5 +1,6 @@
 """The reviews metric's ``resource`` and ``operation`` labels come from request bodies,
-which anyone reaching the webhook's port can write: over HTTPS, a thousand made-up
+which anyone reaching the webhook's port can write: over one kept-alive HTTPS connection, a
+thousand made-up
 resources and operations add one label value, ``other``, and the real ones keep their
 names; the names known are exactly what the shipped webhook configurations send."""
 
@@ -12,7 +13,7 @@ import yaml
 from gpupool.webhook.metrics import OPERATIONS, OTHER, RESOURCES
 
 from .builders import body, pod, review
-from .conftest import Webhook
+from .conftest import Webhook, post_on
 
 WEBHOOKS = Path(__file__).parents[2] / "deploy" / "webhook" / "webhooks.yaml"
 
@@ -24,10 +25,11 @@ def label_values(webhook: Webhook, label: str) -> set[str]:
 
 
 def test_made_up_resources_and_operations_are_counted_as_other(webhook: Webhook) -> None:
-    for k in range(1000):
-        status, _ = webhook.post("/validate", body(review(
-            pod(), resource=f"made-up-{k}", operation=f"OP{k}", uid=f"u{k}")))
-        assert status == 200
+    with webhook.kept_alive() as conn:
+        for k in range(1000):
+            status, _ = post_on(conn, "/validate", body(review(
+                pod(), resource=f"made-up-{k}", operation=f"OP{k}", uid=f"u{k}")))
+            assert status == 200
     webhook.post("/validate", body(review(pod(), resource="pods", operation="CREATE")))
     assert label_values(webhook, "resource") == {OTHER, "pods"}
     assert label_values(webhook, "operation") == {OTHER, "CREATE"}
