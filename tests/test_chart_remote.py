@@ -4,10 +4,13 @@ controller's Secret writes outside that namespace (its CEL evaluated)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
+from gpupool.controller.sliceserver import Served, ServerSettings, server_pod
+from gpupool.core.allocation import Allocation, Slice
 from tests.test_chart import HELM, container, helm_error, one, render
 from tests.webhook.builders import review
 from tests.webhook.cel import Policy
@@ -86,3 +89,95 @@ def test_the_controller_may_write_only_sidecar_secrets_outside_the_slices_namesp
         write("CREATE", secret("db-password"))).message
     assert not policy.admit(write("CREATE", secret("x"), namespace="gpupool-slices")).applies
     assert not policy.admit(write("CREATE", secret("x"), user="alice")).applies
+
+
+EXTENDER = "system:serviceaccount:gpupool-system:gpupool-extender"
+SLICE_STATUS = {"gpupool.io/slice-status": '{"state":"serving"}'}
+DECISION = {"gpupool.io/allocation": '{"v":2}', "gpupool.io/node": "n1",
+            "gpupool.io/signature": "k1.sig"}
+
+
+def workload(notes: dict[str, str] | None = None, image: str = "cuda:12",
+             labels: dict[str, str] | None = None, ns: str = "lab") -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": "train", "namespace": ns,
+                            "annotations": {"gpupool.io/slice": "0123456789abcdef",
+                                            **(notes or {})}}
+    if labels is not None:
+        meta["labels"] = labels
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
+            "spec": {"nodeName": "n1", "containers": [{"name": "main", "image": image}]}}
+
+
+def patch(old: dict[str, Any], new: dict[str, Any], user: str) -> dict[str, Any]:
+    ns = new["metadata"]["namespace"]
+    return review(new, operation="UPDATE", old=old, user=user, namespace=ns)["request"]
+
+
+def test_the_controller_and_extender_patch_only_their_own_annotations_of_pods() -> None:
+    policy = Policy(one(render("remote.provider=stub"), "ValidatingAdmissionPolicy",
+                        "gpupool-annotation-writers"))
+    before = workload()
+    assert policy.admit(patch(before, workload(SLICE_STATUS), CONTROLLER)).allowed
+    assert policy.admit(patch(workload(DECISION), workload({**DECISION, "gpupool.io/node": "n2"}),
+                              EXTENDER)).allowed
+    for refused in (
+            patch(before, workload(SLICE_STATUS, image="evil:1"), CONTROLLER),
+            patch(before, workload(labels={"app": "x"}), CONTROLLER),
+            patch(before, workload({"gpupool.io/allocation": "{}"}), CONTROLLER),
+            patch(before, workload({"example.com/x": "1"}), CONTROLLER),
+            patch(workload(ns="gpupool-system"), workload(image="evil:1", ns="gpupool-system"),
+                  CONTROLLER),
+            patch(workload(DECISION), workload(DECISION, image="evil:1"), EXTENDER),
+            patch(before, workload(SLICE_STATUS), EXTENDER)):
+        outcome = policy.admit(refused)
+        assert outcome.applies and not outcome.allowed, refused
+        assert outcome.message.startswith("system:serviceaccount:gpupool-system:gpupool-")
+    assert "may not change the spec" in policy.admit(
+        patch(before, workload(image="evil:1"), CONTROLLER)).message
+    assert not policy.admit(patch(before, workload(image="mine:2"), "alice")).applies
+
+
+def server_pod_of(isolation: str) -> dict[str, Any]:
+    alloc = Allocation("u1", "cpu1", 1000, 1024, (Slice("GPU-g1-0", 0, 4096, 30, "main"),),
+                       False, "g1")
+    served = Served("u1", "lab", "train", "0123456789abcdef", alloc)
+    return server_pod(served, 1, ServerSettings("stub", "gpupool-slices", "gpupool:0.1.0"),
+                      isolation)
+
+
+def made(pod: dict[str, Any], user: str = CONTROLLER) -> dict[str, Any]:
+    return review(pod, user=user, namespace=pod["metadata"]["namespace"])["request"]
+
+
+def altered(isolation: str, change: Callable[[dict[str, Any]], object]) -> dict[str, Any]:
+    pod = server_pod_of(isolation)
+    change(pod)
+    return pod
+
+
+def test_the_controller_makes_only_slice_server_pods() -> None:
+    policy = Policy(one(render("remote.provider=stub"), "ValidatingAdmissionPolicy",
+                        "gpupool-controller-slice-servers"))
+    for isolation in ("mps", "hami-core", "none"):
+        assert policy.admit(made(server_pod_of(isolation))).allowed, isolation
+    spec = "spec"
+    changes: list[Callable[[dict[str, Any]], object]] = [
+        lambda p: p[spec]["volumes"].append({"name": "root", "hostPath": {"path": "/"}}),
+        lambda p: p[spec]["volumes"].append({"name": "ca", "secret": {
+            "secretName": "gpupool-slice-ca"}}),
+        lambda p: p[spec]["volumes"].append({"name": "t", "projected": {"sources": []}}),
+        lambda p: p[spec]["containers"][0].update(image="evil:1"),
+        lambda p: p[spec]["containers"][0]["securityContext"].update(privileged=True),
+        lambda p: p[spec]["containers"][0]["securityContext"].update(
+            capabilities={"add": ["SYS_ADMIN"]}),
+        lambda p: p[spec].pop("automountServiceAccountToken"),
+        lambda p: p[spec].update(hostPID=True),
+        lambda p: p[spec].update(initContainers=[{"name": "i", "image": "gpupool:0.1.0"}]),
+        lambda p: p["metadata"].update(namespace="gpupool-system"),
+    ]
+    for change in changes:
+        outcome = policy.admit(made(altered("mps", change)))
+        assert outcome.applies and not outcome.allowed
+        assert "may make only slice server pods" in outcome.message
+    assert not policy.admit(made(altered("none", lambda p: p[spec].update(hostPID=True)),
+                                 user="alice")).applies
