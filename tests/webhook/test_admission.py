@@ -77,6 +77,26 @@ def test_a_pod_may_opt_out_of_healing_at_creation_and_later() -> None:
                         old=old)).allowed
 
 
+@pytest.mark.parametrize(("key", "value"), [
+    ("gpupool.io/gpu-memory-limit", "81920"), ("gpupool.io/gpu-core-limit", "100"),
+    ("gpupool.io/mode", "exclusive"), ("gpupool.io/affinity", "least-loaded"),
+    ("gpupool.io/placement", "local")])
+def test_what_bind_reads_cannot_change_once_the_pod_is_bound(key: str, value: str) -> None:
+    asked = {"gpupool.io/gpu-memory-limit": "2048", "gpupool.io/placement": "remote-allowed"}
+    pending = gpu_pod(annotations=asked)
+    assert check(review(gpu_pod(annotations={**asked, key: value}), operation="UPDATE",
+                        old=pending)).allowed
+    bound = gpu_pod(node="n1", annotations={**asked, **DECISION})
+    for notes in ({**asked, **DECISION, key: value},
+                  {k: v for k, v in {**asked, **DECISION}.items() if k != key}):
+        if notes == bound["metadata"]["annotations"]:
+            continue
+        verdict = check(review(gpu_pod(node="n1", annotations=notes), operation="UPDATE",
+                               old=bound))
+        assert not verdict.allowed and key in verdict.message
+        assert "bound to node n1" in verdict.message
+
+
 def test_a_user_adding_a_decision_to_a_running_pod_is_refused() -> None:
     old = gpu_pod(node="n1")
     new = gpu_pod(node="n1", annotations=DECISION)

@@ -8,8 +8,9 @@ are gpupool's record of a GPU decision. Nobody may create a pod carrying them, a
 update may add, change or remove them only when the caller's account is allowed that key
 (``Writers``): the node agent its phase, reason, device claim and over-use record; the
 extender writes decisions only through the Binding (``pods/binding``), which the same
-rule checks. Signatures still protect a decision that slips past (docs/security.md); this
-rule makes the attempt visible and early.
+rule checks. Once a pod is bound, nobody may change the user keys bind read
+(``BIND_KEYS``: all but ``gpupool.io/healing``). Signatures still protect a decision
+that slips past (docs/security.md); this rule makes the attempt visible and early.
 Pure: no I/O.
 """
 
@@ -31,6 +32,9 @@ DECISION_KEYS = frozenset({
     names.ANNOTATION_DEVICES, names.ANNOTATION_RESOURCE_GROUP,
 })
 """The decision record; every other ``gpupool.io/`` key but ``USER_KEYS`` is guarded too."""
+BIND_KEYS = USER_KEYS - {names.ANNOTATION_HEALING}
+"""The user keys bind reads into the decision: fixed once the pod is bound (a change would
+say what the decision does not hold, and anything that reads the pod again would read it)."""
 WEBHOOK_KEYS = frozenset({names.ANNOTATION_SLICE})
 """Written by the admission webhook itself at creation (a remote slice's name: its mutation
 overwrites any value, and ``remote.unexpected`` checks it); guarded on every update."""
@@ -111,7 +115,25 @@ def check_pod_write(who: str, user: str, operation: str, old: Mapping[str, Any] 
     if operation != "UPDATE":
         return ""
     keys = [k for k in changed(old, new) if k not in writers.may_change(user)]
-    return refuse_update(who, user, keys) if keys else ""
+    if keys:
+        return refuse_update(who, user, keys)
+    return _refuse_rebind(who, old, new)
+
+
+def _refuse_rebind(who: str, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None
+                   ) -> str:
+    """Why an update of a bound pod may not change what bind read ("" when it does not)."""
+    spec = old.get("spec") if old is not None else None
+    node = spec.get("nodeName") if isinstance(spec, Mapping) else None
+    if not node:
+        return ""
+    before, after = annotations_of(old), annotations_of(new)
+    keys = sorted(k for k in BIND_KEYS if before.get(k) != after.get(k))
+    if not keys:
+        return ""
+    return (f"{who} is bound to node {node}: {', '.join(keys)} "
+            f"{'are' if len(keys) > 1 else 'is'} read when a pod is bound and recorded in its "
+            "GPU decision, so it cannot change afterwards; set it on a new pod")
 
 
 def check_binding(who: str, user: str, binding: Mapping[str, Any] | None,
