@@ -24,7 +24,8 @@ the state changes):
   name another pod holds).
 
 Credentials: the server's and the sidecar's certificates are issued when missing and
-renewed when a third of their life is left (``certs.renewal_due``); a replaced one is
+renewed when a third of their life is left (``certs.renewal_due``); a renewed one is left
+to expire (channels opened with it stay open until then), one issued for another pod is
 revoked. Everything of a slice whose pod is gone, finished, or no longer served remotely
 is deleted and its certificates revoked: nothing is held once both sides are gone (the
 sidecar's Secret, owned by its pod, goes with it).
@@ -258,16 +259,20 @@ def _server_state(r: RemotePod, v: ServerSeen | None, settings: ServerSettings, 
 
 def _credentials(r: RemotePod, credentials: Sequence[CredentialSeen], now: float,
                  timing: Timing, out: SlicePlan) -> None:
+    """Issue what is missing or due. Certificates of another pod are revoked; renewed ones
+    are not: they expire within a third of their life, and until then the channels opened
+    with them stay open (the server closes a channel whose certificate is revoked)."""
     s = r.served
     held = next((c for c in credentials if c.slice_name == s.slice_name), None)
-    if held is None or held.uid != s.uid or _due(held.expires_s, now, timing):
-        if held is not None:
-            out.revoke[held.serial] = held.expires_s
-        out.actions.append(Issue(s, client=False))
-    if held is None or held.uid != s.uid or not held.client_serial or \
-            _due(held.client_expires_s, now, timing):
-        if held is not None and held.client_serial:
+    foreign = held is not None and held.uid != s.uid
+    if held is not None and foreign:
+        out.revoke[held.serial] = held.expires_s
+        if held.client_serial:
             out.revoke[held.client_serial] = held.client_expires_s
+    if held is None or foreign or _due(held.expires_s, now, timing):
+        out.actions.append(Issue(s, client=False))
+    if held is None or foreign or not held.client_serial or \
+            _due(held.client_expires_s, now, timing):
         out.actions.append(Issue(s, client=True))
 
 
