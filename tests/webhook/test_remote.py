@@ -222,3 +222,18 @@ def test_the_extender_may_rewrite_a_decision_only_where_remote_slices_are_on() -
     assert settings_of(off).writers.may_change(EXTENDER) == frozenset()
     with pytest.raises(SystemExit, match="needs --slice-client-image"):
         settings_of(build_parser().parse_args(["webhook", "--remote-provider", "stub"]))
+
+
+def test_a_remote_pod_on_the_hosts_network_is_refused() -> None:
+    """Its sidecar's data plane (unauthenticated, on loopback) would be the node's: any
+    process on the host network there could use the slice, or bind the port first."""
+    obj = remote_pod()
+    obj["spec"]["hostNetwork"] = True
+    verdict = mutate(read_review(body(review(obj))), settings())
+    assert not verdict.allowed and verdict.code == 422
+    assert "pod lab/train: a remote-required pod may not use the host's network" in \
+        verdict.message
+    out, _ = admitted(remote_pod())
+    out["spec"]["hostNetwork"] = True
+    verdict = validate(read_review(body(review(out))), settings())
+    assert not verdict.allowed and "may not use the host's network" in verdict.message

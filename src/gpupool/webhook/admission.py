@@ -115,12 +115,22 @@ def mutate(request: Request, settings: Settings) -> Verdict:
     return Verdict.allow(patch, warnings)
 
 
-def _remote_refusal(request: Request, spec: Mapping[str, Any], settings: RemoteSettings
-                    ) -> Verdict | None:
-    who = pod_ref(request)
+def _remote_unusable(who: str, spec: Mapping[str, Any], settings: RemoteSettings
+                     ) -> Verdict | None:
+    """Why a remote-required pod cannot have a remote slice here (mutating and validating)."""
     if not settings.enabled:
         return Verdict.deny(f"{who}: gpupool.io/placement=remote-required: "
                             f"{remote.NOT_ENABLED}", 422, "Invalid")
+    shared = remote.host_network(spec)
+    return Verdict.deny(f"{who}: {shared}", 422, "Invalid") if shared else None
+
+
+def _remote_refusal(request: Request, spec: Mapping[str, Any], settings: RemoteSettings
+                    ) -> Verdict | None:
+    who = pod_ref(request)
+    unusable = _remote_unusable(who, spec, settings)
+    if unusable is not None:
+        return unusable
     found = remote.forged(spec, settings)
     if found:
         return Verdict.deny(f"{who}: {'; '.join(found[:3])}: only gpupool's admission webhook "
@@ -180,9 +190,9 @@ def _validate_new_pod(request: Request, settings: Settings, who: str) -> Verdict
         return Verdict.deny(f"{who}: {'; '.join(odd[:3])}: only gpupool's admission webhook "
                             "writes the client side of a remote GPU slice")
     if asked is not None and remote.is_remote(asked):
-        if not settings.remote.enabled:
-            return Verdict.deny(f"{who}: gpupool.io/placement=remote-required: "
-                                f"{remote.NOT_ENABLED}", 422, "Invalid")
+        unusable = _remote_unusable(who, spec, settings.remote)
+        if unusable is not None:
+            return unusable
         spec = remote.without_injection(spec, settings.remote)
     gpu_pod = asked is not None
     if not gpu_pod and not settings.guard_all_pods:

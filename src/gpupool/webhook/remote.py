@@ -17,7 +17,8 @@ asks a GPU:
   ``NVIDIA_VISIBLE_DEVICES=void`` (the node's own GPUs are not the pod's).
 
 A pod that already carries what the webhook writes (the sidecar's name, its volume, the
-provider's variables) is refused (``forged``). Validating (``unexpected``): what a
+provider's variables) is refused (``forged``), and so is one on the host's network
+(``host_network``). Validating (``unexpected``): what a
 remote pod carries of the injection must be exactly the injection, and nothing of it
 may appear on any other pod. Pure: no I/O; the slice name is drawn by the caller.
 """
@@ -158,6 +159,16 @@ def count_patch(spec: Mapping[str, Any], request: PodRequest) -> list[Obj]:
                                                          names.RESOURCE_REMOTE_GPU),
                             "value": count})
     return ops
+
+
+def host_network(spec: Mapping[str, Any]) -> str:
+    """Why a remote pod's network cannot hold its data plane ("" when it can): on the
+    host's network the sidecar's loopback port, which takes no credential, is the node's."""
+    if spec.get("hostNetwork") is not True:
+        return ""
+    return ("a remote-required pod may not use the host's network (spec.hostNetwork): its "
+            "sidecar serves the slice on loopback without credentials, which would be the "
+            "node's loopback, open to every host-network process there")
 
 
 def forged(spec: Mapping[str, Any], settings: RemoteSettings) -> list[str]:
