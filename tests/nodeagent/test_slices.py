@@ -109,3 +109,34 @@ def test_a_pod_outside_the_slices_namespace_is_never_taken_for_a_server() -> Non
                    "namespace": "lab", "uid": "u-mimic"})
     seen = SliceAttribution(Path("/nonexistent"), [mimic], {}, NS, lambda ip: [record(1, 1)])
     assert seen.servers == {} and seen.observe([]) == ([], frozenset())
+
+
+def test_the_usage_read_follows_no_redirect_and_no_proxy(
+        usage_server: tuple[str, int, list[dict[str, Any]]],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server pod's status port answers only for itself: a redirect (a server pod taken
+    over by its provider, say) is not followed from the node agent's network position,
+    and the environment's proxy is not asked to reach a pod address."""
+    ip, port, records = usage_server
+    records.append(record(1000, 20))
+
+    class Redirect(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(302)
+            self.send_header("Location", f"http://{ip}:{port}/usage")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(OSError, match="302"):
+            fetch_usage("127.0.0.1", httpd.server_address[1])
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    monkeypatch.setenv("http_proxy", "http://127.0.0.1:1")  # nothing listens there
+    monkeypatch.setenv("no_proxy", "")
+    assert fetch_usage(ip, port) == [record(1000, 20)]

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -83,10 +84,23 @@ def served_here(pods: Sequence[Pod], namespace: str) -> dict[str, ServedSlice]:
     return out
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A server pod answers for itself: a redirect is an error, not followed."""
+
+    def redirect_request(self, req: urllib.request.Request, fp: Any, code: int, msg: str,
+                         headers: Any, newurl: str) -> None:
+        raise urllib.error.HTTPError(req.full_url, code, f"{msg}: redirect not followed",
+                                     headers, fp)
+
+
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect())
+"""Straight to the pod's address: no proxy from the environment, no redirect."""
+
+
 def fetch_usage(ip: str, port: int = STATUS_PORT, timeout_s: float = 2.0
                 ) -> list[dict[str, Any]]:
     """A slice server's ``/usage`` records."""
-    with urllib.request.urlopen(f"http://{ip}:{port}/usage", timeout=timeout_s) as answer:
+    with _OPENER.open(f"http://{ip}:{port}/usage", timeout=timeout_s) as answer:
         body = json.loads(answer.read(1 << 20))
     if not isinstance(body, list):
         raise ValueError("/usage is not a list")
