@@ -60,6 +60,7 @@ KINDS: dict[str, Kind] = {
         Kind("namespaces", "", "v1", "Namespace", False),
         Kind("leases", "coordination.k8s.io", "v1", "Lease", True),
         Kind("quotaledgers", "gpupool.io", "v1alpha1", "QuotaLedger", False),
+        Kind("podgroups", "scheduling.k8s.io", "v1alpha2", "PodGroup", True),
     )
 }
 HISTORY = 200_000  # watch events retained; older resourceVersions get 410 Gone

@@ -150,8 +150,9 @@ def test_the_common_reason_leaves_out_what_only_this_node_has(
     assert "node n" not in reason.common()
 
 
-MADE_ELSEWHERE = {Check.REMOTE}
-"""Checks ``explain`` never makes: ``core.serving``'s (cases in tests/core/test_serving.py)."""
+MADE_ELSEWHERE = {Check.REMOTE, Check.GANG}
+"""Checks ``explain`` never makes: ``core.serving``'s (cases in tests/core/test_serving.py)
+and the extender's answers to gang members (tests/extender/test_gangs.py)."""
 
 
 def test_every_check_the_core_makes_has_a_case() -> None:

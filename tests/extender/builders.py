@@ -14,6 +14,7 @@ from gpupool.contract import names
 from gpupool.core.allocation import Allocation
 from gpupool.core.policies import DEFAULT_POLICY
 from gpupool.core.serving import ServingConfig
+from gpupool.extender.bind.gangholds import GangSettings
 from gpupool.extender.metrics import Metrics
 from gpupool.extender.preemption.plans import PreemptionSettings
 from gpupool.extender.service import Extender, Settings
@@ -105,16 +106,18 @@ class Replica:
                  stale_after_s: float = 120.0, clock: Callable[[], float] = time.time,
                  scheduler_name: str = "gpupool-scheduler",
                  preemption: PreemptionSettings | None = None,
-                 serving: ServingConfig | None = None):
+                 serving: ServingConfig | None = None, gangs: GangSettings | None = None):
         self.api = KubeApi.connect(server=fake.url)
         self.keys = decision_keys(self.api, clock)
         metrics = Metrics()
         self.cache = ClusterCache(stale_after_s=stale_after_s, clock=clock,
                                   decisions=DecisionCheck(self.keys, metrics.unverified))
-        self.feeds: Feeds = start_feeds(self.api, self.cache, watch_timeout_s=2)
+        self.feeds: Feeds = start_feeds(self.api, self.cache, watch_timeout_s=2,
+                                        pod_groups=gangs is not None)
         settings = Settings(policy, seed=seed, scheduler_name=scheduler_name,
                             preemption=preemption or PreemptionSettings(),
-                            serving=serving or ServingConfig())
+                            serving=serving or ServingConfig(),
+                            gangs=gangs or GangSettings(namespace=NAMESPACE))
         self.extender = Extender(self.cache, settings, metrics, self.api, self.keys, clock)
 
     def close(self) -> None:

@@ -19,6 +19,14 @@ ANNOTATION_HEALING = "gpupool.io/healing"  # "off": the controller never evicts 
 ANNOTATION_MEMORY_LIMIT = "gpupool.io/gpu-memory-limit"  # burst limit, MiB per GPU
 ANNOTATION_CORE_LIMIT = "gpupool.io/gpu-core-limit"  # burst limit, percent of one GPU
 
+# gangs (docs/gangs.md): Kubernetes' PodGroup API, or gpupool's labels on older clusters
+PODGROUP_GROUP = "scheduling.k8s.io"
+PODGROUP_VERSION = "v1alpha2"
+LABEL_GANG = "gpupool.io/gang"  # a pod's gang (its name) on clusters without PodGroups
+ANNOTATION_GANG_MIN_COUNT = "gpupool.io/gang-min-count"  # members needed (labelled gangs)
+ANNOTATION_GANG_TOGETHER = "gpupool.io/gang-together"  # node | domain (a gang's members)
+ANNOTATION_GANG_DOMAIN = "gpupool.io/gang-domain-label"  # the node label of "domain"
+
 # written by gpupool (the durable record of a decision)
 ANNOTATION_NODE = "gpupool.io/node"
 ANNOTATION_ALLOCATION = "gpupool.io/allocation"

@@ -31,7 +31,7 @@ only policies that draw from it, as in ``Placer.decide``).
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -53,6 +53,10 @@ from gpupool.core.state import ClusterState, IntArray
 
 MAX_DOMAINS = 256
 """Nodes or domains tried for a gang asked to stay together (the tightest first)."""
+
+Rule = Callable[[ClusterState, PodRequest], Constraints]
+"""A member's constraints (default: ``constraints_for`` with the catalogue); a caller
+with rules of its own (an adapter taking nodes out) passes them."""
 
 
 class Together(Enum):
@@ -116,11 +120,12 @@ class GangPlacement:
 
 
 def place_gang(state: ClusterState, gang: Gang, policy: Policy, rng: random.Random,
-               catalogue: Catalogue | None = None, max_domains: int = MAX_DOMAINS
-               ) -> GangPlacement:
-    """Slices for ``gang``'s members together (see the module); never changes ``state``."""
-    ruled = [constraints_for(state, m, catalogue) if catalogue is not None else NO_CONSTRAINTS
-             for m in gang.members]
+               catalogue: Catalogue | None = None, max_domains: int = MAX_DOMAINS,
+               rule: Rule | None = None) -> GangPlacement:
+    """Slices for ``gang``'s members together (see the module); never changes ``state``.
+    ``rule``: each member's constraints, instead of ``constraints_for``."""
+    ruled = [rule(state, m) if rule is not None else constraints_for(state, m, catalogue)
+             if catalogue is not None else NO_CONSTRAINTS for m in gang.members]
     eligible = [i for i, c in enumerate(ruled) if c.blocked is None]
     if len(eligible) < gang.quorum:
         first = next(c.blocked for c in ruled if c.blocked is not None)

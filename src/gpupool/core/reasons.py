@@ -27,6 +27,7 @@ class Check(Enum):
     NODE_MODE = "node-mode"  # the node serves its GPUs another way (checked before GROUP)
     REMOTE = "remote-slice"  # no GPU here, nor elsewhere for a remote slice (core.serving)
     MIG = "mig-profile"  # no MIG device of the asked profile here (core.mig)
+    GANG = "gang"  # a gang member: its slices are held on another node, or its gang waits
 
 
 @dataclass(frozen=True, slots=True)

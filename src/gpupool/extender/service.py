@@ -57,7 +57,7 @@ import logging
 import random
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -76,6 +76,7 @@ from gpupool.core.request import PodRequest, Serving
 from gpupool.core.serving import ServingConfig, ServingPlacer
 from gpupool.core.state import ClusterState, IntArray
 from gpupool.extender.bind.binder import Binder
+from gpupool.extender.bind.gangholds import GangAnswer, GangClaims, GangHolds, GangSettings
 from gpupool.extender.bind.gate import DEFAULT_SCHEDULER, assumable, bindable_request
 from gpupool.extender.bind.replacement import Replacer
 from gpupool.extender.dra.drascores import claim_priorities
@@ -110,6 +111,7 @@ class Settings:
     scheduler_name: str = DEFAULT_SCHEDULER  # bind acts only on pods naming it
     preemption: PreemptionSettings = field(default_factory=PreemptionSettings)
     serving: ServingConfig = field(default_factory=ServingConfig)  # remote GPU slices
+    gangs: GangSettings = field(default_factory=GangSettings)  # gangs' holds and claims
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +158,10 @@ class Extender:
         cache.homes_without_gpus(settings.serving.remote)  # a remote slice's home needs none
         self.replacer = Replacer(cache, kube, keys, lambda: self.serving, self.rng, clock) \
             if kube is not None and keys is not None and settings.serving.remote else None
+        self.gangs = GangHolds(cache, self.binder.writes, self.binder.ledgers,
+                               GangClaims(self.binder.kube, settings.gangs, clock),
+                               settings.gangs, clock, settings.scheduler_name) \
+            if self.binder is not None else None
         metrics.gpus_allocated.set_function(lambda: self.usage_gpus()[0])
         metrics.gpus_total.set_function(lambda: float(self.usage_gpus()[1]))
         metrics.registry.register(TenancyCollector(cache))
@@ -230,6 +236,9 @@ class Extender:
             request = self._request(args.pod, args.pod_json)
         except GpupoolError as exc:
             return protocol.encode(self._filter_error(exc))
+        gang = self.gangs.consider(request.key, self.placer.policy, self.rng) \
+            if self.gangs is not None and request.gpus and \
+            request.key in self.cache.gangs.gang_of else None
         with self.cache.lock:
             self.cache.flush()
             table = self._table(self.cache.state)
@@ -239,6 +248,8 @@ class Extender:
                 return protocol.encode(self._filter_error(exc))
             if not request.gpus:
                 return protocol.filter_answer(args, args.names_json, None)
+            if gang is not None:
+                return self._filtered_gang(args, table, sent, gang)
             with self.cache.without(request.key):
                 answer, only = self._filtered(args, request, table, sent)
             if only is not None:  # kube-scheduler binds the one node that passes
@@ -317,6 +328,31 @@ class Extender:
         self.metrics.decisions.labels(
             "filter", "fits" if passing is None or passing.size else "unschedulable").inc()
         return protocol.filter_answer(args, names_json, passing, failed, unresolvable)
+
+    def _filtered_gang(self, args: protocol.ExtenderArgs, table: NameTable, sent: Matched,
+                       gang: GangAnswer) -> bytes:
+        """A gang member passes only the node its slices are held on; every other node (all
+        of them while its gang waits) gets the gang's reason (under the cache lock)."""
+        state = self.cache.state
+        idx = sent.rows
+        row = state.index.get(gang.node, -1) if gang.node else -1
+        ok = (idx == row) if row >= 0 else np.zeros(len(idx), np.bool_)
+        reason = gang.why()
+        failed, unresolvable = self.refusals.listed(state, sent.names, idx, ok,
+                                                    lambda i: reason)
+        passing = np.flatnonzero(ok)
+        names_json = b""
+        if args.cache_capable:
+            names_json = table.names_json(idx[passing])
+            table.remember(names_json, idx[passing])
+        self.metrics.decisions.labels(
+            "filter", "fits" if passing.size else "unschedulable").inc()
+        return protocol.filter_answer(args, names_json, passing, failed, unresolvable)
+
+    def sweep_gangs(self) -> list[str]:
+        """Let go of the gangs this replica holds that are done or cannot complete
+        (``GangHolds.sweep``); the gangs let go."""
+        return self.gangs.sweep() if self.gangs is not None else []
 
     def _stamp(self, state: ClusterState) -> tuple[object, ...]:
         """Changes whenever anything a decision reads changes (versions only grow)."""
@@ -466,7 +502,8 @@ class Extender:
     # -- preempt -----------------------------------------------------------------------------------
     def preempt(self, body: Any) -> dict[str, Any]:
         """Keep only the nodes where evicting the proposed victims frees enough GPU for
-        the pod (kube-scheduler chooses victims by its own rules, blind to GPU slices).
+        the pod and takes no gang member (kube-scheduler chooses victims by its own rules,
+        blind to GPU slices).
         ``body``: the request's bytes (``proposals``), or decoded JSON."""
         try:
             args = proposals.read_preemption(body) if isinstance(body, bytes | bytearray) \
@@ -480,10 +517,17 @@ class Extender:
             self.cache.flush()
             known = self.cache.state.index.keys() & args.victims.keys()  # in one C call
             kept = {node: args.victims[node] for node in sorted(known) if
+                    not self._takes_gang_member(args.victims[node]) and
                     proposals.fits_without(self.cache, self.placer, request, node,
                                            args.victims[node])}
         self.metrics.decisions.labels("preempt", "kept" if kept else "none").inc()
         return protocol.preemption_result(kept, args.pdb_violations)
+
+    def _takes_gang_member(self, victims: Sequence[str]) -> bool:
+        """Whether kube-scheduler's victims (uids) on a node include a gang member: gpupool
+        never agrees to evict part of a gang (docs/gangs.md; under the cache lock)."""
+        members = self.cache.gangs.gang_of
+        return any(uid in members for uid in victims)
 
     # -- bind -------------------------------------------------------------------------------------
     def bind(self, body: Any) -> dict[str, str]:

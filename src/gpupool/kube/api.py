@@ -79,6 +79,8 @@ ResourceGroup = create_global_resource(names.GROUP, _V, "ResourceGroup", "resour
 GPULedger = create_global_resource(names.GROUP, _V, "GPULedger", "gpuledgers")
 TenantQuota = create_global_resource(names.GROUP, _V, "TenantQuota", "tenantquotas")
 GPUPermission = create_global_resource(names.GROUP, _V, "GPUPermission", "gpupermissions")
+PodGroup = create_namespaced_resource(names.PODGROUP_GROUP, names.PODGROUP_VERSION, "PodGroup",
+                                      "podgroups")
 
 FIELD_MANAGER = "gpupool"
 LABEL_NODE = names.LABEL_NODE  # GPUDevice label: the node the GPU is in
@@ -566,6 +568,22 @@ class KubeApi:
         with _translated(f"update QuotaLedger {name}"):
             return dict(self.client.patch(QuotaLedger, name, versioned(patch, resource_version),
                                           patch_type=PatchType.MERGE))
+
+    # -- PodGroups (scheduling.k8s.io/v1alpha2: gangs, docs/gangs.md) -----------------------
+    def list_pod_groups(self) -> Listing[KubeObject]:
+        """PodGroups of every namespace (404 where the cluster lacks the PodGroup API)."""
+        with _translated("list PodGroups"):
+            it = self.client.list(PodGroup, namespace=lightkube.ALL_NS)
+            items = [dict(o) for o in it]
+        return Listing(items, it._resourceVersion or "")
+
+    def watch_pod_groups(self, resource_version: str, timeout_s: int | None = None
+                         ) -> Iterator[tuple[str, KubeObject]]:
+        with _translated("watch PodGroups"):
+            for kind, obj in self.client.watch(PodGroup, namespace=lightkube.ALL_NS,
+                                               resource_version=resource_version or None,
+                                               server_timeout=timeout_s):
+                yield kind, dict(obj)
 
 
 def _name(obj: Mapping[str, Any]) -> str:

@@ -7,7 +7,8 @@ exactly six fractional digits, as the API server writes and parses them) and
 ``leaseTransitions``. Every write names the ``resourceVersion`` it was based on, so of
 two candidates that read the same Lease only the first write wins; the other gets
 ``Conflict`` (``gpupool.kube.errors``). Calls: ``get``, ``create`` and ``update`` of
-``leases`` in the lock's namespace (the Role the chart grants).
+``leases`` in the lock's namespace (the Role the chart grants), and ``delete`` for a lock
+that is let go for good (a gang's claim, docs/gangs.md).
 
 The Lease is sent and read as plain JSON (a generic resource): lightkube's typed
 model writes a time with no fraction as ``...:05Z``, which the API server's MicroTime
@@ -93,8 +94,10 @@ def record_of(spec: Any) -> LeaseRecord:
 class LeaseLock:
     """One Lease through a ``KubeApi``'s client; failures raise ``gpupool.kube.errors``."""
 
-    def __init__(self, api: KubeApi, namespace: str, name: str):
+    def __init__(self, api: KubeApi, namespace: str, name: str,
+                 notes: dict[str, str] | None = None):
         self.api, self.namespace, self.name = api, namespace, name
+        self.notes = notes or {}  # annotations written with every create and update
 
     def describe(self) -> str:
         return f"Lease {self.namespace}/{self.name}"
@@ -112,7 +115,8 @@ class LeaseLock:
         """Create the Lease holding ``record`` (``AlreadyExists`` if another was first)."""
         body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                 "metadata": {"name": self.name, "namespace": self.namespace,
-                             "labels": {"app.kubernetes.io/part-of": "gpupool"}},
+                             "labels": {"app.kubernetes.io/part-of": "gpupool"},
+                             **self._annotations()},
                 "spec": spec_of(record)}
         with _translated(f"create {self.describe()}"):
             obj = self.api.client.create(LeaseResource.from_dict(body), namespace=self.namespace)
@@ -124,12 +128,24 @@ class LeaseLock:
         body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                 "metadata": {"name": self.name, "namespace": self.namespace,
                              "resourceVersion": resource_version,
-                             "labels": {"app.kubernetes.io/part-of": "gpupool"}},
+                             "labels": {"app.kubernetes.io/part-of": "gpupool"},
+                             **self._annotations()},
                 "spec": spec_of(record)}
         with _translated(f"update {self.describe()}"):
             obj = self.api.client.replace(LeaseResource.from_dict(body), self.name,
                                           namespace=self.namespace)
         return _stored(dict(obj), self.describe())
+
+    def delete(self) -> None:
+        """Delete the Lease (gone already: nothing to do)."""
+        try:
+            with _translated(f"delete {self.describe()}"):
+                self.api.client.delete(LeaseResource, self.name, namespace=self.namespace)
+        except NotFound:
+            return
+
+    def _annotations(self) -> dict[str, dict[str, str]]:
+        return {"annotations": dict(self.notes)} if self.notes else {}
 
 
 def _stored(obj: dict[str, Any], what: str) -> StoredLease:

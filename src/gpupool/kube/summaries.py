@@ -3,10 +3,11 @@
 Listing every pod of a big cluster as lightkube's full ``Pod`` model decodes
 managed fields, volumes, probes and more that nobody here reads. ``PodSummary``
 is a lightkube resource (same URLs as ``Pod``) whose model keeps only
-identity, labels, annotations, the node, the containers' resources and the
-phase; msgspec skips everything else while decoding, which makes a 50,000-pod
-list several times faster and smaller. Attribute names are the API's, so code
-reading ``pod.metadata.annotations`` or ``pod.spec.containers`` works on both.
+identity, labels, annotations, the node, the containers' resources, the
+priority, the PodGroup and the phase; msgspec skips everything else while decoding,
+which makes a 50,000-pod list several times faster and smaller. Attribute names are
+the API's, so code reading ``pod.metadata.annotations`` or ``pod.spec.containers``
+works on both.
 """
 
 from __future__ import annotations
@@ -38,12 +39,17 @@ class SummaryContainer(msgspec.Struct, omit_defaults=True):
     resources: SummaryResources | None = None
 
 
+class SummarySchedulingGroup(msgspec.Struct, omit_defaults=True):
+    podGroupName: str | None = None  # the pod's PodGroup (its gang, docs/gangs.md)
+
+
 class SummarySpec(msgspec.Struct, omit_defaults=True):
     nodeName: str | None = None
     schedulerName: str | None = None
     containers: list[SummaryContainer] | None = None
     initContainers: list[SummaryContainer] | None = None
     priority: int | None = None  # set by the API server's Priority admission
+    schedulingGroup: SummarySchedulingGroup | None = None
 
 
 class SummaryStatus(msgspec.Struct, omit_defaults=True):

@@ -39,6 +39,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -49,6 +50,7 @@ from gpupool.contract import names
 from gpupool.core.allocation import Allocation
 from gpupool.core.eligibility import charge_of
 from gpupool.core.errors import OverCommit
+from gpupool.core.fit import Constraints
 from gpupool.core.placement import Placer
 from gpupool.core.request import PodRequest, Serving
 from gpupool.core.serving import ServingPlacer
@@ -182,6 +184,7 @@ class Binder:
                    rng: random.Random, serving: ServingPlacer | None = None) -> Step | str:
         with self.cache.lock:
             self.cache.flush()
+            held = self._gang_hold(request.key, args.node)
             self.cache.readopt(request.key, args.node)
             state = self.cache.state
             i = state.index.get(args.node)
@@ -194,18 +197,38 @@ class Binder:
                     return served.summary()
                 alloc = served.allocation
             else:
-                placement = placer.decide(state, request, rng, c,
-                                          among=np.array([i], np.int64), explain_limit=1)
-                if placement.allocation is None:
-                    return placement.reasons[0].sentence() if placement.reasons else \
-                        f"node {args.node}: {request.describe()} does not fit now"
-                alloc = placement.allocation
+                found = self._held_slices(request, held, c)  # a gang member: its own slices
+                if found is None:
+                    placement = placer.decide(state, request, rng, c,
+                                              among=np.array([i], np.int64), explain_limit=1)
+                    if placement.allocation is None:
+                        return placement.reasons[0].sentence() if placement.reasons else \
+                            f"node {args.node}: {request.describe()} does not fit now"
+                    found = placement.allocation
+                alloc = found
             if not self.cache.hold(alloc, "bind", charge_of(request, alloc, c)):
                 return f"node {args.node}: could not reserve {alloc.describe()}"
             serves = alloc.gpu_node  # whose ledger records the slices
             view = self.cache.ledgers.get(serves) or View(serves)
             return alloc, c.group, view, self.cache.prunable(view), \
                 state.nodes[state.index[serves]]
+
+    def _gang_hold(self, key: str, node: str) -> Allocation | None:
+        """The slices a gang's hold keeps for member ``key`` on ``node`` (under the lock;
+        None: it is no gang member, or holds nothing there)."""
+        found = self.cache.live_hold(key) if key in self.cache.gangs.gang_of else None
+        if found is None or found[0] != node or found[1].allocation.node != node:
+            return None
+        return found[1].allocation
+
+    def _held_slices(self, request: PodRequest, held: Allocation | None, c: Constraints
+                     ) -> Allocation | None:
+        """The gang hold's slices with the pod's CPU and memory, held for its bind (None:
+        no such hold, it no longer fits, or the pod may not be placed now)."""
+        if held is None or c.blocked is not None:
+            return None
+        alloc = replace(held, cpu_milli=request.cpu_milli, memory_mib=request.memory_mib)
+        return alloc if self.cache.hold(alloc, "bind", charge_of(request, alloc, c)) else None
 
     @staticmethod
     def _entry(args: BindingArgs, request: PodRequest, alloc: Allocation, group: str | None,

@@ -98,6 +98,11 @@ def _read(args: BindingArgs, kube: KubeApi | None) -> Mapping[str, Any]:
         raise InvalidInput(f"reading pod {args.namespace}/{args.name}: {exc}") from None
 
 
+def as_json(pod: Any) -> Mapping[str, Any]:
+    """The informer's copy of a pod (a summary or a full model) as plain JSON values."""
+    return _builtins(pod) or {}
+
+
 def _builtins(pod: Any) -> Mapping[str, Any] | None:
     """A pod summary (or full pod model) as plain JSON values."""
     if isinstance(pod, Mapping):

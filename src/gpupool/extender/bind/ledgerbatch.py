@@ -13,7 +13,7 @@ newer version.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpupool.core.errors import OverCommit, UnknownName
@@ -72,6 +72,14 @@ class LedgerBatches:
         return self.batches.submit(ledger, Pending(key, entry, node),
                                    lambda batch: self._write(ledger, batch),
                                    on_turn).outcome()
+
+    def commit_together(self, ledger: str, node: Node, entries: Mapping[str, Entry]) -> View:
+        """The ledger of node ``ledger`` with all of ``entries`` (pod uid -> entry) written
+        in one write of their own, in the node's turn (a gang's holds on one node); raises
+        as ``commit``."""
+        with self.batches.turns.of(ledger):
+            batch = [Pending(key, entry, node) for key, entry in entries.items()]
+            return self._write(ledger, batch)[0].outcome()
 
     def _write(self, ledger: str, batch: Sequence[Pending]) -> list[Written]:
         keys = {p.key for p in batch}

@@ -144,16 +144,16 @@ def take(cache: ClusterCache, want: Want) -> Ask | NoVictims | None:
 def candidates(ask: Ask, nodes: Sequence[str] | None = None) -> list[Candidate]:
     """The pods gpupool placed on the sent nodes (or ``nodes``) — their own, or remote
     slices those nodes serve to pods bound elsewhere — whose decisions the state holds,
-    not displaced by a live hold, other than the pod itself, as the core's
-    candidates: node by node in the sent order, each node's by UID (the order ``select``
-    breaks its last ties in)."""
+    not displaced by a live hold, other than the pod itself and gang members (a gang is
+    never evicted in part: docs/gangs.md), as the core's candidates: node by node in the
+    sent order, each node's by UID (the order ``select`` breaks its last ties in)."""
     state, out = ask.state.state(), []
     for node in ask.sent if nodes is None else nodes:
         for alloc in sorted(state.allocations_on(node), key=lambda a: a.key):
             f = ask.pods.get(alloc.key)
             if f is None or f.decision is None or f.node != alloc.node or \
                     alloc.key in ask.displaced or alloc.key == ask.key or \
-                    not _same(alloc, f.decision):
+                    not _same(alloc, f.decision) or f.gang is not None:
                 continue
             out.append(Candidate(alloc, f.priority, f.charge(),
                                  ask.budgets.covering(f.namespace, f.labels), f.leaving,
@@ -189,8 +189,8 @@ def choose(ask: Ask) -> Selection | tenantpreempt.Chosen | NoVictims:
 
 def placed_on(cache: ClusterCache, key: str, rows: Sequence[int]) -> list[Candidate]:
     """The pods gpupool placed on ``rows`` (or whose remote slices they serve) and holds,
-    not displaced by another hold, as candidates, on the live state (under the cache
-    lock)."""
+    not displaced by another hold nor gang members, as candidates, on the live state
+    (under the cache lock)."""
     state = cache.state
     displaced = cache.displaced()
     out = []
@@ -199,7 +199,7 @@ def placed_on(cache: ClusterCache, key: str, rows: Sequence[int]) -> list[Candid
             uid = alloc.key  # its own pods, and the remote slices it serves
             f = cache.pods.get(uid)
             if f is None or f.decision is None or uid in displaced or \
-                    uid == key or "pod" not in cache.sources.get(uid, ()):
+                    uid == key or "pod" not in cache.sources.get(uid, ()) or f.gang is not None:
                 continue
             out.append(Candidate(alloc, f.priority, f.charge(),
                                  cache.budgets.covering(f.namespace, f.labels), f.leaving,

@@ -50,6 +50,7 @@ from gpupool.extender.state.budgets import Budgets
 from gpupool.extender.state.commitments import PENDING_GRACE_S, Commitments
 from gpupool.extender.state.draclaims import DraClaims
 from gpupool.extender.state.dramodes import NodeModes
+from gpupool.extender.state.gangs import GangBook
 from gpupool.extender.state.inventory import NodeFacts
 from gpupool.extender.state.pods import PodFacts, facts_of
 from gpupool.extender.state.signatures import DecisionCheck
@@ -84,6 +85,7 @@ class ClusterCache(Commitments):
         self.budgets = Budgets()  # PodDisruptionBudgets, for preemption
         self.modes = NodeModes()  # which nodes serve their GPUs through DRA
         self.dra = DraClaims()  # ResourceSlices and ResourceClaims (held as "claim")
+        self.gangs = GangBook()  # PodGroups and labelled gangs, with their members
         # fair share counts the asks of pods still pending (not yet bound, not gone)
         self.catalogue.tenants.waiting.still_waiting = lambda uid: uid in self.unbound
 
@@ -146,6 +148,7 @@ class ClusterCache(Commitments):
 
     def _forget_pod(self, uid: str) -> None:
         self.unbound.pop(uid, None)
+        self.gangs.gone(uid)
         f = self.pods.pop(uid, None)
         if f is not None and f.node:
             self.pods_on.get(f.node, set()).discard(uid)
@@ -155,6 +158,7 @@ class ClusterCache(Commitments):
         if f.terminal:
             self._forget_pod(f.uid)
             return
+        self.gangs.pod(f)
         old = self.pods.get(f.uid)
         self.pods[f.uid] = f
         if not f.node:
@@ -169,6 +173,16 @@ class ClusterCache(Commitments):
         elif "ledger" not in self.sources.get(f.uid, ()) and "bind" not in self.sources.get(
                 f.uid, ()):
             self.hold(f.held(), "load")
+
+    # -- PodGroups (gangs) --------------------------------------------------------------------
+    def sync_pod_groups(self, objs: Iterable[dict[str, Any]]) -> None:
+        with self.lock:
+            self.gangs.sync_groups(objs)
+            self.synced.add("podgroups")
+
+    def pod_group_event(self, kind: str, obj: dict[str, Any]) -> None:
+        with self.lock:
+            self.gangs.group_event(kind, obj)
 
     # -- nodes and GPUs --------------------------------------------------------------------------
     def sync_nodes(self, nodes: Iterable[Any]) -> None:

@@ -5,7 +5,8 @@ layout), then classes, groups and ledgers, then pods, whose decision
 annotations re-create every allocation (the rebuild). Each informer is
 started once the previous one has listed, so the state is laid out once.
 PodDisruptionBudgets come last and are not waited for: only preemption reads them,
-and it does nothing until they are listed.
+and it does nothing until they are listed; nor are PodGroups (when asked for): the
+members of a gang whose PodGroup is not known yet wait.
 
 ``long_lived`` is for the process that owns the cache: the rebuild creates about a
 million objects that live as long as the process, and Python's cyclic garbage
@@ -66,8 +67,9 @@ def _absent_is_empty(feed: Feed[Any]) -> Feed[Any]:
 
 
 def start_feeds(api: KubeApi, cache: ClusterCache, watch_timeout_s: int = 300,
-                sync_timeout_s: float = 120.0) -> Feeds:
-    """Start the informers one after another; raise ``TimeoutError`` if one cannot list."""
+                sync_timeout_s: float = 120.0, pod_groups: bool = False) -> Feeds:
+    """Start the informers one after another; raise ``TimeoutError`` if one cannot list.
+    ``pod_groups``: watch PodGroups too (a cluster with the PodGroup API, docs/gangs.md)."""
     plan: list[tuple[Feed[Any], Any, Any]] = [
         (Feed("nodes", lambda a: a.list_nodes(), lambda a, rv, t: a.watch_nodes(rv, t)),
          cache.sync_nodes, cache.node_event),
@@ -113,6 +115,11 @@ def start_feeds(api: KubeApi, cache: ClusterCache, watch_timeout_s: int = 300,
                               lambda a, rv, t: a.watch_disruption_budgets(rv, t))
     started.append(Informer(api, budgets, cache.sync_budgets, cache.budget_event,
                             watch_timeout_s).start())
+    if pod_groups:  # not waited for: a gang's members wait until its PodGroup is known
+        groups: Feed[Any] = Feed("podgroups", lambda a: a.list_pod_groups(),
+                                 lambda a, rv, t: a.watch_pod_groups(rv, t))
+        started.append(Informer(api, _absent_is_empty(groups), cache.sync_pod_groups,
+                                cache.pod_group_event, watch_timeout_s).start())
     started += start_claim_feeds(api, cache, watch_timeout_s)
     return Feeds(tuple(started))
 

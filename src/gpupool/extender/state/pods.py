@@ -21,7 +21,9 @@ from typing import Any
 
 from gpupool.contract import annotations as records
 from gpupool.contract import names
+from gpupool.contract.gangs import GangRef, GangTerms, gang_ref, label_terms
 from gpupool.contract.slices import SliceState, read_status
+from gpupool.contract.tenancy import Broken
 from gpupool.core.allocation import Allocation
 from gpupool.core.errors import InvalidInput, QuantityError
 from gpupool.core.model import Labels, freeze_labels
@@ -62,6 +64,8 @@ class PodFacts:
     labels: Labels = ()  # kept for pods with a counted decision (disruption budgets)
     bound_s: float = 0.0  # its signed bind time (epoch seconds; 0: none), for "youngest first"
     slice_lost: str = ""  # a remote slice's node the controller found its server lost on
+    gang: GangRef | None = None  # its PodGroup or gpupool.io/gang (docs/gangs.md)
+    gang_terms: GangTerms | Broken | None = None  # what a labelled gang's member says
 
     def held(self) -> Allocation:
         """What the pod holds on its node (its decision, or just CPU and memory)."""
@@ -89,13 +93,17 @@ def facts_of(pod: Any, counts: DecisionFilter = no_decisions) -> PodFacts:
     if decision is not None and not counts(uid, ns, name, notes, decision, asks_gpu):
         decision = None
     priority = getattr(spec, "priority", None) if spec is not None else None
+    group = getattr(spec, "schedulingGroup", None) if spec is not None else None
+    gang = gang_ref(ns, meta.labels, getattr(group, "podGroupName", None))
     return PodFacts(uid, ns, name, node, phase in TERMINAL_PHASES, cpu, mem, decision,
                     gpu_class, records.group_of(notes, meta.labels), asks_gpu,
                     priority if isinstance(priority, int) else 0,
                     meta.deletionTimestamp is not None,
                     freeze_labels(meta.labels) if decision is not None else (),
                     _bound_s(notes) if decision is not None else 0.0,
-                    _lost_on(notes) if decision is not None and decision.served_by else "")
+                    _lost_on(notes) if decision is not None and decision.served_by else "",
+                    gang, label_terms(gang, notes) if gang is not None and not gang.native
+                    else None)
 
 
 def _lost_on(notes: Mapping[str, str]) -> str:

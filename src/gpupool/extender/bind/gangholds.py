@@ -1,0 +1,405 @@
+"""Gangs held whole: every member's GPU slices chosen together and held in the GPULedgers
+until the members bind, or none (docs/gangs.md; docs/design/extender.md, "Gangs").
+
+When kube-scheduler filters a member of a gang (``state.gangs``) that holds nothing yet,
+``GangHolds.consider``
+
+1. **looks** (under the cache lock) at the gang's terms, its members bound already and
+   its members the pod informer has as pending, unbound and of gpupool's scheduler (those
+   bind could act on: ``gate.assumable``; never a request body). The quorum still to
+   place is the gang's minCount less its members bound. A gang that runs already, or
+   whose members hold slices for that quorum, leaves this member to be placed as any pod;
+   a gang short of members waits, with one reason for all of them;
+2. **claims** the gang (``GangClaims``: one Lease per gang in the extender's namespace,
+   created, or replaced at the version read once it expired): of two replicas only the one
+   whose write wins places the gang; the other tells its member who holds the claim and
+   finds the holds in its cache once its ledger watch brings them;
+3. **places** it with the core (``core.gang.place_gang``: the packing policy applied to the
+   set, quota for the gang as a whole, classes, groups and permissions per member, the
+   nodes that serve GPUs through DRA left out as for any pod) on the live state;
+4. **holds** it: each member's allocation becomes a ``hold`` entry (``expires`` at the
+   gang's timeout, ``displaces`` none) in the GPULedger of its node, one write per node in
+   node-name order, each in the node's turn and by compare-and-swap against the ledger
+   (``LedgerBatches.commit_together``). When a write is lost for good, the holds written
+   so far are removed and the gang waits whole: it never keeps part of its room.
+
+A hold counts in every fit check of every replica (ledger watches) and in the tenants'
+quota; filter and prioritize set aside only the member's own (``Commitments.without``), so
+no member is ever offered a slice another member holds, and filter passes the member only
+on its held node. Bind replaces the hold with the member's decision on the very slices
+held (``Binder``). Holds end when their members bind, at the timeout (the entries and the
+claim expire), or when the gang can no longer reach its quorum (a member or its PodGroup
+deleted): ``sweep``, on the replica that placed it, removes its holds and its claim.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+
+from gpupool.contract.gangs import GangRef, GangTerms
+from gpupool.contract.tenancy import Broken
+from gpupool.core.errors import GpupoolError, OverCommit
+from gpupool.core.gang import Gang, GangPlacement, place_gang
+from gpupool.core.model import Node
+from gpupool.core.reasons import Check, Reason
+from gpupool.core.request import PodRequest, Serving
+from gpupool.core.scoring import Policy
+from gpupool.extender.bind.gate import DEFAULT_SCHEDULER, as_json, assumable
+from gpupool.extender.bind.ledgerbatch import LedgerBatches
+from gpupool.extender.state.cache import ClusterCache
+from gpupool.extender.state.ledger import HOLD, Entry, Ledgers
+from gpupool.extender.wire.podspec import pod_request
+from gpupool.kube.api import KubeApi
+from gpupool.kube.errors import AlreadyExists, Conflict, KubeError, NotFound
+from gpupool.kube.lease import LeaseLock, LeaseRecord, micro_time
+
+log = logging.getLogger(__name__)
+
+GANG_TIMEOUT_S = 300.0
+"""How long a gang's holds wait for its members to bind: kube-scheduler's GangScheduling
+plugin lets members wait at Permit for 5 minutes."""
+CLAIM_PREFIX = "gpupool-gang-"
+CLAIM_ANNOTATION = "gpupool.io/gang"  # on a claim: the gang it is for, as messages name it
+WRITE_ATTEMPTS = 3
+REMEMBERED = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class GangSettings:
+    """``timeout_s``: how long holds wait for their members' binds; ``namespace``: where
+    the claims (Leases) are; ``instance``: this replica, as claims name their holder."""
+
+    timeout_s: float = GANG_TIMEOUT_S
+    namespace: str = "gpupool-system"
+    instance: str = "gpupool-extender"
+
+
+@dataclass(frozen=True, slots=True)
+class GangAnswer:
+    """What filter tells a gang member: the node its slices are held on, or why it waits."""
+
+    gang: str
+    node: str = ""
+    reason: Reason | None = None
+
+    def why(self) -> Reason:
+        """The reason every other node gets."""
+        return self.reason or Reason("", Check.GANG, f"{self.gang} holds this member's GPU "
+                                     f"slices on node {self.node}", False)
+
+
+@dataclass(frozen=True, slots=True)
+class _Ready:
+    """A gang to place now: its reference, the members to place and the state it saw."""
+
+    ref: GangRef
+    gang: Gang
+    who: dict[str, str]  # member uid -> "namespace/name"
+    stamp: tuple[object, ...]
+
+
+@dataclass(slots=True)
+class Owned:
+    """A gang this replica placed: its members' nodes, until when it holds them."""
+
+    ref: GangRef
+    held: dict[str, str]  # member uid -> node
+    expires_s: float
+
+
+def claim_name(ref: GangRef) -> str:
+    """The Lease that claims ``ref`` (names are DNS labels: the gang's key hashed)."""
+    return CLAIM_PREFIX + hashlib.sha256(ref.key.encode()).hexdigest()[:24]
+
+
+class GangClaims:
+    """One Lease per gang, the compare-and-swap two replicas share: whoever creates it (or
+    replaces it at the version read once it expired) places the gang."""
+
+    def __init__(self, kube: KubeApi, settings: GangSettings, clock: Callable[[], float]):
+        self.kube, self.settings, self.clock = kube, settings, clock
+
+    def _lock(self, ref: GangRef) -> LeaseLock:
+        return LeaseLock(self.kube, self.settings.namespace, claim_name(ref),
+                         {CLAIM_ANNOTATION: ref.key})
+
+    def take(self, ref: GangRef) -> str:
+        """'' when this replica now holds the claim, else who holds it (or why not)."""
+        now = datetime.fromtimestamp(self.clock(), UTC)
+        mine = LeaseRecord(self.settings.instance, max(1, math.ceil(self.settings.timeout_s)),
+                           now, now)
+        lock = self._lock(ref)
+        try:
+            lock.create(mine)
+            return ""
+        except AlreadyExists:
+            pass
+        except KubeError as exc:
+            return f"its claim could not be written ({exc})"
+        try:
+            stored = lock.get()
+            if stored is None:
+                lock.create(mine)
+                return ""
+            held = stored.record
+            ends = held.renew_time.timestamp() + held.lease_duration_s \
+                if held.renew_time is not None else 0.0
+            if held.holder and held.holder != self.settings.instance and ends > self.clock():
+                return f"extender replica {held.holder}"
+            lock.update(replace(mine, transitions=held.transitions + 1),
+                        stored.resource_version)
+            return ""
+        except (AlreadyExists, Conflict):
+            return "another extender replica"
+        except KubeError as exc:
+            return f"its claim could not be written ({exc})"
+
+    def release(self, ref: GangRef) -> None:
+        try:
+            self._lock(ref).delete()
+        except KubeError as exc:  # it expires anyway
+            log.warning("releasing the claim of %s: %s", ref.key, exc)
+
+
+class GangHolds:
+    """Places gangs whole and keeps their holds (thread-safe: the cache lock)."""
+
+    def __init__(self, cache: ClusterCache, writes: LedgerBatches, ledgers: Ledgers,
+                 claims: GangClaims, settings: GangSettings, clock: Callable[[], float],
+                 scheduler: str = DEFAULT_SCHEDULER):
+        self.cache, self.writes, self.ledgers, self.claims = cache, writes, ledgers, claims
+        self.settings, self.clock, self.scheduler = settings, clock, scheduler
+        self.owned: dict[str, Owned] = {}  # gang key -> what this replica holds for it
+        self.refused: dict[str, tuple[tuple[object, ...], GangAnswer]] = {}
+        self.translated: dict[tuple[str, str], PodRequest | None] = {}
+
+    # -- filter -----------------------------------------------------------------------------
+    def consider(self, key: str, policy: Policy, rng: random.Random) -> GangAnswer | None:
+        """What filter answers pod ``key`` when it is a gang's member; None: place it as any
+        pod (no gang, a basic PodGroup, a gang that runs or holds its quorum already)."""
+        with self.cache.lock:
+            self.cache.flush()
+            look = self._look(key)
+        if not isinstance(look, _Ready):
+            return look
+        holder = self.claims.take(look.ref)
+        if holder:
+            return _waiting(look.ref, f"its members' GPU slices are being held by {holder}")
+        answer = self._place(key, look.ref, policy, rng)
+        if (answer is None or answer.reason is not None) and look.ref.key not in self.owned:
+            self.claims.release(look.ref)
+        return answer
+
+    def _place(self, key: str, ref: GangRef, policy: Policy, rng: random.Random
+               ) -> GangAnswer | None:
+        with self.cache.lock:
+            self.cache.flush()
+            look = self._look(key)  # again, now that the claim is ours
+            if not isinstance(look, _Ready):
+                return look
+            cache = self.cache
+            placed = place_gang(cache.state, look.gang, policy, rng, cache.catalogue,
+                                rule=lambda s, m: cache.modes.constraints(s, m, cache.catalogue))
+            if not placed.ok:
+                answer = GangAnswer(ref.key, reason=placed.reason)
+                self._remember(ref.key, look.stamp, answer)
+                log.info("%s", placed.summary())
+                return answer
+            nodes = {a.gpu_node: cache.state.nodes[cache.state.index[a.gpu_node]]
+                     for a in placed.allocations}
+        failed = self._hold(look, placed, nodes)
+        if failed:
+            return _waiting(ref, f"its holds could not be written ({failed}); it is placed "
+                                 "again at its members' next attempt")
+        held = {a.key: a.gpu_node for a in placed.allocations}
+        self.owned[ref.key] = Owned(ref, held, self.clock() + self.settings.timeout_s)
+        log.info("%s; held until %s", placed.summary(), _stamp(self.owned[ref.key].expires_s))
+        return GangAnswer(ref.key, node=held[key]) if key in held else None
+
+    def _look(self, key: str) -> GangAnswer | _Ready | None:
+        """The gang of pod ``key`` as the cache has it (under the lock): what to answer, or
+        the gang to place."""
+        cache = self.cache
+        ref = cache.gangs.gang_of.get(key)
+        if ref is None:
+            return None
+        held = cache.live_hold(key)
+        if held is not None:
+            return GangAnswer(ref.key, node=held[0])
+        terms = cache.gangs.terms(ref)
+        if terms is None:
+            return None
+        if isinstance(terms, Broken):
+            return _waiting(ref, terms.message, prefixed=True)
+        return self._members(ref, terms)
+
+    def _members(self, ref: GangRef, terms: GangTerms) -> GangAnswer | _Ready | None:
+        cache = self.cache
+        uids = cache.gangs.member_uids(ref)
+        bound = sum(1 for u in uids if (f := cache.pods.get(u)) is not None and f.node)
+        need = terms.min_count - bound
+        if need <= 0:
+            return None  # the gang runs: one more member is placed as any pod
+        pending = [u for u in uids if assumable(cache.unbound.get(u), u, self.scheduler)]
+        held = sum(1 for u in pending if cache.live_hold(u) is not None)
+        if held >= need:
+            return None  # its quorum is held: a member beyond it is placed as any pod
+        if held:
+            return _waiting(ref, f"{held} of the {need} members it needs hold their GPU "
+                                 "slices; the others' holds are on their way")
+        requests = [r for u in pending if (r := self._request_of(u)) is not None]
+        if len(requests) < need:
+            return _waiting(ref, f"{len(requests)} of the {need} members it needs are "
+                                 "waiting to be placed")
+        if any(r.serving is Serving.REMOTE_REQUIRED for r in requests):
+            return GangAnswer(ref.key, reason=Reason("", Check.GANG, f"{ref.key}: a gang's "
+                              "members cannot have remote GPU slices", True))
+        stamp = (cache.state.layout, cache.state.changes, cache.catalogue_version,
+                 tuple(r.key for r in requests), terms)
+        remembered = self.refused.get(ref.key)
+        if remembered is not None and remembered[0] == stamp:
+            return remembered[1]
+        gang = Gang(ref.key, tuple(requests), need, terms.together, terms.domain_label)
+        who = {u: f"{f.namespace}/{f.name}" for u in pending if (f := cache.pods.get(u))}
+        return _Ready(ref, gang, who, stamp)
+
+    def _request_of(self, uid: str) -> PodRequest | None:
+        """The request of pending member ``uid`` from the informer's copy (remembered per
+        resourceVersion; None when its spec cannot be read: its own filter says why)."""
+        pod = self.cache.unbound.get(uid)
+        meta = getattr(pod, "metadata", None)
+        memo = (uid, str(getattr(meta, "resourceVersion", "") or ""))
+        if memo in self.translated:
+            return self.translated[memo]
+        try:
+            request: PodRequest | None = pod_request(as_json(pod))
+            if request is not None and request.serving is Serving.REMOTE_ALLOWED:
+                request = replace(request, serving=Serving.LOCAL)  # served by its own node
+        except GpupoolError:
+            request = None
+        if len(self.translated) >= REMEMBERED:
+            self.translated.clear()
+        self.translated[memo] = request
+        return request
+
+    def _remember(self, gang: str, stamp: tuple[object, ...], answer: GangAnswer) -> None:
+        if len(self.refused) >= REMEMBERED:
+            self.refused.clear()
+        self.refused[gang] = (stamp, answer)
+
+    # -- holds ------------------------------------------------------------------------------
+    def _hold(self, look: _Ready, placed: GangPlacement, nodes: dict[str, Node]) -> str:
+        """Write the holds, node after node; '' when all are written, else why not (what was
+        written is removed again)."""
+        now = self.clock()
+        by_node: dict[str, dict[str, Entry]] = {}
+        members = {m.key: m for m in look.gang.members}
+        for alloc, charge in zip(placed.allocations, placed.charges, strict=True):
+            m = members[alloc.key]
+            by_node.setdefault(alloc.gpu_node, {})[alloc.key] = Entry(
+                alloc, look.who.get(alloc.key, alloc.key), _stamp(now), m.tenant, m.gpu_class,
+                charge.group, HOLD, _stamp(now + self.settings.timeout_s))
+        written: list[str] = []
+        for node in sorted(by_node):
+            failed = self._write(node, nodes[node], by_node[node])
+            if failed:
+                for done in written:
+                    self._unhold(done, list(by_node[done]))
+                return failed
+            written.append(node)
+        return ""
+
+    def _write(self, node: str, layout: Node, entries: dict[str, Entry]) -> str:
+        last = ""
+        for _ in range(WRITE_ATTEMPTS):
+            try:
+                self.writes.commit_together(node, layout, entries)
+                return ""
+            except Conflict as exc:  # the writer read the ledger again: try on that
+                last = str(exc)
+            except OverCommit as exc:  # the room went meanwhile: the placement is stale
+                return f"node {node}: {exc}"
+            except KubeError as exc:
+                return f"node {node}: {exc}"
+        return f"node {node}: {last}"
+
+    def _unhold(self, node: str, uids: Sequence[str]) -> None:
+        """Remove the holds of ``uids`` from ``node``'s ledger (a member that bound
+        meanwhile keeps its entry: only holds go)."""
+        for _ in range(WRITE_ATTEMPTS):
+            with self.cache.lock:
+                view = self.cache.ledgers.get(node)
+            if view is None:
+                return
+            mine = [u for u in uids if (e := view.entries.get(u)) is not None and e.is_hold]
+            if not mine:
+                return
+            try:
+                self.cache.ledger_update(self.ledgers.prune(view, mine))
+                return
+            except (Conflict, NotFound):
+                try:
+                    self.cache.ledger_update(self.ledgers.fetch(node))
+                except KubeError as exc:
+                    log.warning("reading the GPU ledger of %s: %s", node, exc)
+                    return
+            except KubeError as exc:  # they expire anyway
+                log.warning("removing gang holds from the GPU ledger of %s: %s", node, exc)
+                return
+
+    # -- housekeeping -----------------------------------------------------------------------
+    def sweep(self) -> list[str]:
+        """Let go of the gangs this replica placed that are done (every member bound or the
+        timeout passed: their claims) or can no longer reach their quorum (a member, or its
+        PodGroup, deleted: their holds too). Returns the gangs let go."""
+        done = []
+        for key, owned in list(self.owned.items()):
+            with self.cache.lock:
+                self.cache.flush()
+                state = self._state_of(owned)
+            if state == "holding":
+                continue
+            if state == "incomplete":
+                by_node: dict[str, list[str]] = {}
+                for uid, node in owned.held.items():
+                    by_node.setdefault(node, []).append(uid)
+                for node, uids in sorted(by_node.items()):
+                    self._unhold(node, uids)
+                log.info("%s can no longer reach its quorum: its GPU slices are released",
+                         key)
+            self.claims.release(owned.ref)
+            del self.owned[key]
+            done.append(key)
+        return done
+
+    def _state_of(self, owned: Owned) -> str:
+        """holding | done | incomplete (under the lock)."""
+        cache = self.cache
+        live = [u for u in owned.held if cache.live_hold(u) is not None]
+        if not live or self.clock() >= owned.expires_s:
+            return "done"
+        terms = cache.gangs.terms(owned.ref)
+        members = len(cache.gangs.member_uids(owned.ref))
+        if not isinstance(terms, GangTerms) or members < terms.min_count:
+            return "incomplete"
+        return "holding"
+
+    def holds_for(self, key: str) -> bool:
+        """Whether pod ``key`` is a gang member whose slices are held (bind uses them)."""
+        with self.cache.lock:
+            return key in self.cache.gangs.gang_of and self.cache.live_hold(key) is not None
+
+
+def _waiting(ref: GangRef, why: str, prefixed: bool = False) -> GangAnswer:
+    message = why if prefixed else f"{ref.key}: {why}"
+    return GangAnswer(ref.key, reason=Reason("", Check.GANG, message, False))
+
+
+def _stamp(seconds: float) -> str:
+    return micro_time(datetime.fromtimestamp(seconds, UTC))
