@@ -140,3 +140,23 @@ def test_the_usage_read_follows_no_redirect_and_no_proxy(
     monkeypatch.setenv("http_proxy", "http://127.0.0.1:1")  # nothing listens there
     monkeypatch.setenv("no_proxy", "")
     assert fetch_usage(ip, port) == [record(1000, 20)]
+
+
+def test_a_remote_burstable_slice_is_judged_by_its_request_and_limit_as_a_local_one() -> None:
+    """Its server enforces the limit; the node agent must know the request too, or the
+    burst would count as granted: never reclaimed, and the neighbours' bursts reclaimed
+    to make room for it."""
+    bursting = Served("u-train", "lab", "train", "0123456789abcdef",
+                      Allocation("u-train", "cpu-a", 1000, 1024, (Slice(
+                          "GPU-g1-0", 0, 4096, 30, "main", 4096, 20),), False, "g1"))
+    obj = server_pod(bursting, 1, ServerSettings("stub", NS, "img"), "none")
+    obj["metadata"]["uid"] = "u-server"
+    obj["status"] = {"phase": "Running", "podIP": "10.0.0.9"}
+    seen = SliceAttribution(Path("/nonexistent"), [pod_from_json(obj)], {}, NS,
+                            lambda ip: [record(6000, 40)])
+    ((o,), _) = seen.observe([])
+    assert (o.memory_limit_mib, o.memory_request_mib, o.core_limit_pct, o.core_request_pct) \
+        == (8192, 4096, 50, 30)
+    held = seen.servers["u-server"].held_slice()
+    assert (held.memory_mib, held.burst_memory_mib, held.core_pct, held.burst_core_pct) == \
+        (4096, 4096, 30, 20)

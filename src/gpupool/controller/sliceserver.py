@@ -158,10 +158,13 @@ def server_pod(s: Served, generation: int, settings: ServerSettings, isolation: 
 
 def spec_of(s: Served) -> str:
     """``gpupool.io/slice-spec``: what the node agent's over-use monitor needs of the slice
-    (``nodeagent.slices``): the workload pod, its container, the GPU and the limits."""
+    (``nodeagent.slices``): the workload pod, its container, the GPU, the limits the server
+    enforces and how much of them is burst (above the request: reclaimed first)."""
     return json.dumps({"uid": s.uid, "pod": s.ref, "container": s.piece.container,
                        "gpu": s.piece.gpu_uuid, "memoryMiB": s.piece.memory_limit_mib,
                        "corePct": s.piece.core_limit_pct,
+                       "burstMemoryMiB": s.piece.burst_memory_mib,
+                       "burstCorePct": s.piece.burst_core_pct,
                        "exclusive": s.allocation.exclusive}, sort_keys=True,
                       separators=(",", ":"))
 

@@ -56,14 +56,23 @@ class ServedSlice:
     pod_ref: str
     container: str
     gpu_uuid: str
-    memory_mib: int
+    memory_mib: int  # the limits the server enforces
     core_pct: int
     exclusive: bool
+    burst_memory_mib: int = 0  # how much of them is burst, above the slice's request
+    burst_core_pct: int = 0
 
     def observation(self, memory_mib: int, sm_pct: int | None, pids: tuple[int, ...] = ()
                     ) -> Observation:
         return Observation(self.uid, self.pod_ref, self.container, self.gpu_uuid, memory_mib,
-                           sm_pct, self.memory_mib, self.core_pct, self.exclusive, pids=pids)
+                           sm_pct, self.memory_mib, self.core_pct, self.exclusive,
+                           self.burst_memory_mib, self.burst_core_pct, pids=pids)
+
+    def held_slice(self) -> Slice:
+        """The slice as the monitor holds a local container's: request and burst."""
+        return Slice(self.gpu_uuid, 0, self.memory_mib - self.burst_memory_mib,
+                     self.core_pct - self.burst_core_pct, self.container,
+                     self.burst_memory_mib, self.burst_core_pct)
 
 
 def served_here(pods: Sequence[Pod], namespace: str) -> dict[str, ServedSlice]:
@@ -74,11 +83,7 @@ def served_here(pods: Sequence[Pod], namespace: str) -> dict[str, ServedSlice]:
         if p.namespace != namespace or raw is None or not p.active:
             continue
         try:
-            spec = json.loads(raw)
-            out[p.uid] = ServedSlice(p, str(spec["uid"]), str(spec["pod"]),
-                                     str(spec["container"]), str(spec["gpu"]),
-                                     int(spec["memoryMiB"]), int(spec["corePct"]),
-                                     bool(spec.get("exclusive", False)))
+            out[p.uid] = _served(p, json.loads(raw))
         except (ValueError, KeyError, TypeError):
             log.warning("slice server %s: unreadable %s", p.ref, ANNOTATION_SPEC)
     return out
@@ -95,6 +100,17 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
 
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect())
 """Straight to the pod's address: no proxy from the environment, no redirect."""
+
+
+def _served(server: Pod, spec: dict[str, Any]) -> ServedSlice:
+    """A server pod's ``gpupool.io/slice-spec`` (``ValueError``: a burst beyond a limit)."""
+    s = ServedSlice(server, str(spec["uid"]), str(spec["pod"]), str(spec["container"]),
+                    str(spec["gpu"]), int(spec["memoryMiB"]), int(spec["corePct"]),
+                    bool(spec.get("exclusive", False)), int(spec.get("burstMemoryMiB", 0)),
+                    int(spec.get("burstCorePct", 0)))
+    if not (0 <= s.burst_memory_mib <= s.memory_mib and 0 <= s.burst_core_pct <= s.core_pct):
+        raise ValueError("a burst beyond its limit")
+    return s
 
 
 def fetch_usage(ip: str, port: int = STATUS_PORT, timeout_s: float = 2.0
@@ -157,7 +173,6 @@ class SliceAttribution(Attribution):
         if key in self.reported:  # the server reported it: not counted twice
             self.skipped["slice-server-reported"] += 1
             return None
-        self.held.setdefault(key, Held(Slice(s.gpu_uuid, 0, s.memory_mib, s.core_pct,
-                                             s.container), s.exclusive))
+        self.held.setdefault(key, Held(s.held_slice(), s.exclusive))
         self.by_uid.setdefault(s.uid, s.server)
         return key
