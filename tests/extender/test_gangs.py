@@ -352,3 +352,24 @@ def test_a_labelled_gang_is_held_whole_without_the_podgroup_api(fake: FakeApiSer
             assert schedule(replica.extender, pod, nodes) == (held[pod["metadata"]["uid"]], "")
     finally:
         replica.close()
+
+
+def test_the_shipped_rbac_covers_what_gangs_need(fake: FakeApiServer) -> None:
+    from tests.rbac_grants import grants, manifest, needed, refused, writes
+    nodes = seed_cluster(fake, 1, 2)
+    replica = replica_of(fake)
+    try:
+        gang = seed_gang(fake, "train", 2, GPU)
+        assert wait_for(lambda: seen(replica, gang))
+        for pod in gang:
+            assert schedule(replica.extender, pod, nodes)[1] == ""
+        assert replica.extender.sweep_gangs() == ["PodGroup default/train"]
+    finally:
+        replica.close()
+    calls = needed(fake.requests)
+    assert ("scheduling.k8s.io", "podgroups", "list") in {(c.group, c.resource, c.verb)
+                                                          for c in calls}
+    assert refused(calls, grants(manifest("extender", "rbac.yaml"), "gpupool-extender")) == set()
+    assert writes(calls) == {("", "pods/binding"), ("gpupool.io", "gpuledgers"),
+                             ("coordination.k8s.io", "leases"), ("", "secrets"),
+                             ("", "configmaps")}  # never a pod, nor a PodGroup

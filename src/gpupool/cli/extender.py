@@ -34,6 +34,7 @@ from gpupool.cli.args import KUBECONFIG_HELP, add_log_level, bounded, check_weig
 from gpupool.core.policies import DEFAULT_POLICY, POLICIES, make_policy
 from gpupool.core.policies.config import PolicyConfig
 from gpupool.core.serving import ZONE_LABEL, ServingConfig
+from gpupool.extender.bind.gangholds import GANG_TIMEOUT_S, GangSettings
 from gpupool.extender.bind.gate import DEFAULT_SCHEDULER
 from gpupool.extender.bind.reconcile import LedgerReconciler
 from gpupool.extender.edge.app import build_app, build_probes, build_verbs
@@ -78,7 +79,9 @@ names --client-name; /healthz, /readyz and /metrics on the plain --probe-port. E
 --tls-every seconds it renews certificates and re-reads the signing keys; every
 --workload-every seconds it re-derives FGD's target workload. With --preemption (the
 default) a GPU pod that fits nowhere gets room by evicting GPU pods of lower priority
-(docs/design/preemption.md)."""
+(docs/design/preemption.md). The members of a gang (a PodGroup, with --pod-groups, or a
+gpupool.io/gang label) are placed together and their slices held for --gang-timeout
+seconds, or none of them is (docs/gangs.md)."""
 
 
 def register(subparsers: Any) -> None:
@@ -145,6 +148,13 @@ def register(subparsers: Any) -> None:
                    help="a placement handed to kube-scheduler's bind counts as taken for the "
                         "next pods until the bind comes, at most this long (default "
                         f"{ASSUME_EXPIRY_S:g}; 0: not at all)")
+    p.add_argument("--pod-groups", action="store_true",
+                   help="watch PodGroups (scheduling.k8s.io/v1alpha2: a cluster with the "
+                        "GenericWorkload feature gate): their members are placed as gangs; "
+                        "gpupool.io/gang labels make gangs either way (docs/gangs.md)")
+    p.add_argument("--gang-timeout", type=SECONDS, default=GANG_TIMEOUT_S, metavar="SECONDS",
+                   help="how long a gang's held GPU slices wait for its members' binds "
+                        f"(default {GANG_TIMEOUT_S:g}, kube-scheduler's wait at Permit)")
     p.add_argument("--remote-slices", action="store_true",
                    help="place remote GPU slices: a remote-required pod runs on any node "
                         "(nodes without GPUs too) with its slice served by a slice server on "
@@ -218,13 +228,14 @@ def _wire(args: argparse.Namespace) -> Wired:
     cache = ClusterCache(args.memory_unit, args.stale_after, args.ledger_grace,
                          decisions=DecisionCheck(keys, metrics.unverified),
                          assume_expiry_s=args.assume_expiry)
+    instance = os.environ.get("POD_NAME") or socket.gethostname()
     preemption = PreemptionSettings(args.preemption, args.preemption_hold,
-                                    args.preemption_retry,
-                                    instance=os.environ.get("POD_NAME") or socket.gethostname())
+                                    args.preemption_retry, instance=instance)
     serving = ServingConfig(args.remote_slices, tuple(args.topology_label or (ZONE_LABEL,)))
     settings = Settings(args.policy, dict(args.weight), seed=args.seed,
                         scheduler_name=args.scheduler_name, preemption=preemption,
-                        serving=serving)
+                        serving=serving,
+                        gangs=GangSettings(args.gang_timeout, args.namespace, instance))
     extender = Extender(cache, settings, metrics, api, keys)
     shared = extender.binder.quotas.ledgers if extender.binder is not None else None
     return Wired(api, extender, keys, LedgerReconciler(cache, api, quota_ledgers=shared))
@@ -239,7 +250,7 @@ def run(args: argparse.Namespace) -> int:
     tls = None if args.plain_http else ReloadingContext(_material(wired.api, args))
     extender = wired.extender
     with long_lived():  # the rebuilt cache lives as long as the process
-        feeds = start_feeds(wired.api, extender.cache)
+        feeds = start_feeds(wired.api, extender.cache, pod_groups=args.pod_groups)
         log.info("cluster view rebuilt: %d GPU nodes, %d allocations; workload: %s",
                  len(extender.cache.state.nodes), len(extender.cache.state.allocations),
                  extender.refresh_policy())
@@ -291,6 +302,7 @@ def _housekeeping(wired: Wired, tls: ReloadingContext | None, args: argparse.Nam
     since_workload = since_tls = 0.0
     while not stop.wait(args.sweep_every):
         extender.cache.sweep()
+        extender.sweep_gangs()
         if extender.replacer is not None:
             extender.replacer.sweep()
         wired.reconciler.run_once()
