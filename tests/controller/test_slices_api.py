@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import yaml
 from gpupool_testing.fake_apiserver import FakeApiServer
 
 from gpupool.contract import annotations as records
@@ -26,12 +27,15 @@ from gpupool.kube.controller_ops import ControllerApi
 from gpupool.security import sessions
 from tests.rbac_grants import Rule, grants, needed, refused, rendered, writes
 from tests.waiting import wait_for
+from tests.webhook.builders import review
+from tests.webhook.cel import Outcome, Policy
 
 from .builders import device, sign
 
 NS = "gpupool-slices"
 SLICE = "0123456789abcdef"
 SETTINGS = ServerSettings("stub", NS, "reg.example/gpupool:1")
+CONTROLLER = "system:serviceaccount:gpupool-system:gpupool-controller"
 
 
 def remote_pod(uid: str = "uid-lab-train") -> dict[str, Any]:
@@ -88,6 +92,7 @@ def test_a_remote_slice_is_served_followed_and_released_with_its_credentials(
             assert {"--gpu-uuid=GPU-g1-0", "--memory-mib=4096", "--core-pct=30",
                     "--pod-uid=uid-lab-train", "--isolation-provider=hami-core"} <= set(args)
             assert status_of(fake).state is SliceState.STARTING
+            marked = fake.get("pods", "train", "lab")
             assert fake.get("services", f"gpupool-slice-{SLICE}", NS)["spec"]["selector"] == {
                 "gpupool.io/slice": SLICE, "gpupool.io/pod-uid": "uid-lab-train"}
             client = _secret(fake, "lab", f"gpupool-slice-{SLICE}")
@@ -127,6 +132,15 @@ def test_a_remote_slice_is_served_followed_and_released_with_its_credentials(
     outside = {(c.resource, c.verb) for c in calls if c.namespace not in (NS, "")}
     assert outside <= {("secrets", "create"), ("secrets", "update"), ("pods", "patch"),
                        ("events", "create")}
+    # what it wrote passes the chart's admission policies on its pods
+    policies = {d["metadata"]["name"]: Policy(d) for d in yaml.safe_load_all(rendered(
+        tmp_path, "remote.provider=stub", f"remote.server.image={SETTINGS.image}").read_text())
+        if d and d["kind"] == "ValidatingAdmissionPolicy"}
+    made = review(server, user=CONTROLLER, namespace=NS)["request"]
+    assert policies["gpupool-controller-slice-servers"].admit(made) == Outcome(True, True)
+    status = review(marked, operation="UPDATE", old=remote_pod(), user=CONTROLLER,
+                    namespace="lab")["request"]
+    assert policies["gpupool-annotation-writers"].admit(status) == Outcome(True, True)
 
 
 def chart_grants(tmp: Path) -> list[Rule]:
