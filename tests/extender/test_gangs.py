@@ -314,6 +314,26 @@ def test_a_member_deleted_mid_placement_releases_the_whole_gang(fake: FakeApiSer
         replica.close()
 
 
+def test_a_deleted_podgroup_releases_its_holds(fake: FakeApiServer) -> None:
+    nodes = seed_cluster(fake, 1, 4)
+    replica = replica_of(fake)
+    try:
+        gang = seed_gang(fake, "train", 3, GPU)
+        assert wait_for(lambda: seen(replica, gang))
+        assert len(answer_of(replica, gang[0], nodes)["NodeNames"]) == 1
+        assert len(holds(fake)) == 3
+        assert replica.extender.sweep_gangs() == []  # still waiting for its binds
+        fake.delete("podgroups", "train", "default")
+        assert wait_for(lambda: not replica.cache.gangs.groups)
+        assert replica.extender.sweep_gangs() == ["PodGroup default/train"]
+        assert holds(fake) == {}
+        answer = answer_of(replica, gang[1], nodes)
+        assert reasons(answer) == {"gpupool: PodGroup default/train does not exist (yet): its "
+                                   "pods wait for it"}
+    finally:
+        replica.close()
+
+
 def test_preemption_never_takes_a_gang_member_as_a_victim(fake: FakeApiServer) -> None:
     nodes = seed_cluster(fake, 1, 2)
     replica = replica_of(fake, preemption=PreemptionSettings(retry_s=0.0))
@@ -373,3 +393,18 @@ def test_the_shipped_rbac_covers_what_gangs_need(fake: FakeApiServer) -> None:
     assert writes(calls) == {("", "pods/binding"), ("gpupool.io", "gpuledgers"),
                              ("coordination.k8s.io", "leases"), ("", "secrets"),
                              ("", "configmaps")}  # never a pod, nor a PodGroup
+
+
+def test_labelled_members_that_disagree_make_their_gang_wait(fake: FakeApiServer) -> None:
+    nodes = seed_cluster(fake, 1, 4)
+    replica = Replica(fake)
+    try:
+        pods = [fake.seed("pods", labelled("w0", "job", 2, GPU)),
+                fake.seed("pods", labelled("w1", "job", 3, GPU))]
+        assert wait_for(lambda: seen(replica, pods, groups=0))
+        answer = answer_of(replica, pods[0], nodes)
+        assert answer["NodeNames"] == [] and holds(fake) == {}
+        assert reasons(answer) == {"gpupool: gang default/job: its members disagree on what "
+                                   "they ask (min counts 2, 3, or where)"}
+    finally:
+        replica.close()

@@ -66,6 +66,9 @@ GANG_TIMEOUT_S = 300.0
 plugin lets members wait at Permit for 5 minutes."""
 CLAIM_PREFIX = "gpupool-gang-"
 CLAIM_ANNOTATION = "gpupool.io/gang"  # on a claim: the gang it is for, as messages name it
+MAX_MEMBERS = 256
+"""The most members a gang may ask to place at once: the core places them under the cache
+lock (docs/benchmarks.md, "Gangs in the extender"); a bigger gang is refused."""
 WRITE_ATTEMPTS = 3
 REMEMBERED = 4096
 
@@ -253,6 +256,11 @@ class GangHolds:
         if held:
             return _waiting(ref, f"{held} of the {need} members it needs hold their GPU "
                                  "slices; the others' holds are on their way")
+        if need > MAX_MEMBERS:
+            return GangAnswer(ref.key, reason=Reason("", Check.GANG, f"{ref.key}: a quorum of "
+                              f"{need} members is more than the {MAX_MEMBERS} gpupool places "
+                              "together", True))
+        pending = pending[:MAX_MEMBERS]
         requests = [r for u in pending if (r := self._request_of(u)) is not None]
         if len(requests) < need:
             return _waiting(ref, f"{len(requests)} of the {need} members it needs are "
