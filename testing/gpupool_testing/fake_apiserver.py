@@ -144,6 +144,12 @@ class FakeApiServer:
         with self.store.lock:
             self._failures.append((method.upper(), path_part, code, message))
 
+    def forget_failures(self, path_part: str) -> None:
+        """Drop the failures ``fail_next`` queued for ``path_part`` that are not answered yet
+        (a fault that ends when the test says so, not after a count of requests)."""
+        with self.store.lock:
+            self._failures = [f for f in self._failures if f[1] != path_part]
+
     def require_token(self, *tokens: str) -> None:
         """From now on answer 401 Unauthorized to requests that do not carry
         ``Authorization: Bearer <one of tokens>`` (no tokens: accept every request again);

@@ -44,8 +44,8 @@ def test_a_confined_tenant_is_never_placed_outside_its_permission_while_they_can
     keys = decision_keys(api)
     cache = ClusterCache(decisions=DecisionCheck(keys))
     # each listing may take a loaded machine seconds; the refused GPUPermissions are waited
-    # for LENIENT_SYNC_S (10 s), then the extender starts unready
-    feeds = start_feeds(api, cache, watch_timeout_s=2, sync_timeout_s=30)
+    # for lenient_sync_s (by default LENIENT_SYNC_S, 10 s), then the extender starts unready
+    feeds = start_feeds(api, cache, watch_timeout_s=2, sync_timeout_s=30, lenient_sync_s=0.5)
     ext = Extender(cache, Settings("best-fit"), Metrics(), api, keys)
     try:
         pod = fake.seed("pods", pod_obj("p", {"gpupool.io/gpu": "1"}, ns="lab"))

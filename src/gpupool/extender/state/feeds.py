@@ -67,9 +67,11 @@ def _absent_is_empty(feed: Feed[Any]) -> Feed[Any]:
 
 
 def start_feeds(api: KubeApi, cache: ClusterCache, watch_timeout_s: int = 300,
-                sync_timeout_s: float = 120.0, pod_groups: bool = False) -> Feeds:
+                sync_timeout_s: float = 120.0, pod_groups: bool = False,
+                lenient_sync_s: float = LENIENT_SYNC_S) -> Feeds:
     """Start the informers one after another; raise ``TimeoutError`` if one cannot list.
-    ``pod_groups``: watch PodGroups too (a cluster with the PodGroup API, docs/gangs.md)."""
+    ``pod_groups``: watch PodGroups too (a cluster with the PodGroup API, docs/gangs.md);
+    ``lenient_sync_s``: how long the ``LENIENT`` kinds are waited for."""
     plan: list[tuple[Feed[Any], Any, Any]] = [
         (Feed("nodes", lambda a: a.list_nodes(), lambda a, rv, t: a.watch_nodes(rv, t)),
          cache.sync_nodes, cache.node_event),
@@ -102,10 +104,10 @@ def start_feeds(api: KubeApi, cache: ClusterCache, watch_timeout_s: int = 300,
                             on_event, watch_timeout_s).start()
         started.append(informer)
         if lenient:
-            if not informer.synced.wait(min(sync_timeout_s, LENIENT_SYNC_S)):
+            if not informer.synced.wait(min(sync_timeout_s, lenient_sync_s)):
                 log.error("could not list %s within %.0fs (does the extender's role allow "
                           "it? see its warnings): unready until they are listed",
-                          feed.name, min(sync_timeout_s, LENIENT_SYNC_S))
+                          feed.name, min(sync_timeout_s, lenient_sync_s))
             continue
         if not informer.synced.wait(sync_timeout_s):
             Feeds(tuple(started)).stop()
