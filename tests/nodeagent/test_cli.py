@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 from gpupool_testing.fake_apiserver import FakeApiServer
 
@@ -17,8 +17,9 @@ from .builders import write_gpus
 from .kubelet_standin import FakeKubelet
 
 
-def test_missing_node_name_is_a_clear_error(capsys: object, monkeypatch: object) -> None:
-    os.environ.pop("NODE_NAME", None)
+def test_missing_node_name_is_a_clear_error(capsys: object,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NODE_NAME", raising=False)
     assert main(["device-plugin", "--fake-gpus", "x.yaml"]) == 2
     assert "--node-name" in capsys.readouterr().err  # type: ignore[attr-defined]
 
