@@ -77,10 +77,16 @@ def test_a_pod_may_opt_out_of_healing_at_creation_and_later() -> None:
                         old=old)).allowed
 
 
+def test_a_labelled_gangs_member_may_say_what_its_gang_asks() -> None:
+    notes = {"gpupool.io/gang-min-count": "8", "gpupool.io/gang-together": "domain",
+             "gpupool.io/gang-domain-label": "topology.kubernetes.io/zone"}
+    assert check(review(gpu_pod(annotations=notes))).allowed
+
+
 @pytest.mark.parametrize(("key", "value"), [
     ("gpupool.io/gpu-memory-limit", "81920"), ("gpupool.io/gpu-core-limit", "100"),
     ("gpupool.io/mode", "exclusive"), ("gpupool.io/affinity", "least-loaded"),
-    ("gpupool.io/placement", "local")])
+    ("gpupool.io/placement", "local"), ("gpupool.io/gang-min-count", "2")])
 def test_what_bind_reads_cannot_change_once_the_pod_is_bound(key: str, value: str) -> None:
     asked = {"gpupool.io/gpu-memory-limit": "2048", "gpupool.io/placement": "remote-allowed"}
     pending = gpu_pod(annotations=asked)

@@ -198,9 +198,12 @@ class Extender:
         return self.cache.synced >= READY_KINDS
 
     def close(self) -> None:
-        """Stop the preemption worker (after the preemption it is carrying out)."""
+        """Stop the preemption worker (after the preemption it is carrying out) and the
+        gangs' ledger writers."""
         if self.preemptor is not None:
             self.preemptor.close()
+        if self.gangs is not None:
+            self.gangs.close()
 
     def _decide_on_row(self, request: PodRequest, c: Constraints, row: int
                        ) -> Allocation | None:
@@ -337,9 +340,7 @@ class Extender:
         idx = sent.rows
         row = state.index.get(gang.node, -1) if gang.node else -1
         ok = (idx == row) if row >= 0 else np.zeros(len(idx), np.bool_)
-        reason = gang.why()
-        failed, unresolvable = self.refusals.listed(state, sent.names, idx, ok,
-                                                    lambda i: reason)
+        failed, unresolvable = self.refusals.alike(state, sent.names, idx, ok, gang.why())
         passing = np.flatnonzero(ok)
         names_json = b""
         if args.cache_capable:

@@ -3,7 +3,9 @@
 A pod's ``gpupool.io/*`` annotations (except those a user sets: ``gpupool.io/mode``,
 ``gpupool.io/affinity`` and the burst limits ``gpupool.io/gpu-memory-limit`` and
 ``gpupool.io/gpu-core-limit``, which bind reads and records in the decision,
-``gpupool.io/placement`` and ``gpupool.io/healing``, the pod's own opt-out of healing)
+``gpupool.io/placement``, ``gpupool.io/healing``, the pod's own opt-out of healing, and
+what a labelled gang's member says of its gang: ``gpupool.io/gang-min-count``,
+``gpupool.io/gang-together`` and ``gpupool.io/gang-domain-label``)
 are gpupool's record of a GPU decision. Nobody may create a pod carrying them, and an
 update may add, change or remove them only when the caller's account is allowed that key
 (``Writers``): the node agent its phase, reason, device claim and over-use record; the
@@ -25,7 +27,9 @@ from gpupool.contract import names
 PREFIX = "gpupool.io/"
 USER_KEYS = frozenset({names.ANNOTATION_MODE, names.ANNOTATION_AFFINITY,
                        names.ANNOTATION_MEMORY_LIMIT, names.ANNOTATION_CORE_LIMIT,
-                       names.ANNOTATION_PLACEMENT, names.ANNOTATION_HEALING})
+                       names.ANNOTATION_PLACEMENT, names.ANNOTATION_HEALING,
+                       names.ANNOTATION_GANG_MIN_COUNT, names.ANNOTATION_GANG_TOGETHER,
+                       names.ANNOTATION_GANG_DOMAIN})
 DECISION_KEYS = frozenset({
     names.ANNOTATION_ALLOCATION, names.ANNOTATION_NODE, names.ANNOTATION_BIND_TIME,
     names.ANNOTATION_PHASE, names.ANNOTATION_REASON, names.ANNOTATION_SIGNATURE,

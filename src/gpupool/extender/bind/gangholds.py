@@ -18,10 +18,10 @@ When kube-scheduler filters a member of a gang (``state.gangs``) that holds noth
    set, quota for the gang as a whole, classes, groups and permissions per member, the
    nodes that serve GPUs through DRA left out as for any pod) on the live state;
 4. **holds** it: each member's allocation becomes a ``hold`` entry (``expires`` at the
-   gang's timeout, ``displaces`` none) in the GPULedger of its node, one write per node in
-   node-name order, each in the node's turn and by compare-and-swap against the ledger
-   (``LedgerBatches.commit_together``). When a write is lost for good, the holds written
-   so far are removed and the gang waits whole: it never keeps part of its room.
+   gang's timeout, ``displaces`` none) in the GPULedger of its node, one write per node
+   (``WRITERS`` at once), each in the node's turn and by compare-and-swap against the
+   ledger (``LedgerBatches.commit_together``). When a write is lost for good, the holds
+   written are removed again and the gang waits whole: it never keeps part of its room.
 
 A hold counts in every fit check of every replica (ledger watches) and in the tenants'
 quota; filter and prioritize set aside only the member's own (``Commitments.without``), so
@@ -39,6 +39,7 @@ import logging
 import math
 import random
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
@@ -70,6 +71,7 @@ MAX_MEMBERS = 256
 """The most members a gang may ask to place at once: the core places them under the cache
 lock (docs/benchmarks.md, "Gangs in the extender"); a bigger gang is refused."""
 WRITE_ATTEMPTS = 3
+WRITERS = 8  # a gang's ledgers written at once (each node's in its own turn)
 REMEMBERED = 4096
 
 
@@ -181,6 +183,7 @@ class GangHolds:
         self.owned: dict[str, Owned] = {}  # gang key -> what this replica holds for it
         self.refused: dict[str, tuple[tuple[object, ...], GangAnswer]] = {}
         self.translated: dict[tuple[str, str], PodRequest | None] = {}
+        self.writers = ThreadPoolExecutor(WRITERS, thread_name_prefix="extender-gang")
 
     # -- filter -----------------------------------------------------------------------------
     def consider(self, key: str, policy: Policy, rng: random.Random) -> GangAnswer | None:
@@ -303,8 +306,8 @@ class GangHolds:
 
     # -- holds ------------------------------------------------------------------------------
     def _hold(self, look: _Ready, placed: GangPlacement, nodes: dict[str, Node]) -> str:
-        """Write the holds, node after node; '' when all are written, else why not (what was
-        written is removed again)."""
+        """Write the holds, a write per node; '' when all are written, else why not (what
+        was written is removed again)."""
         now = self.clock()
         by_node: dict[str, dict[str, Entry]] = {}
         members = {m.key: m for m in look.gang.members}
@@ -313,15 +316,14 @@ class GangHolds:
             by_node.setdefault(alloc.gpu_node, {})[alloc.key] = Entry(
                 alloc, look.who.get(alloc.key, alloc.key), _stamp(now), m.tenant, m.gpu_class,
                 charge.group, HOLD, _stamp(now + self.settings.timeout_s))
-        written: list[str] = []
-        for node in sorted(by_node):
-            failed = self._write(node, nodes[node], by_node[node])
-            if failed:
-                for done in written:
-                    self._unhold(done, list(by_node[done]))
-                return failed
-            written.append(node)
-        return ""
+        order = sorted(by_node)
+        outcomes = list(self.writers.map(lambda n: self._write(n, nodes[n], by_node[n]), order))
+        failed = [why for why in outcomes if why]
+        if failed:
+            for node, why in zip(order, outcomes, strict=True):
+                if not why:
+                    self._unhold(node, list(by_node[node]))
+        return failed[0] if failed else ""
 
     def _write(self, node: str, layout: Node, entries: dict[str, Entry]) -> str:
         last = ""
@@ -362,6 +364,9 @@ class GangHolds:
                 return
 
     # -- housekeeping -----------------------------------------------------------------------
+    def close(self) -> None:
+        self.writers.shutdown(wait=True)
+
     def sweep(self) -> list[str]:
         """Let go of the gangs this replica placed that are done (every member bound or the
         timeout passed: their claims) or can no longer reach their quorum (a member, or its

@@ -67,6 +67,9 @@ def members_json(members: list[bytes]) -> bytes:
     return b"{" + b",".join(members) + b"}"
 
 
+NO_MEMBERS = members_json([])
+
+
 class Refusals:
     """The reason tables of one extender (use under the cache lock)."""
 
@@ -115,6 +118,22 @@ class Refusals:
             (never if reason is not None and reason.permanent else failed).append(
                 member(state.nodes[i].name, text))
         return members_json(failed), members_json(never)
+
+    def alike(self, state: ClusterState, node_names: Sequence[str], idx: IntArray,
+              ok: np.ndarray, reason: Reason) -> tuple[bytes, bytes]:
+        """As ``listed``, every sent node not ``ok`` refused for the one ``reason`` (a gang
+        member's: its slices are held elsewhere, or its gang waits), rendered once."""
+        value = b":" + msgspec.json.encode(for_scheduler(PREFIX + reason.common()))
+        refused = np.flatnonzero(~ok).tolist()
+        nodes = state.nodes
+        known = [msgspec.json.encode(nodes[int(idx[k])].name) + value for k in refused
+                 if idx[k] >= 0]
+        never = [member(node_names[k], UNKNOWN_NODE) for k in refused if idx[k] < 0]
+        if known:
+            self.metrics.failures.labels(reason.check.value).inc(len(known))
+        if reason.permanent:
+            return NO_MEMBERS, members_json(never + known)
+        return members_json(known), members_json(never)
 
     def _table(self, state: ClusterState, request: PodRequest, c: Constraints,
                catalogue_version: int) -> ReasonTable:
