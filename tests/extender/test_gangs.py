@@ -17,6 +17,7 @@ from gpupool.contract import names
 from gpupool.extender.bind.gangholds import GangSettings, claim_name
 from gpupool.extender.preemption.plans import PreemptionSettings
 from gpupool.extender.state.ledger import view_of
+from tests.go_format import sprintf
 from tests.waiting import wait_for
 
 from .builders import NAMESPACE, Replica, pod_obj, schedule, seed_cluster
@@ -77,7 +78,10 @@ def binds(fake: FakeApiServer) -> dict[str, str]:
 
 
 def answer_of(replica: Replica, pod: dict[str, Any], nodes: list[str]) -> dict[str, Any]:
+    """Filter's answer; every reason in it comes out of kube-scheduler's formatting as is."""
     result: dict[str, Any] = replica.extender.filter({"Pod": pod, "NodeNames": nodes})
+    texts = [*result["FailedNodes"].values(), *result["FailedAndUnresolvableNodes"].values()]
+    assert [t for t in texts if sprintf(t) != t] == []
     return result
 
 

@@ -27,6 +27,10 @@
   Resource Allocation (``dramodes``, also at bind and preemption); a pod whose GPUs come
   from ResourceClaims is scored by ``drascores`` (prioritize, and the
   ``prioritize-claims`` verb); allocated claims are held in the cache (``draclaims``).
+* gangs (``gangholds``, docs/gangs.md): filter of a gang member whose gang holds nothing
+  yet places the whole gang with the core and holds every member's slices in the
+  GPULedgers before it answers; a member passes only on its held node, and bind takes the
+  slices held. ``/preempt`` drops the nodes whose proposed victims include a gang member.
 * preemption of GPU slices (``preemptor``): when filter finds no node for a GPU pod, the
   extender makes room itself (kube-scheduler's preemption cannot see GPU slices): the core
   picks the victims, the node's GPULedger holds the freed room for the pod, the victims

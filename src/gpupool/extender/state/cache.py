@@ -16,6 +16,7 @@ handler and every decision takes ``lock``. It keeps
 * the informer's copy of every pending, unbound pod (``unbound``): what bind decides
   from, never a request body;
 * the catalogue: resource classes, groups and their quotas (charged per key);
+* gangs: PodGroups' terms and every gang's members (``gangs``);
 * the PodDisruptionBudgets (``budgets``), which preemption honours.
 
 Layout changes arrive from watches at any rate; they are applied lazily

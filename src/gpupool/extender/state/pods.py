@@ -8,6 +8,8 @@ GPU slices its ``gpupool.io/allocation`` annotation records. A decision whose
 phase the node agent set to ``failed`` holds nothing, and neither does one the
 cache's ``DecisionFilter`` does not vouch for (unsigned, forged, copied, edited, or on
 a pod that asks no gpupool GPU resource): such a pod holds its CPU and memory only.
+A pod's gang (its PodGroup, or its ``gpupool.io/gang`` label and what it says of its gang)
+is kept too (``contract.gangs``).
 """
 
 from __future__ import annotations
