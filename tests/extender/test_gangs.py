@@ -96,6 +96,15 @@ def seen(replica: Replica, pods: list[dict[str, Any]], groups: int = 1) -> bool:
         len(cache.gangs.groups) >= groups
 
 
+def held_gang(fake: FakeApiServer, replica: Replica, group: str, size: int,
+              nodes: list[str]) -> list[dict[str, Any]]:
+    """A gang of ``size`` one-GPU members whose first member's filter held it."""
+    gang = seed_gang(fake, group, size, GPU)
+    assert wait_for(lambda: seen(replica, gang))
+    assert len(answer_of(replica, gang[0], nodes)["NodeNames"]) == 1
+    return gang
+
+
 @pytest.fixture
 def fake() -> Iterator[FakeApiServer]:
     with FakeApiServer() as server:
@@ -169,9 +178,7 @@ def test_holds_whose_members_never_bind_end_at_the_timeout(fake: FakeApiServer) 
     clock = Clock()
     replica = replica_of(fake, clock=clock)
     try:
-        gang = seed_gang(fake, "slow", 2, GPU)
-        assert wait_for(lambda: seen(replica, gang))
-        assert len(answer_of(replica, gang[0], nodes)["NodeNames"]) == 1
+        held_gang(fake, replica, "slow", 2, nodes)
         assert len(holds(fake)) == 2
         plain = fake.seed("pods", pod_obj("plain", GPU))
         assert wait_for(lambda: plain["metadata"]["uid"] in replica.cache.unbound)
@@ -303,9 +310,7 @@ def test_a_member_deleted_mid_placement_releases_the_whole_gang(fake: FakeApiSer
     nodes = seed_cluster(fake, 1, 4)
     replica = replica_of(fake)
     try:
-        gang = seed_gang(fake, "train", 4, GPU)
-        assert wait_for(lambda: seen(replica, gang))
-        assert len(answer_of(replica, gang[0], nodes)["NodeNames"]) == 1
+        gang = held_gang(fake, replica, "train", 4, nodes)
         assert schedule(replica.extender, gang[0], nodes)[1] == ""  # one member bound
         fake.delete("pods", gang[3]["metadata"]["name"], "default")
         assert wait_for(lambda: gang[3]["metadata"]["uid"] not in replica.cache.gangs.gang_of)
@@ -322,9 +327,7 @@ def test_a_deleted_podgroup_releases_its_holds(fake: FakeApiServer) -> None:
     nodes = seed_cluster(fake, 1, 4)
     replica = replica_of(fake)
     try:
-        gang = seed_gang(fake, "train", 3, GPU)
-        assert wait_for(lambda: seen(replica, gang))
-        assert len(answer_of(replica, gang[0], nodes)["NodeNames"]) == 1
+        gang = held_gang(fake, replica, "train", 3, nodes)
         assert len(holds(fake)) == 3
         assert replica.extender.sweep_gangs() == []  # still waiting for its binds
         fake.delete("podgroups", "train", "default")

@@ -297,10 +297,7 @@ class Extender:
                 if notes:
                     failed, unresolvable = noted(failed, unresolvable, notes,
                                                  {state.nodes[i].name for i in rows})
-            names_json = b""  # a NodeList is answered with its node objects
-            if args.cache_capable:
-                names_json = table.names_json(idx[passing])
-                table.remember(names_json, idx[passing])  # what prioritize is sent next
+            names_json = self._passing_json(args, table, idx, passing)  # prioritize's
         self._remember(Cycle(request, self._stamp(state), constraints, cands))
         self.metrics.decisions.labels(
             "filter", "fits" if passing is None or passing.size else "unschedulable").inc()
@@ -328,10 +325,7 @@ class Extender:
             failed, unresolvable = self.refusals.listed(state, sent.names, idx, ok, lambda i: (
                 self.serving.explain_home(state, request, i, constraints, homes)))
             passing = np.flatnonzero(ok)
-            names_json = b""
-            if args.cache_capable:
-                names_json = table.names_json(idx[passing])
-                table.remember(names_json, idx[passing])
+            names_json = self._passing_json(args, table, idx, passing)
         self.metrics.decisions.labels(
             "filter", "fits" if passing is None or passing.size else "unschedulable").inc()
         return protocol.filter_answer(args, names_json, passing, failed, unresolvable)
@@ -346,13 +340,21 @@ class Extender:
         ok = (idx == row) if row >= 0 else np.zeros(len(idx), np.bool_)
         failed, unresolvable = self.refusals.alike(state, sent.names, idx, ok, gang.why())
         passing = np.flatnonzero(ok)
-        names_json = b""
-        if args.cache_capable:
-            names_json = table.names_json(idx[passing])
-            table.remember(names_json, idx[passing])
         self.metrics.decisions.labels(
             "filter", "fits" if passing.size else "unschedulable").inc()
-        return protocol.filter_answer(args, names_json, passing, failed, unresolvable)
+        return protocol.filter_answer(args, self._passing_json(args, table, idx, passing),
+                                      passing, failed, unresolvable)
+
+    @staticmethod
+    def _passing_json(args: protocol.ExtenderArgs, table: NameTable, idx: IntArray,
+                      passing: IntArray) -> bytes:
+        """The names of the sent nodes at ``passing`` (node-cache capable; else nothing: a
+        NodeList is answered with its node objects), remembered for prioritize."""
+        if not args.cache_capable:
+            return b""
+        names_json = table.names_json(idx[passing])
+        table.remember(names_json, idx[passing])
+        return names_json
 
     def sweep_gangs(self) -> list[str]:
         """Let go of the gangs this replica holds that are done or cannot complete
