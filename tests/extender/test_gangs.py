@@ -415,3 +415,24 @@ def test_labelled_members_that_disagree_make_their_gang_wait(fake: FakeApiServer
                                    "they ask (min counts 2, 3, or where)"}
     finally:
         replica.close()
+
+
+def test_a_member_the_informer_has_not_shown_yet_waits_and_a_body_places_no_gang(
+        fake: FakeApiServer) -> None:
+    nodes = seed_cluster(fake, 1, 4)
+    replica = replica_of(fake)
+    try:
+        early = member("early", "train", GPU)
+        early["metadata"]["uid"] = "not-listed-yet"
+        answer = answer_of(replica, early, nodes)
+        assert answer["NodeNames"] == []
+        assert reasons(answer) == {"gpupool: PodGroup default/train: this member is not in "
+                                   "gpupool's view of the cluster yet"}
+        plain = fake.seed("pods", pod_obj("plain", GPU))  # a body naming a gang for a pod
+        assert wait_for(lambda: seen(replica, [plain], groups=0))  # the informer shows
+        posing = {**plain, "spec": {**plain["spec"], "schedulingGroup": {  # without one
+            "podGroupName": "train"}}}
+        assert len(answer_of(replica, posing, nodes)["NodeNames"]) == 1  # placed as itself
+        assert holds(fake) == {} and fake.objects("leases") == []
+    finally:
+        replica.close()

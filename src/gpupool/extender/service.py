@@ -61,13 +61,14 @@ import logging
 import random
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import msgspec
 import numpy as np
 
+from gpupool.contract.gangs import GangRef, gang_ref, pod_group_name
 from gpupool.core.allocation import Allocation
 from gpupool.core.deviceselectors import environment as selector_environment
 from gpupool.core.eligibility import charge_of
@@ -243,9 +244,9 @@ class Extender:
             request = self._request(args.pod, args.pod_json)
         except GpupoolError as exc:
             return protocol.encode(self._filter_error(exc))
-        gang = self.gangs.consider(request.key, self.placer.policy, self.rng) \
-            if self.gangs is not None and request.gpus and \
-            request.key in self.cache.gangs.gang_of else None
+        gang = self.gangs.consider(request.key, self.placer.policy, self.rng,
+                                   said_gang(args.pod)) \
+            if self.gangs is not None and request.gpus else None
         with self.cache.lock:
             self.cache.flush()
             table = self._table(self.cache.state)
@@ -576,6 +577,17 @@ def as_served(request: PodRequest) -> PodRequest:
     if request.serving is Serving.REMOTE_ALLOWED:
         return replace(request, serving=Serving.LOCAL)
     return request
+
+
+def said_gang(pod: Mapping[str, Any]) -> GangRef | None:
+    """The gang a request body's pod says it is in (used only to keep it waiting while
+    the informer has not shown the pod yet: a body never places a gang)."""
+    meta, spec = pod.get("metadata"), pod.get("spec")
+    if not isinstance(meta, Mapping) or not isinstance(spec, Mapping):
+        return None
+    labels = meta.get("labels")
+    return gang_ref(str(meta.get("namespace") or "default"),
+                    labels if isinstance(labels, Mapping) else None, pod_group_name(spec))
 
 
 def served_remotely(request: PodRequest) -> bool:

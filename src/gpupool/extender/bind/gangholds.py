@@ -186,11 +186,20 @@ class GangHolds:
         self.writers = ThreadPoolExecutor(WRITERS, thread_name_prefix="extender-gang")
 
     # -- filter -----------------------------------------------------------------------------
-    def consider(self, key: str, policy: Policy, rng: random.Random) -> GangAnswer | None:
+    def consider(self, key: str, policy: Policy, rng: random.Random,
+                 said: GangRef | None = None) -> GangAnswer | None:
         """What filter answers pod ``key`` when it is a gang's member; None: place it as any
-        pod (no gang, a basic PodGroup, a gang that runs or holds its quorum already)."""
+        pod (no gang, a basic PodGroup, a gang that runs or holds its quorum already).
+        ``said``: the gang the request body names; a pod the informer has not shown yet
+        that says it is a member waits (it is never placed on its own meanwhile)."""
+        if said is None and key not in self.cache.gangs.gang_of:
+            return None  # the common case, without the lock
         with self.cache.lock:
             self.cache.flush()
+            if said is not None and key not in self.cache.gangs.gang_of and \
+                    key not in self.cache.pods:
+                return _waiting(said, "this member is not in gpupool's view of the cluster "
+                                      "yet")
             look = self._look(key)
         if not isinstance(look, _Ready):
             return look
