@@ -192,10 +192,12 @@ class NodeAgent:
             self.workers.spawn(self._heartbeat, "inventory")
 
     def stop(self) -> None:
-        self.actions.resume_all()  # a paused container is not left frozen by a stopped agent
         self.workers.signal(self._changed)
         self.backend.close()
         self.workers.join()
+        # a paused container is not left frozen by a stopped agent: thawed once the monitor's
+        # last round is over (thawed before it, a round under way could freeze it again)
+        self.actions.resume_all()
         self.socket.stop()
         self.kubelet.close()
         self.provider.stop()
