@@ -93,6 +93,42 @@ __all__ = ["HISTORY", "KINDS", "ApiFailure", "FakeApiServer", "Kind", "Obj", "St
 
 
 # -- the HTTP app -----------------------------------------------------------------------------
+class _PromptServer(uvicorn.Server):
+    """uvicorn's server, stopped as soon as ``wake`` is called. uvicorn itself looks at
+    ``should_exit`` every 0.1 s, then gives open connections 0.1 s and more to finish:
+    about 0.2 s a stop, and most tests start and stop a fake of their own. A fake has
+    nothing to finish: its connections are closed at once."""
+
+    _loop: asyncio.AbstractEventLoop | None = None
+    _woken: asyncio.Event | None = None
+
+    async def main_loop(self) -> None:
+        self._woken = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+        while not self.should_exit and not await self.on_tick(0):  # tick 0: update the Date
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._woken.wait(), 1.0)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        for server in self.servers:
+            server.close()
+        for sock in sockets or []:
+            sock.close()
+        for connection in list(self.server_state.connections):
+            connection.shutdown()  # closes an idle one, ends a kept-alive one after its answer
+        await asyncio.sleep(0)  # lets them write what they have
+        for connection in list(self.server_state.connections):
+            connection.transport.close()
+
+    def wake(self) -> None:
+        """Stop serving now (from any thread)."""
+        self.should_exit = self.force_exit = True
+        loop, woken = self._loop, self._woken
+        if loop is not None and woken is not None:
+            with contextlib.suppress(RuntimeError):  # the loop has ended already
+                loop.call_soon_threadsafe(woken.set)
+
+
 class FakeApiServer:
     """The fake API server: an in-memory ``Store`` behind a Kubernetes-shaped REST app."""
 
@@ -104,7 +140,7 @@ class FakeApiServer:
         self._failures: list[tuple[str, str, int, str]] = []
         self._tokens: frozenset[str] = frozenset()  # empty: no authentication (the default)
         self.unauthorized = 0  # requests answered 401
-        self._server: uvicorn.Server | None = None
+        self._server: _PromptServer | None = None
         self._thread: threading.Thread | None = None
         self._closing = False
         self.url = ""
@@ -169,7 +205,7 @@ class FakeApiServer:
         config = uvicorn.Config(self.app, log_level="warning", lifespan="off",
                                 timeout_graceful_shutdown=1, access_log=False, http="httptools",
                                 loop="uvloop")
-        self._server = uvicorn.Server(config)
+        self._server = _PromptServer(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
                                         name="fake-apiserver", daemon=True)
         self._thread.start()
@@ -186,7 +222,7 @@ class FakeApiServer:
             for listener in self.store.listeners:
                 listener.loop.call_soon_threadsafe(listener.event.set)
         if self._server is not None:
-            self._server.should_exit = True
+            self._server.wake()
         if self._thread is not None:
             self._thread.join(timeout=10)
 
