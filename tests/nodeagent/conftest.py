@@ -48,7 +48,8 @@ AgentFactory = Callable[..., NodeAgent]
 
 
 @pytest.fixture
-def make_agent(short_dir: Path, apiserver: FakeApiServer) -> Iterator[AgentFactory]:
+def make_agent(short_dir: Path, apiserver: FakeApiServer,
+               request: pytest.FixtureRequest) -> Iterator[AgentFactory]:
     started: list[tuple[NodeAgent, KubePods, KubeApi]] = []
 
     def make(gpus: int = 2, split: int = 4, memory_mib: int = 16384, heartbeat_s: float = 30.0,
@@ -87,6 +88,9 @@ def make_agent(short_dir: Path, apiserver: FakeApiServer) -> Iterator[AgentFacto
         return agent
 
     yield make
+    kubelet = request.node.funcargs.get("kubelet")
+    if isinstance(kubelet, FakeKubelet):  # its ListAndWatch streams end first, so the agents'
+        kubelet.stop()  # gRPC servers stop without waiting out their grace for them
     for agent, _, _ in started:
         agent.stop()
     apiserver.stop()  # ends the pod watches, so the caches stop at once
