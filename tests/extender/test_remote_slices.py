@@ -284,6 +284,25 @@ def test_a_lost_slice_is_placed_again_on_another_node_with_a_new_signed_decision
     assert refused(needed(fake.requests), rules) == set()
 
 
+def test_a_relabelled_pod_is_placed_again_in_the_group_bind_recorded(
+        fake: FakeApiServer, replica: Replica) -> None:
+    pod = fake.seed("pods", remote("train", 30000))
+    assert bind(replica, pod, "cpu-a") == ""
+    before = served_by(fake, pod)
+    # its author relabels it into another team's group after the bind
+    fake.patch("pods", "train", {"metadata": {"labels": {"gpupool.io/group": "other-team"}}},
+               "default")
+    lose(fake, pod, before)
+    uid = pod["metadata"]["uid"]
+    assert wait_for(lambda: replica.cache.pods[uid].slice_lost == before)
+    replacer = replica.extender.replacer
+    assert replacer is not None
+    (other,) = {"gpu-a1", "gpu-a2"} - {before}
+    assert replacer.sweep() == {"default/train": other}  # placed as bind placed it
+    notes = fake.get("pods", "train", "default")["metadata"]["annotations"]
+    assert "gpupool.io/resource-group" not in notes  # charged to no group, as at bind
+
+
 def test_a_lost_slice_with_no_room_elsewhere_keeps_its_decision_and_says_why(
         fake: FakeApiServer, replica: Replica) -> None:
     pods = [fake.seed("pods", remote(f"p{k}", 30000)) for k in range(3)]

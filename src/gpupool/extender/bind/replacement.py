@@ -6,7 +6,8 @@ the server was on (``controller.slicesplan``); the cache keeps that node for the
 (``PodFacts.slice_lost``). ``Replacer.sweep`` takes each such pod whose decision still
 names that node and:
 
-1. reads the pod as the API server has it and makes its request again;
+1. reads the pod as the API server has it and makes its request again, charged to the
+   resource group bind recorded (not the pod's label, which its author may change);
 2. decides with ``ServingPlacer.decide`` on the pod's own node as home (it is bound and
    stays there), the lost node left out, the pod's current slice and quota charge set
    aside for the decision: the same tiers, policy, classes, groups, permissions and
@@ -91,7 +92,9 @@ class Replacer:
             meta = pod.get("metadata") or {}
             if meta.get("uid") != f.uid:
                 return "the pod is gone"
-            request = pod_request(pod)
+            # the group bind recorded and signed, never the pod's label now: its author can
+            # relabel a bound pod (the webhook is not sent label changes)
+            request = replace(pod_request(pod), group=f.group)
         except (KubeError, GpupoolError) as exc:
             return f"the pod could not be read again: {exc}"
         version = str(meta.get("resourceVersion") or "")
