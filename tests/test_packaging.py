@@ -111,6 +111,7 @@ def test_every_package_the_install_needs_is_pinned_within_pyprojects_bounds() ->
             assert req.specifier.contains(pinned[key], prereleases=True), (text, pinned[key])
 
 
+@pytest.mark.slow  # a virtual environment and an install of every runtime dependency
 def test_a_fresh_environment_installs_the_pins_and_imports_every_module(
         wheel: Path, tmp_path: Path) -> None:
     venv = tmp_path / "venv"

@@ -77,26 +77,31 @@ def test_reader_reproduces_the_published_cluster_and_demand_totals() -> None:
         assert s.gpu_demand_milli == round(gpus * 1000)
 
 
+@pytest.mark.slow  # the gate's campaign: seconds of simulation
 def test_fgd_reproduces_the_published_figure_within_half_a_point(
         gate_runs: dict[str, float]) -> None:
     assert 4.77 - 0.5 <= gate_runs["fgd"] <= 4.77 + 0.5
 
 
+@pytest.mark.slow
 def test_best_fit_reproduces_the_published_figure_within_0_7_points(
         gate_runs: dict[str, float]) -> None:
     assert 7.14 - 0.7 <= gate_runs["best-fit"] <= 7.14 + 0.7
 
 
+@pytest.mark.slow
 def test_random_reproduces_the_published_figure_within_1_5_points(
         gate_runs: dict[str, float]) -> None:
     assert 13.70 - 1.5 <= gate_runs["random"] <= 13.70 + 1.5
 
 
+@pytest.mark.slow
 def test_fgd_packs_better_than_best_fit_and_best_fit_than_random(
         gate_runs: dict[str, float]) -> None:
     assert gate_runs["fgd"] < gate_runs["best-fit"] < gate_runs["random"]
 
 
+@pytest.mark.slow
 def test_our_own_policy_packs_better_than_fgd(gate_runs: dict[str, float]) -> None:
     assert gate_runs[DEFAULT_POLICY] < gate_runs["fgd"]
     assert gate_runs[DEFAULT_POLICY] <= 4.0
@@ -110,11 +115,13 @@ def test_a_fifth_of_the_gpuspec20_pods_name_the_gpu_models_they_accept() -> None
     assert sum(1 for r in bound if r.models == frozenset({"T4"})) == 718
 
 
+@pytest.mark.slow
 def test_fgd_reproduces_the_published_gpuspec20_figure_within_half_a_point(
         gpuspec_runs: dict[str, float]) -> None:
     assert 5.34 - 0.5 <= gpuspec_runs["fgd"] <= 5.34 + 0.5
 
 
+@pytest.mark.slow
 def test_our_own_policy_packs_model_bound_pods_better_than_fgd(
         gpuspec_runs: dict[str, float]) -> None:
     assert gpuspec_runs[DEFAULT_POLICY] < gpuspec_runs["fgd"]

@@ -135,7 +135,7 @@ def test_a_mix_refuses_impossible_node_counts(key: str, value: int) -> None:
         WorkloadMix("bad", **{key: value})  # type: ignore[arg-type]
 
 
-
+@pytest.mark.slow  # two runs over 1,523 nodes
 def test_remote_slices_recover_most_gpus_a_cpu_heavy_workload_strands() -> None:
     """The gate behind docs/remote.md's figures (seed 42; the 10-seed table is in
     docs/benchmarks.md): with 1.5 times the published CPU, the default policy leaves
