@@ -91,6 +91,7 @@ from gpupool.extender.preemption.plans import PreemptionSettings
 from gpupool.extender.preemption.preemptor import Preemptor
 from gpupool.extender.state.cache import ClusterCache
 from gpupool.extender.state.signatures import DecisionKeys
+from gpupool.extender.tenancy.quotaholds import GangQuota
 from gpupool.extender.tenancy.tenantmetrics import TenancyCollector
 from gpupool.extender.wire import protocol
 from gpupool.extender.wire.nodenames import MAX_SCORE, Matched, NameTable, decisive, scaled
@@ -165,7 +166,8 @@ class Extender:
             if kube is not None and keys is not None and settings.serving.remote else None
         self.gangs = GangHolds(cache, self.binder.writes, self.binder.ledgers,
                                GangClaims(self.binder.kube, settings.gangs, clock),
-                               settings.gangs, clock, settings.scheduler_name) \
+                               settings.gangs, clock, GangQuota(self.binder.quotas),
+                               settings.scheduler_name) \
             if self.binder is not None else None
         metrics.gpus_allocated.set_function(lambda: self.usage_gpus()[0])
         metrics.gpus_total.set_function(lambda: float(self.usage_gpus()[1]))

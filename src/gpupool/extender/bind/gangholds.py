@@ -17,11 +17,16 @@ When kube-scheduler filters a member of a gang (``state.gangs``) that holds noth
 3. **places** it with the core (``core.gang.place_gang``: the packing policy applied to the
    set, quota for the gang as a whole, classes, groups and permissions per member, the
    nodes that serve GPUs through DRA left out as for any pod) on the live state;
-4. **holds** it: each member's allocation becomes a ``hold`` entry (``expires`` at the
+4. **charges** it: each member's hold entry goes into the QuotaLedger of every quota
+   scope it falls under, the members' charges checked together, by compare-and-swap
+   (``quotaholds.GangQuota``); a scope that refuses leaves nothing charged and the gang
+   waits whole with the quota's reason;
+5. **holds** it: each member's allocation becomes a ``hold`` entry (``expires`` at the
    gang's timeout, ``displaces`` none) in the GPULedger of its node, one write per node
    (``WRITERS`` at once), each in the node's turn and by compare-and-swap against the
    ledger (``LedgerBatches.commit_together``). When a write is lost for good, the holds
-   written are removed again and the gang waits whole: it never keeps part of its room.
+   written and the quota charges are removed again and the gang waits whole: it never
+   keeps part of its room.
 
 A hold counts in every fit check of every replica (ledger watches) and in the tenants'
 quota; filter and prioritize set aside only the member's own (``Commitments.without``), so
@@ -29,7 +34,8 @@ no member is ever offered a slice another member holds, and filter passes the me
 on its held node. Bind replaces the hold with the member's decision on the very slices
 held (``Binder``). Holds end when their members bind, at the timeout (the entries and the
 claim expire), or when the gang can no longer reach its quorum (a member or its PodGroup
-deleted): ``sweep``, on the replica that placed it, removes its holds and its claim.
+deleted): ``sweep``, on the replica that placed it, removes its holds, their quota
+charges and its claim.
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ import math
 import random
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 from gpupool.contract.gangs import GangRef, GangTerms
@@ -55,6 +61,7 @@ from gpupool.extender.bind.gate import DEFAULT_SCHEDULER, as_json, assumable
 from gpupool.extender.bind.ledgerbatch import LedgerBatches
 from gpupool.extender.state.cache import ClusterCache
 from gpupool.extender.state.ledger import HOLD, Entry, Ledgers
+from gpupool.extender.tenancy.quotaholds import Charged, GangQuota
 from gpupool.extender.wire.podspec import pod_request
 from gpupool.kube.api import KubeApi
 from gpupool.kube.errors import AlreadyExists, Conflict, KubeError, NotFound
@@ -116,6 +123,7 @@ class Owned:
     ref: GangRef
     held: dict[str, str]  # member uid -> node
     expires_s: float
+    charged: Charged = field(default_factory=dict)  # QuotaLedgers holding its charges
 
 
 def claim_name(ref: GangRef) -> str:
@@ -177,8 +185,9 @@ class GangHolds:
 
     def __init__(self, cache: ClusterCache, writes: LedgerBatches, ledgers: Ledgers,
                  claims: GangClaims, settings: GangSettings, clock: Callable[[], float],
-                 scheduler: str = DEFAULT_SCHEDULER):
+                 quota: GangQuota, scheduler: str = DEFAULT_SCHEDULER):
         self.cache, self.writes, self.ledgers, self.claims = cache, writes, ledgers, claims
+        self.quota = quota
         self.settings, self.clock, self.scheduler = settings, clock, scheduler
         self.owned: dict[str, Owned] = {}  # gang key -> what this replica holds for it
         self.refused: dict[str, tuple[tuple[object, ...], GangAnswer]] = {}
@@ -228,12 +237,18 @@ class GangHolds:
                 return answer
             nodes = {a.gpu_node: cache.state.nodes[cache.state.index[a.gpu_node]]
                      for a in placed.allocations}
-        failed = self._hold(look, placed, nodes)
+        by_node = self._entries(look, placed)
+        charged, refused = self.quota.admit(ref.key, {u: e for entries in by_node.values()
+                                                      for u, e in entries.items()})
+        if refused:
+            return GangAnswer(ref.key, reason=Reason("", Check.QUOTA, refused, False))
+        failed = self._hold(by_node, nodes)
         if failed:
+            self.quota.release(charged)
             return _waiting(ref, f"its holds could not be written ({failed}); it is placed "
                                  "again at its members' next attempt")
         held = {a.key: a.gpu_node for a in placed.allocations}
-        self.owned[ref.key] = Owned(ref, held, self.clock() + self.settings.timeout_s)
+        self.owned[ref.key] = Owned(ref, held, self.clock() + self.settings.timeout_s, charged)
         log.info("%s; held until %s", placed.summary(), _stamp(self.owned[ref.key].expires_s))
         return GangAnswer(ref.key, node=held[key]) if key in held else None
 
@@ -314,9 +329,8 @@ class GangHolds:
         self.refused[gang] = (stamp, answer)
 
     # -- holds ------------------------------------------------------------------------------
-    def _hold(self, look: _Ready, placed: GangPlacement, nodes: dict[str, Node]) -> str:
-        """Write the holds, a write per node; '' when all are written, else why not (what
-        was written is removed again)."""
+    def _entries(self, look: _Ready, placed: GangPlacement) -> dict[str, dict[str, Entry]]:
+        """The members' hold entries, by node."""
         now = self.clock()
         by_node: dict[str, dict[str, Entry]] = {}
         members = {m.key: m for m in look.gang.members}
@@ -325,6 +339,11 @@ class GangHolds:
             by_node.setdefault(alloc.gpu_node, {})[alloc.key] = Entry(
                 alloc, look.who.get(alloc.key, alloc.key), _stamp(now), m.tenant, m.gpu_class,
                 charge.group, HOLD, _stamp(now + self.settings.timeout_s))
+        return by_node
+
+    def _hold(self, by_node: dict[str, dict[str, Entry]], nodes: dict[str, Node]) -> str:
+        """Write the holds, a write per node; '' when all are written, else why not (what
+        was written is removed again)."""
         order = sorted(by_node)
         outcomes = list(self.writers.map(lambda n: self._write(n, nodes[n], by_node[n]), order))
         failed = [why for why in outcomes if why]
@@ -393,6 +412,7 @@ class GangHolds:
                     by_node.setdefault(node, []).append(uid)
                 for node, uids in sorted(by_node.items()):
                     self._unhold(node, uids)
+                self.quota.release(owned.charged)
                 log.info("%s can no longer reach its quorum: its GPU slices are released",
                          key)
             self.claims.release(owned.ref)

@@ -114,6 +114,20 @@ def decode_entry(uid: str, raw: Any) -> Entry:
                  tuple(displaces) if kind == HOLD else ())
 
 
+def merge_changes(view: View, entries: Mapping[str, Entry], prune: Iterable[str] = ()
+                  ) -> dict[str, Any]:
+    """The merge patch of a ledger's ``spec.entries`` that writes ``entries`` over ``view``
+    and drops ``prune`` (uid -> raw entry, None drops it): a bind written over its pod's
+    hold sets the hold's fields to null, as a merge patch would keep them."""
+    changes: dict[str, Any] = {u: None for u in prune if u in view.entries and u not in entries}
+    for uid, entry in entries.items():
+        changes[uid] = entry.to_json()
+        old = view.entries.get(uid)
+        if old is not None and old.is_hold and not entry.is_hold:
+            changes[uid].update(kind=None, expires=None, displaces=None)
+    return changes
+
+
 def counted(view: View, prune: Iterable[str] = (), replacing: Collection[str] = ()
             ) -> list[Allocation]:
     """The allocations a fit check of ``view`` counts: every entry but ``prune`` and the
@@ -301,12 +315,7 @@ class Ledgers:
     def commit_all(self, view: View, entries: Mapping[str, Entry], prune: Iterable[str] = ()
                    ) -> View:
         """``commit`` of several pods' entries in one write."""
-        changes: dict[str, Any] = {u: None for u in prune if u in view.entries}
-        for uid, entry in entries.items():
-            changes[uid] = entry.to_json()
-            old = view.entries.get(uid)
-            if old is not None and old.is_hold and not entry.is_hold:  # a merge patch
-                changes[uid].update(kind=None, expires=None, displaces=None)  # merges: drop
+        changes = merge_changes(view, entries, prune)
         if view.resource_version is None:
             obj = {"apiVersion": names.API_VERSION, "kind": "GPULedger",
                    "metadata": {"name": view.node},

@@ -46,14 +46,15 @@ import hashlib
 import logging
 import re
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from gpupool.contract import names
 from gpupool.core.quota import Charge, amount_of_allocation
 from gpupool.extender.state.cache import ClusterCache
-from gpupool.extender.state.ledger import Entry, View, advanced, view_of
+from gpupool.extender.state.ledger import Entry, View, advanced, merge_changes, view_of
 from gpupool.extender.state.turns import Batches
 from gpupool.extender.tenancy.quotashards import (
     MOVE_AT_ENTRIES,
@@ -181,9 +182,7 @@ class QuotaLedgers:
     def commit_all(self, view: View, scope: str, entries: Mapping[str, Entry],
                    prune: Iterable[str] = ()) -> View:
         """``commit`` of several pods' entries in one write."""
-        changes: dict[str, Any] = {u: None for u in prune
-                                   if u in view.entries and u not in entries}
-        changes.update((uid, entry.to_json()) for uid, entry in entries.items())
+        changes = merge_changes(view, entries, prune)
         if view.resource_version is None:
             fresh = {uid: changes[uid] for uid in entries}
             obj = {"apiVersion": names.API_VERSION, "kind": KIND,
@@ -210,16 +209,17 @@ class QuotaLedgers:
         return self._remember(_named(advanced(view, changes, answer), view.node),
                               marks_of(answer))[0]
 
-    def remove(self, name: str, uid: str) -> None:
-        """Drop ``uid``'s entry from head ``name`` and the shards remembered holding it (no
-        precondition: the key is the pod's own)."""
+    def remove(self, name: str, *uids: str) -> None:
+        """Drop the entries of ``uids`` from head ``name`` and the shards remembered holding
+        one (no precondition: the keys are the pods' own)."""
         with self._lock:
             shards = [n for n, (v, m) in self._views.items() if m.head == name and
-                      uid in v.entries]
+                      any(u in v.entries for u in uids)]
         for target in [name, *shards]:
             self.forget(target)
             try:
-                self.api.patch_quota_ledger(target, {"spec": {"entries": {uid: None}}}, None)
+                self.api.patch_quota_ledger(target, {"spec": {"entries": dict.fromkeys(uids)}},
+                                            None)
             except NotFound:
                 continue
 
@@ -405,20 +405,29 @@ class QuotaGate:
         """Why ``charge`` of pod ``key`` does not fit, counting the cache's charges and the
         live entries of ``view`` it does not hold yet ('' when it fits; under lock)."""
         book, tenants = self.cache.catalogue.quotas, self.cache.catalogue.tenants
+        with self.counting(view, (key,)):
+            reason = book.check(charge) or tenants.check(book, charge, key)  # its ask, once
+        return "" if reason is None else reason.message
+
+    @contextmanager
+    def counting(self, view: View, asking: Collection[str]) -> Iterator[None]:
+        """For the block, the cache's quota book as the scope of ``view`` stands for the
+        pods ``asking``: their own tentative charges set aside (they are what is asked),
+        the live entries of ``view`` the book does not hold yet charged in (under lock)."""
+        book = self.cache.catalogue.quotas
         stale = set(self.cache.quota_prunable(view))
-        mine = book.refund(key)  # the bind's own tentative charge: it is what is asked
-        added = [u for u in view.entries if u != key and u not in stale and
+        mine = {k: c for k in asking if (c := book.refund(k)) is not None}
+        added = [u for u in view.entries if u not in asking and u not in stale and
                  book.charged(u) is None]
         try:
             for uid in added:
                 book.charge(uid, charge_of_entry(view.entries[uid]))
-            reason = book.check(charge) or tenants.check(book, charge, key)  # its ask, once
+            yield
         finally:
             for uid in added:
                 book.refund(uid)
-            if mine is not None:
-                book.charge(key, mine)
-        return "" if reason is None else reason.message
+            for k, c in mine.items():
+                book.charge(k, c)
 
     def roll_back(self, written: Iterable[str], key: str) -> None:
         for name in written:
