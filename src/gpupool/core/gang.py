@@ -31,7 +31,7 @@ only policies that draw from it, as in ``Placer.decide``).
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -124,15 +124,14 @@ def place_gang(state: ClusterState, gang: Gang, policy: Policy, rng: random.Rand
                rule: Rule | None = None) -> GangPlacement:
     """Slices for ``gang``'s members together (see the module); never changes ``state``.
     ``rule``: each member's constraints, instead of ``constraints_for``."""
-    ruled = [rule(state, m) if rule is not None else constraints_for(state, m, catalogue)
-             if catalogue is not None else NO_CONSTRAINTS for m in gang.members]
+    ruled = member_rules(state, gang, catalogue, rule)
     eligible = [i for i, c in enumerate(ruled) if c.blocked is None]
     if len(eligible) < gang.quorum:
         first = next(c.blocked for c in ruled if c.blocked is not None)
         return _refused(gang, first, f"{len(gang.members) - len(eligible)} of its members "
                         f"may not be placed ({first.message})")
-    asks = {i: _ask(state, gang.members[i]) for i in eligible}
-    order = sorted(eligible, key=lambda i: (-asks[i][0], -asks[i][1], i))
+    asks = {i: ask_of(state, gang.members[i]) for i in eligible}
+    order = placing_order(state, gang, ruled)
     refusal = _quota(state, gang, order[:gang.quorum], ruled, catalogue)
     if refusal is not None:
         return GangPlacement(gang, reason=refusal)
@@ -153,6 +152,36 @@ def place_gang(state: ClusterState, gang: Gang, policy: Policy, rng: random.Rand
     scope = "node" if gang.together is Together.NODE else f"domain of {gang.domain_label}"
     return _refused(gang, None, f"no {scope} holds {gang.quorum} of its members together "
                     f"({tried} with room enough tried)")
+
+
+def member_rules(state: ClusterState, gang: Gang, catalogue: Catalogue | None,
+                 rule: Rule | None = None) -> list[Constraints]:
+    """Each member's constraints: ``rule``'s, else ``constraints_for`` the catalogue's."""
+    return [rule(state, m) if rule is not None else constraints_for(state, m, catalogue)
+            if catalogue is not None else NO_CONSTRAINTS for m in gang.members]
+
+
+def placing_order(state: ClusterState, gang: Gang, ruled: Sequence[Constraints]) -> list[int]:
+    """The members that may be placed (indexes), in the order they are placed: the
+    largest GPU ask first, ties in member order."""
+    asks = {i: ask_of(state, m) for i, m in enumerate(gang.members)
+            if ruled[i].blocked is None}
+    return sorted(asks, key=lambda i: (-asks[i][0], -asks[i][1], i))
+
+
+def exact_outcome(gang: Gang, found: Mapping[int, Allocation], ruled: Sequence[Constraints],
+                  where: str, catalogue: Catalogue | None) -> GangPlacement:
+    """The placement of the members ``found`` (index -> allocation, the quorum at least):
+    their charges, checked together against the gang's quota once more (whole GPUs as
+    chosen), and the members that wait."""
+    ordered = sorted(found)
+    charges = tuple(charge_of(gang.members[i], found[i], ruled[i]) for i in ordered)
+    if catalogue is not None:
+        refusal = gang_refusal(gang.name, charges, catalogue)
+        if refusal is not None:
+            return GangPlacement(gang, reason=refusal)
+    waiting = tuple(m.key for i, m in enumerate(gang.members) if i not in found)
+    return GangPlacement(gang, tuple(found[i] for i in ordered), waiting, where, None, charges)
 
 
 def reserve_gang(state: ClusterState, placed: GangPlacement) -> None:
@@ -201,15 +230,7 @@ class _Trial:
             why = self.missed.message if self.missed is not None else "no room"
             return _refused(gang, self.missed, f"only {len(found)} of its members fit together, "
                             f"{gang.quorum} needed (e.g. {why})")
-        ordered = sorted(found)
-        charges = tuple(charge_of(gang.members[i], found[i], self.ruled[i]) for i in ordered)
-        if catalogue is not None:  # the exact charges (whole GPUs as chosen) must fit too
-            refusal = gang_refusal(gang.name, charges, catalogue)
-            if refusal is not None:
-                return GangPlacement(gang, reason=refusal)
-        waiting = tuple(m.key for i, m in enumerate(gang.members) if i not in found)
-        return GangPlacement(gang, tuple(found[i] for i in ordered), waiting, where, None,
-                             charges)
+        return exact_outcome(gang, found, self.ruled, where, catalogue)
 
 
 def _quota(state: ClusterState, gang: Gang, quorum: Sequence[int], ruled: list[Constraints],
@@ -229,7 +250,18 @@ def _domains(state: ClusterState, gang: Gang, order: list[int]
     ok = state.present & state.healthy
     cores = np.where(ok, state.core_free, 0).sum(1)
     units = np.where(ok, state.unit_free, 0).sum(1)
-    need = np.sum([_ask(state, gang.members[i]) for i in order[:gang.quorum]], axis=0)
+    need = np.sum([ask_of(state, gang.members[i]) for i in order[:gang.quorum]], axis=0)
+    groups = domain_groups(state, gang)
+    room = {name: (int(cores[rows].sum()), int(units[rows].sum()))
+            for name, rows in groups.items()}
+    chosen = sorted((r, name) for name, r in room.items()
+                    if r[0] >= need[0] and r[1] >= need[1])
+    return [(name, np.asarray(groups[name], np.int64)) for _, name in chosen]
+
+
+def domain_groups(state: ClusterState, gang: Gang) -> dict[str, list[int]]:
+    """The nodes (rows) of each node or domain a gang ``together`` may be placed on, by
+    name (``label=value`` for a domain; nodes without the label are in none)."""
     groups: dict[str, list[int]] = {}
     for i, node in enumerate(state.nodes):
         if gang.together is Together.NODE:
@@ -238,11 +270,7 @@ def _domains(state: ClusterState, gang: Gang, order: list[int]
         value = dict(node.labels).get(gang.domain_label)
         if value is not None:
             groups.setdefault(f"{gang.domain_label}={value}", []).append(i)
-    room = {name: (int(cores[rows].sum()), int(units[rows].sum()))
-            for name, rows in groups.items()}
-    chosen = sorted((r, name) for name, r in room.items()
-                    if r[0] >= need[0] and r[1] >= need[1])
-    return [(name, np.asarray(groups[name], np.int64)) for _, name in chosen]
+    return groups
 
 
 def _has_room(state: ClusterState, asks: Sequence[tuple[int, int]]) -> bool:
@@ -253,7 +281,7 @@ def _has_room(state: ClusterState, asks: Sequence[tuple[int, int]]) -> bool:
         int(np.where(ok, state.unit_free, 0).sum()) >= sum(a[1] for a in asks)
 
 
-def _ask(state: ClusterState, member: PodRequest) -> tuple[int, int]:
+def ask_of(state: ClusterState, member: PodRequest) -> tuple[int, int]:
     """The member's GPU ask summed over its GPUs: (compute %, memory units); a whole GPU
     counts 100 % and no memory (the least any GPU would take of it)."""
     demand = demand_of(member)

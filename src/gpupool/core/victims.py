@@ -28,6 +28,9 @@ Interface::
 * ``limits``: how many victim sets may be tried and how many nodes' room worked out
   (``Limits``), which bounds the time a call takes.
 
+Room for a whole gang is ``victims_gang.select_gang``: this chooser per member, and a
+gang's members are victims only all together.
+
 Order, best first: fewest victims; then the lowest priorities (the victims' priorities,
 highest first, compared in turn); then the youngest (``Candidate.started_s``, latest
 first, compared in turn); then the least GPU share freed beyond the need (milli-GPU:

@@ -21,6 +21,7 @@ class Candidate:
     budgets: tuple[str, ...] = ()
     leaving: bool = False
     started_s: float = 0.0  # when it started (any clock); the younger goes first at a tie
+    gang: str = ""  # the gang it is a member of: a victim only with all of it (``victims_gang``)
 
     @property
     def key(self) -> str:
