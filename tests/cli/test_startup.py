@@ -6,13 +6,17 @@ the time is measured by bench/bench_startup.py."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from gpupool.cli import defaults
 from gpupool.cli.main import COMMANDS, build_parser, command_of
 
 HEAVY = ("matplotlib", "starlette", "uvicorn", "lightkube", "httpx2", "numpy", "grpc",
@@ -69,3 +73,40 @@ def test_the_command_is_the_first_word_that_is_not_an_option() -> None:
     assert command_of(["--version"]) is None
     assert command_of(["simulate", "--policy", "fgd"]) == "simulate"
     assert command_of(["-h", "inspect", "pod", "x"]) == "inspect"
+
+
+def _values(enum: Any) -> tuple[str, ...]:
+    return tuple(member.value for member in enum)
+
+
+RESTATED: list[tuple[str, str, Callable[[Any], Any]]] = [
+    ("POLICY_NAMES", "gpupool.core.policies", lambda m: tuple(sorted(m.POLICIES))),
+    ("DEFAULT_POLICY", "gpupool.core.policies", lambda m: m.DEFAULT_POLICY),
+    ("ZONE_LABEL", "gpupool.core.serving", lambda m: m.ZONE_LABEL),
+    ("SCHEDULER_NAME", "gpupool.extender.bind.gate", lambda m: m.DEFAULT_SCHEDULER),
+    ("GANG_TIMEOUT_S", "gpupool.extender.bind.gangholds", lambda m: m.GANG_TIMEOUT_S),
+    ("SERVING_SECRET", "gpupool.extender.edge.tls", lambda m: m.SERVING_SECRET),
+    ("CLIENT_SECRET", "gpupool.extender.edge.tls", lambda m: m.CLIENT_SECRET),
+    ("SERVICE", "gpupool.extender.edge.tls", lambda m: m.SERVICE),
+    ("CLIENT_SCHEDULER", "gpupool.security.certs", lambda m: m.CLIENT_SCHEDULER),
+    ("STRATEGIES", "gpupool.nodeagent.exposure", lambda m: _values(m.Strategy)),
+    ("DEFAULT_CDI_KIND", "gpupool.nodeagent.exposure", lambda m: m.DEFAULT_CDI_KIND),
+    ("DEFAULT_CDI_DIR", "gpupool.nodeagent.dra.cdi", lambda m: m.DEFAULT_CDI_DIR),
+    ("OVERUSE_ACTIONS", "gpupool.nodeagent.actions", lambda m: _values(m.OveruseAction)),
+    ("ISOLATION_LABEL", "gpupool.nodeagent.isolation.provider", lambda m: m.NODE_LABEL),
+    ("HAMI_CORE_LIBRARY", "gpupool.nodeagent.isolation.hamicore",
+     lambda m: m.DEFAULT_LIBRARY),
+    ("COMPUTE_MODE_SOCKET", "gpupool.nodeagent.isolation.computemode", lambda m: m.SOCKET),
+]
+
+
+@pytest.mark.parametrize(("name", "module", "source"), RESTATED,
+                         ids=[name for name, _, _ in RESTATED])
+def test_a_value_the_flags_restate_is_the_one_of_its_module(
+        name: str, module: str, source: Callable[[Any], Any]) -> None:
+    assert getattr(defaults, name) == source(importlib.import_module(module))
+
+
+def test_every_restated_value_is_checked() -> None:
+    restated = {n for n in vars(defaults) if n.isupper()}
+    assert restated == {name for name, _, _ in RESTATED}

@@ -1,17 +1,19 @@
 """``gpupool extender``: serve the kube-scheduler extender (filter / prioritize / bind).
 
-Wires the pieces: a ``KubeApi`` (kubeconfig file, or the in-cluster service account
-when ``--kubeconfig`` is absent); the decision signing keys (made on first start,
-published for node agents); the TLS material (gpupool's own CA, the extender's serving
-certificate and kube-scheduler's client certificate, each made or renewed in Secrets of
-``--namespace``; or a Secret you supply: ``--tls secret``); a ``ClusterCache`` fed by
-list + watch that counts only decisions it can vouch for; the ``Extender`` with the
-chosen policy. The verbs are served over mutual TLS on ``--port`` to clients whose
-certificate names ``--client-name``; ``/healthz``, ``/readyz`` and ``/metrics`` on the
-plain ``--probe-port``. A background thread re-checks GPU heartbeats and reconciles the
-GPU ledgers every ``--sweep-every`` seconds, renews and reloads certificates and
-re-reads the signing keys every ``--tls-every`` seconds, and re-derives FGD's target
-workload every ``--workload-every``. With --preemption (the default) a GPU pod that fits
+Here: the flags, and what is checked before anything starts (the policy and its
+weights, the kubeconfig); ``extender_run`` then wires the pieces: a ``KubeApi``
+(kubeconfig file, or the in-cluster service account when ``--kubeconfig`` is absent);
+the decision signing keys (made on first start, published for node agents); the TLS
+material (gpupool's own CA, the extender's serving certificate and kube-scheduler's
+client certificate, each made or renewed in Secrets of ``--namespace``; or a Secret you
+supply: ``--tls secret``); a ``ClusterCache`` fed by list + watch that counts only
+decisions it can vouch for; the ``Extender`` with the chosen policy. The verbs are
+served over mutual TLS on ``--port`` to clients whose certificate names
+``--client-name``; ``/healthz``, ``/readyz`` and ``/metrics`` on the plain
+``--probe-port``. A background thread re-checks GPU heartbeats and reconciles the GPU
+ledgers every ``--sweep-every`` seconds, renews and reloads certificates and re-reads
+the signing keys every ``--tls-every`` seconds, and re-derives FGD's target workload
+every ``--workload-every``. With --preemption (the default) a GPU pod that fits
 nowhere gets room by evicting GPU pods of lower priority (docs/design/preemption.md).
 """
 
@@ -20,49 +22,22 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import socket
-import threading
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
-import uvicorn
-
 from gpupool.cli.args import KUBECONFIG_HELP, add_log_level, bounded, check_weights, weight
-from gpupool.core.policies import DEFAULT_POLICY, POLICIES, make_policy
-from gpupool.core.policies.config import PolicyConfig
-from gpupool.core.serving import ZONE_LABEL, ServingConfig
-from gpupool.extender.bind.gangholds import GANG_TIMEOUT_S, GangSettings
-from gpupool.extender.bind.gate import DEFAULT_SCHEDULER
-from gpupool.extender.bind.reconcile import LedgerReconciler
-from gpupool.extender.edge.app import build_app, build_probes, build_verbs
-from gpupool.extender.edge.connections import ConnectionRules
-from gpupool.extender.edge.server import probe_server, uvicorn_config
-from gpupool.extender.edge.sizing import MAX_NODES, BodyLimits
-from gpupool.extender.edge.tls import (
+from gpupool.cli.defaults import (
+    CLIENT_SCHEDULER,
     CLIENT_SECRET,
+    DEFAULT_POLICY,
+    GANG_TIMEOUT_S,
+    POLICY_NAMES,
+    SCHEDULER_NAME,
     SERVICE,
     SERVING_SECRET,
-    ReloadingContext,
-    ServingMaterial,
-    TlsSource,
+    ZONE_LABEL,
 )
-from gpupool.extender.metrics import Metrics
-from gpupool.extender.preemption.plans import PreemptionSettings
-from gpupool.extender.service import Extender, Settings
+from gpupool.extender.edge.sizing import MAX_NODES
 from gpupool.extender.state.assumptions import ASSUME_EXPIRY_S
-from gpupool.extender.state.cache import ClusterCache
-from gpupool.extender.state.feeds import long_lived, start_feeds
-from gpupool.extender.state.signatures import DecisionCheck, DecisionKeys
-from gpupool.extender.workload import BUILTIN_WORKLOAD
-from gpupool.kube.api import DraApi, KubeApi
-from gpupool.kube.keystore import ensure_signing_keys, read_signing_keys
-from gpupool.security.certs import CLIENT_SCHEDULER
-from gpupool.security.signing import SigningKeys
-
-log = logging.getLogger("gpupool.extender")
 
 SECONDS = bounded(float, 0, above=True)
 PORT = bounded(int, 1, 65535)
@@ -101,9 +76,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--probe-port", type=PORT, default=8080, metavar="PORT",
                    help="port of /healthz, /readyz and /metrics, plain HTTP (default 8080)")
     _tls_arguments(p)
-    p.add_argument("--scheduler-name", default=DEFAULT_SCHEDULER, metavar="NAME",
+    p.add_argument("--scheduler-name", default=SCHEDULER_NAME, metavar="NAME",
                    help="bind acts only on pods naming this scheduler (default "
-                        f"{DEFAULT_SCHEDULER})")
+                        f"{SCHEDULER_NAME})")
     p.add_argument("--max-nodes", type=bounded(int, 1), default=MAX_NODES, metavar="N",
                    help="the largest cluster served: sizes the request bodies accepted "
                         f"(default {MAX_NODES})")
@@ -116,7 +91,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--request-timeout", type=SECONDS, default=10.0, metavar="SECONDS",
                    help="close a connection to the verbs whose request has not fully "
                         "arrived this long after it began (default 10; probes: 2)")
-    p.add_argument("--policy", default=DEFAULT_POLICY, choices=sorted(POLICIES),
+    p.add_argument("--policy", default=DEFAULT_POLICY, choices=POLICY_NAMES,
                    help=f"placement policy (default {DEFAULT_POLICY})")
     p.add_argument("--weight", type=weight, action="append", default=[], metavar="NAME=X",
                    help="policy weight, repeatable (e.g. fgd-balance.lambda=0.5)")
@@ -194,135 +169,21 @@ def _tls_arguments(p: argparse.ArgumentParser) -> None:
                         "gpupool's scheduler)")
 
 
-@dataclass
-class Wired:
-    api: KubeApi
-    extender: Extender
-    keys: DecisionKeys
-    reconciler: LedgerReconciler
-
-
-@contextmanager
-def briefly(api: KubeApi) -> Iterator[KubeApi]:
-    """A connection of its own for an occasional call (Secrets and ConfigMaps, through
-    lightkube's client): the client is let go after the call, so the ~15 MiB it holds is
-    not held through the rebuild of the cache."""
-    other = api.fork()
-    try:
-        yield other
-    finally:
-        other.close()
-
-
-def _wire(args: argparse.Namespace) -> Wired:
-    api = DraApi.connect(kubeconfig=args.kubeconfig, server=args.server)  # DRA claims too
-
-    def load() -> SigningKeys:
-        with briefly(api) as secrets:
-            return read_signing_keys(secrets, args.namespace)[0]
-
-    with briefly(api) as secrets:
-        first = ensure_signing_keys(secrets, args.namespace, time.time())
-    keys = DecisionKeys(load, time.time, keys=first)
-    metrics = Metrics()
-    cache = ClusterCache(args.memory_unit, args.stale_after, args.ledger_grace,
-                         decisions=DecisionCheck(keys, metrics.unverified),
-                         assume_expiry_s=args.assume_expiry)
-    instance = os.environ.get("POD_NAME") or socket.gethostname()
-    preemption = PreemptionSettings(args.preemption, args.preemption_hold,
-                                    args.preemption_retry, instance=instance)
-    serving = ServingConfig(args.remote_slices, tuple(args.topology_label or (ZONE_LABEL,)))
-    settings = Settings(args.policy, dict(args.weight), seed=args.seed,
-                        scheduler_name=args.scheduler_name, preemption=preemption,
-                        serving=serving,
-                        gangs=GangSettings(args.gang_timeout, args.namespace, instance))
-    extender = Extender(cache, settings, metrics, api, keys)
-    shared = extender.binder.quotas.ledgers if extender.binder is not None else None
-    return Wired(api, extender, keys, LedgerReconciler(cache, api, quota_ledgers=shared))
-
-
 def run(args: argparse.Namespace) -> int:
+    """Check the policy and its weights and reach the cluster, then serve
+    (``extender_run``: the modules that serving needs load only now)."""
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from gpupool.core.policies import make_policy  # numpy: once the flags are read
+    from gpupool.core.policies.config import PolicyConfig
+    from gpupool.extender.workload import BUILTIN_WORKLOAD
+
     check_weights(args.weight, [args.policy])
     make_policy(args.policy, PolicyConfig(BUILTIN_WORKLOAD, dict(args.weight)))  # fail fast
-    wired = _wire(args)
-    tls = None if args.plain_http else ReloadingContext(_material(wired.api, args))
-    extender = wired.extender
-    with long_lived():  # the rebuilt cache lives as long as the process
-        feeds = start_feeds(wired.api, extender.cache, pod_groups=args.pod_groups)
-        log.info("cluster view rebuilt: %d GPU nodes, %d allocations; workload: %s",
-                 len(extender.cache.state.nodes), len(extender.cache.state.allocations),
-                 extender.refresh_policy())
-        extender.warm()
-    wired.reconciler.run_once()  # the ledgers put right at once, not after a grace
-    stop = threading.Event()
-    threading.Thread(target=_housekeeping, args=(wired, tls, args, stop), daemon=True,
-                     name="housekeeping").start()
-    try:
-        _serve(extender, tls, args)
-    finally:
-        stop.set()
-        extender.close()
-        feeds.stop()
-        wired.api.close()
-    return 0
+    from gpupool.kube.api import DraApi  # the Kubernetes client: once there is a cluster
 
+    api = DraApi.connect(kubeconfig=args.kubeconfig, server=args.server)  # DRA claims too
+    assert isinstance(api, DraApi)  # connect builds ``cls``
+    from gpupool.cli.extender_run import serve
 
-def _material(api: KubeApi, args: argparse.Namespace) -> ServingMaterial:
-    source = TlsSource(args.namespace, args.tls, args.tls_secret, args.client_secret,
-                       args.service)
-    with briefly(api) as secrets:
-        return source.material(secrets, time.time())
-
-
-def _serve(extender: Extender, tls: ReloadingContext | None, args: argparse.Namespace) -> None:
-    metrics = extender.metrics
-    limits = BodyLimits.for_cluster(args.max_nodes, args.node_cache_capable)
-    names = frozenset(args.client_name or [CLIENT_SCHEDULER])
-    rules = ConnectionRules(args.idle_timeout, args.request_timeout,
-                            client_names=None if tls is None else names)
-    log.info("serving the verbs on %s:%d (%s), probes on :%d; bodies accepted: %s",
-             args.host, args.port, "PLAIN HTTP, UNAUTHENTICATED" if tls is None else
-             f"mutual TLS, clients {', '.join(sorted(names))}", args.probe_port,
-             limits.describe())
-    app = build_verbs(extender, limits) if tls is not None else build_app(extender, limits)
-    server = uvicorn.Server(uvicorn_config(app, metrics.closed, rules,
-                                           tls.listening if tls else None, host=args.host,
-                                           port=args.port))
-    probes = probe_server(build_probes(extender, lambda: bool(server.started)), args.host,
-                          args.probe_port, metrics.closed)
-    with probes:
-        server.run()
-
-
-def _housekeeping(wired: Wired, tls: ReloadingContext | None, args: argparse.Namespace,
-                  stop: threading.Event) -> None:
-    extender = wired.extender
-    since_workload = since_tls = 0.0
-    while not stop.wait(args.sweep_every):
-        extender.cache.sweep()
-        extender.sweep_gangs()
-        if extender.replacer is not None:
-            extender.replacer.sweep()
-        wired.reconciler.run_once()
-        since_workload += args.sweep_every
-        since_tls += args.sweep_every
-        if since_tls >= args.tls_every:
-            since_tls = 0.0
-            wired.keys.reload()
-            _renew(wired.api, tls, args)
-        if since_workload >= args.workload_every:
-            since_workload = 0.0
-            log.info("target workload: %s", extender.refresh_policy())
-
-
-def _renew(api: KubeApi, tls: ReloadingContext | None, args: argparse.Namespace) -> None:
-    if tls is None:
-        return
-    try:
-        if tls.update(_material(api, args)):
-            log.info("serving certificate reloaded from Secret %s/%s", args.namespace,
-                     args.tls_secret)
-    except Exception as exc:  # the API, or material that does not load: keep serving
-        log.warning("renewing the serving certificate: %s", exc)
+    return serve(args, api)
