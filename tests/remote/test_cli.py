@@ -61,6 +61,17 @@ def test_missing_credentials_are_one_line_naming_the_files(
     assert err.startswith(f"gpupool: cannot load the certificate {tmp_path}/none/tls.crt")
 
 
+def test_an_unreadable_decision_is_one_line_naming_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = run(["slice-client", "--pod-uid", POD_UID, "--slice-server", "127.0.0.1:1",
+                     "--credentials-dir", str(tmp_path / "none"), "--status-address",
+                     "127.0.0.1", "--status-port", str(free_port()), "--decision", "{"],
+                    capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert err.startswith(f"gpupool: --decision: pod {POD_UID}: gpupool.io/allocation is not "
+                          "JSON")
+
+
 def test_a_sidecar_whose_server_never_answers_gives_up_naming_it(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     port = free_port()

@@ -26,6 +26,9 @@ from typing import Any
 import pytest
 from gpupool_testing.fake_apiserver import FakeApiServer
 
+from gpupool.contract import annotations as records
+from gpupool.contract import names
+from gpupool.core.allocation import Allocation, Slice
 from gpupool.kube.api import KubeApi
 from gpupool.nodeagent.actions import ANNOTATION_OVER_USE, Actions, OveruseAction
 from gpupool.nodeagent.kubeview import KubeEvents, KubePods
@@ -94,12 +97,13 @@ def slice_server(procs: list[Proc], tmp: Path, authority: Authority, port: int,
     return proc
 
 
-def sidecar(procs: list[Proc], tmp: Path, authority: Authority, server_port: int
-            ) -> tuple[Proc, int]:
+def sidecar(procs: list[Proc], tmp: Path, authority: Authority, server_port: int,
+            *more: str, credentials: Path | None = None) -> tuple[Proc, int]:
     data = free_port()
     proc = Proc(["slice-client", "--pod-uid", POD_UID, "--slice-server",
-                 f"127.0.0.1:{server_port}", "--credentials-dir", str(authority.client()),
-                 "--host", "127.0.0.1", "--port", str(data)], free_port(), tmp / "client.log")
+                 f"127.0.0.1:{server_port}", "--credentials-dir",
+                 str(credentials or authority.client()), "--host", "127.0.0.1", "--port",
+                 str(data), *more], free_port(), tmp / "client.log")
     procs.append(proc)
     return proc, data
 
@@ -223,3 +227,43 @@ def test_heartbeats_lost_both_ways_a_lost_server_and_a_released_slice(
     said = again.output()
     assert "released: no heartbeat from the client for" in said, said
     assert not alive(provider)  # nothing held: the provider and its memory are gone
+
+
+def allocation(served_by: str) -> str:
+    """The pod's ``gpupool.io/allocation`` as bind writes it (served by its own node's
+    devices when ``served_by`` is empty)."""
+    alloc = Allocation(POD_UID, CLIENT_NODE, 1000, 1024,
+                       (Slice(GPU, 0, 1, 10, "main"),), served_by=served_by)
+    return records.encode(alloc, "2026-01-01T00:00:00Z")[names.ANNOTATION_ALLOCATION]
+
+
+def test_a_remote_allowed_pods_sidecar_idles_when_its_own_node_serves_it(
+        tmp_path: Path, procs: list[Proc]) -> None:
+    """No server, no credentials (its optional Secret was never issued): ready at once."""
+    client, data = sidecar(procs, tmp_path, Authority(tmp_path), free_port(),
+                           "--decision", allocation(""), credentials=tmp_path / "none")
+    assert wait_for(lambda: ready(client)), client.output()
+    assert client.get("/status")[1]["state"] == "local"
+    with pytest.raises(OSError):  # no data plane in the pod
+        StubClient("127.0.0.1", data).hello()
+
+
+def test_a_remote_allowed_pods_sidecar_serves_a_slice_placed_elsewhere_once_issued(
+        tmp_path: Path, procs: list[Proc]) -> None:
+    """Its credentials come after it started (the controller issues them once it sees the
+    decision): it waits, saying why, then connects to the slice server and serves."""
+    authority = Authority(tmp_path)
+    port = free_port()
+    server = slice_server(procs, tmp_path, authority, port)
+    later = tmp_path / "issued-later"
+    client, data = sidecar(procs, tmp_path, authority, port, "--decision",
+                           allocation("gpu-node-1"), credentials=later)
+    assert wait_for(lambda: "credentials are not there yet" in str(
+        client.get("/status")[1])), client.output()
+    assert not ready(client)
+    authority.client(name=later.name)  # the Secret's files appear in the volume
+    assert wait_for(lambda: ready(client)), client.output() + server.output()
+    with StubClient("127.0.0.1", data) as workload:
+        assert workload.hello()["device"] == GPU
+        with pytest.raises(StubRefused, match="out-of-memory"):
+            workload.alloc(2 * MIB)  # the slice's limits hold as for remote-required

@@ -179,13 +179,64 @@ def test_a_tenant_set_guarded_variable_is_still_refused_beside_the_injection() -
     assert "sets CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" in verdict.message
 
 
-def test_a_remote_allowed_pod_keeps_its_device_count_with_a_warning() -> None:
-    obj = pod("p", "lab", container(limits={"gpupool.io/gpu-memory": "1024"}),
-              annotations={"gpupool.io/placement": "remote-allowed"})
+def allowed_pod(**kw: Any) -> Obj:
+    return remote_pod(annotations={"gpupool.io/placement": "remote-allowed"}, **kw)
+
+
+def test_a_remote_allowed_pod_keeps_its_device_count_and_gets_an_idle_capable_sidecar() -> None:
+    out, verdict = admitted(allowed_pod())
+    assert verdict.allowed, verdict.message
+    main = out["spec"]["containers"][0]
+    assert main["resources"]["limits"]["gpupool.io/gpu"] == "1"  # its node's devices
+    assert "gpupool.io/remote-gpu" not in main["resources"]["limits"]
+    assert "env" not in main  # the node agent's Allocate says local or remote
+    assert out["metadata"]["annotations"]["gpupool.io/slice"] == "0123456789abcdef"
+    side = out["spec"]["initContainers"][0]
+    assert side["args"][-1] == "--decision=$(GPUPOOL_DECISION)"
+    assert side["env"][1] == {"name": "GPUPOOL_DECISION", "valueFrom": {"fieldRef": {
+        "fieldPath": "metadata.annotations['gpupool.io/allocation']"}}}
+    assert out["spec"]["volumes"] == [{"name": "gpupool-slice-credentials", "secret": {
+        "secretName": "gpupool-slice-0123456789abcdef", "optional": True}}]
+    assert pod_request(out).gpus[0].count == 1
+
+
+def test_without_a_provider_a_remote_allowed_pod_is_served_locally_with_a_warning() -> None:
+    obj = allowed_pod()
+    out, verdict = admitted(obj, settings("none"))
+    assert verdict.allowed, verdict.message
+    assert "initContainers" not in out["spec"] and "gpupool.io/slice" not in \
+        out["metadata"]["annotations"]
+    warned = mutate(read_review(body(review(obj))), settings("none")).warnings
+    assert warned == ("gpupool.io/placement=remote-allowed: remote GPU slices are not enabled "
+                      "on this cluster (no data-plane provider), so the pod's GPUs are served "
+                      "by its own node's devices (docs/remote.md)",)
+
+
+@pytest.mark.parametrize(("edit", "why"), [
+    (lambda o: o["spec"]["containers"][0].setdefault("env", []).append(
+        {"name": "SCUDA_SERVER", "value": "10.9.9.9"}),
+     "container main: its provider settings are not the ones gpupool writes"),
+    (lambda o: o["spec"]["volumes"][0]["secret"].pop("optional"),
+     "volume gpupool-slice-credentials is not the slice's credentials"),
+    (lambda o: o["spec"]["initContainers"][0]["args"].pop(),
+     "init container gpupool-slice-client is not the one gpupool writes"),
+])
+def test_validation_refuses_a_remote_allowed_injection_that_was_altered(edit: Any,
+                                                                       why: str) -> None:
+    out, _ = admitted(allowed_pod())
+    edit(out)
+    verdict = validate(read_review(body(review(out))), settings())
+    assert not verdict.allowed
+    assert why in verdict.message
+
+
+def test_a_remote_allowed_pod_on_the_hosts_network_is_refused_where_slices_are_on() -> None:
+    obj = allowed_pod()
+    obj["spec"]["hostNetwork"] = True
     verdict = mutate(read_review(body(review(obj))), settings())
-    assert applied(obj, verdict)["spec"]["containers"][0]["resources"]["limits"][
-        "gpupool.io/gpu"] == "1"
-    assert "served by its own node" in verdict.warnings[0]
+    assert not verdict.allowed
+    assert "a remote-allowed pod may not use the host's network" in verdict.message
+    assert mutate(read_review(body(review(obj))), settings("none")).allowed
 
 
 def test_the_placement_annotation_is_a_users_own_but_the_slice_name_is_not_editable() -> None:

@@ -6,13 +6,19 @@ heartbeats it. While the server answers, the data plane is open on loopback (--h
 --port: the provider's client is pointed there) and /ready answers 200; a server silent
 past the deadline is reported lost (/ready 503, /status says why) and the sidecar
 reconnects when it answers again. Exits 0 when the server releases the slice, and 2
-when the server never answers within --wait-seconds. See docs/remote.md.
+when the server never answers within --wait-seconds.
+
+With --decision (the pod's gpupool.io/allocation annotation; a remote-allowed pod's
+sidecar), a decision served by the pod's own node's devices leaves nothing to serve: the
+sidecar reports state "local", ready at once, reads no credentials and idles until the pod
+stops. See docs/remote.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+from dataclasses import replace
 from typing import Any
 
 from gpupool.cli.args import add_log_level, user_text
@@ -46,6 +52,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--wait-seconds", type=SECONDS, default=300.0, metavar="SECONDS",
                    help="give up when the server has not answered within this at start "
                         "(default 300)")
+    p.add_argument("--decision", metavar="JSON",
+                   help="the pod's gpupool.io/allocation (from the downward API): serve the "
+                        "slice only when the decision has servedBy, else idle, ready (default: "
+                        "always serve)")
     add_timing(p)
     add_log_level(p)
     p.set_defaults(func=run)
@@ -59,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
 async def _serve(args: argparse.Namespace) -> int:
     from gpupool.remote import status
     from gpupool.remote.channel import Timing
-    from gpupool.remote.client import ClientConfig, SliceClient
+    from gpupool.remote.client import ClientConfig, LocalSlice, SliceClient, served_remotely
     from gpupool.remote.credentials import CredentialPaths
 
     d = args.credentials_dir
@@ -69,7 +79,9 @@ async def _serve(args: argparse.Namespace) -> int:
                           args.host, args.port,
                           Timing(args.heartbeat_seconds, args.heartbeat_deadline_seconds),
                           args.wait_seconds)
-    client = SliceClient(config)
+    client: SliceClient | LocalSlice = LocalSlice()
+    if args.decision is None or served_remotely(args.decision, args.pod_uid):
+        client = SliceClient(replace(config, credentials_later=args.decision is not None))
     endpoint_ = await status.serve(args.status_address, args.status_port, {
         "/ready": lambda: (200 if client.ready() else 503,
                            {"state": client.state, "reason": client.reason}),

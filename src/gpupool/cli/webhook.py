@@ -5,8 +5,8 @@ them by anyone but gpupool's own accounts; refuses GPU pods whose containers set
 decides their GPUs and limits (NVIDIA_VISIBLE_DEVICES, CUDA_MPS_*, HAMi-core's
 variables, LD_PRELOAD, GPUPOOL_*); gives GPU pods gpupool's scheduler and the implied
 gpupool.io/gpu, and remote-required pods the client side of their remote GPU slice (the
-slice-client sidecar, gpupool.io/remote-gpu); validates ResourceClasses and
-ResourceGroups. Makes and renews its own certificate (or serves one cert-manager made:
+slice-client sidecar, gpupool.io/remote-gpu; remote-allowed pods the sidecar alone, which
+serves only a slice placed elsewhere); validates ResourceClasses and ResourceGroups. Makes and renews its own certificate (or serves one cert-manager made:
 --certificates external) and keeps the caBundle of its webhook configurations current.
 See docs/webhook.md.
 """
@@ -112,13 +112,15 @@ def register(subparsers: Any) -> None:
     r = p.add_argument_group("remote GPU slices (docs/remote.md)")
     r.add_argument("--remote-provider", choices=PROVIDERS, default="none",
                    help="the data plane of remote slices: stub (gpupool's stand-in), lupine, "
-                        "or none: remote-required pods are refused (default none)")
+                        "or none: remote-required pods are refused, remote-allowed ones are "
+                        "served by their own node (default none)")
     r.add_argument("--slice-namespace", default="gpupool-slices", metavar="NAMESPACE",
                    help="the namespace of the slice servers and their Services: the sidecars' "
                         "address (default gpupool-slices)")
     r.add_argument("--slice-client-image", default="", metavar="IMAGE",
-                   help="image of the slice-client sidecar given to remote-required pods "
-                        "(gpupool's image; default none: required with --remote-provider)")
+                   help="image of the slice-client sidecar given to remote-required and "
+                        "remote-allowed pods (gpupool's image; default none: required with "
+                        "--remote-provider)")
     r.add_argument("--lupine-client-library", default="", metavar="PATH",
                    help="with --remote-provider lupine: LUPINE's client library in the "
                         "workloads' images, given to them as LD_PRELOAD (default: none set)")
@@ -143,7 +145,7 @@ def settings_of(args: argparse.Namespace, api: KubeApi | None = None) -> Setting
 def remote_of(args: argparse.Namespace) -> RemoteSettings:
     if args.remote_provider != "none" and not args.slice_client_image:
         raise SystemExit("gpupool webhook: --remote-provider needs --slice-client-image (the "
-                         "image of the sidecar given to remote-required pods)")
+                         "image of the sidecar given to remote-slice pods)")
     return RemoteSettings(args.remote_provider, args.slice_namespace, args.slice_client_image,
                           args.lupine_client_library, lambda: secrets.token_hex(8))
 

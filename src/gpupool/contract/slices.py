@@ -1,9 +1,9 @@
 """What the admission webhook, the controller and the slice processes agree on for a
 remote GPU slice (docs/remote.md, docs/design/remote.md).
 
-A ``remote-required`` pod gets, at admission, a **slice name** (``gpupool.io/slice``:
-16 lowercase hex digits the webhook draws) that names everything of its slice that must
-be known before the pod has a uid:
+A ``remote-required`` or ``remote-allowed`` pod gets, at admission, a **slice name**
+(``gpupool.io/slice``: 16 lowercase hex digits the webhook draws) that names everything of
+its slice that must be known before the pod has a uid:
 
 * the Service ``gpupool-slice-<slice>`` in the slices' namespace, in front of the slice
   server (its address is the sidecar's ``--slice-server``: a server placed again on
@@ -47,6 +47,10 @@ ANNOTATION_CLIENT_EXPIRES = "gpupool.io/client-expires"  # certificate (hex; epo
 COMPONENT = "slice-server"
 PROVIDERS = ("none", "stub", "lupine")
 """The data-plane providers a cluster may configure (``none``: no remote slices)."""
+DECISION_ENV = "GPUPOOL_DECISION"
+"""A ``remote-allowed`` pod's sidecar: its pod's ``gpupool.io/allocation``, from the
+downward API (the sidecar idles when the decision is served by the pod's own node)."""
+LUPINE_ENV = ("SCUDA_SERVER", "SCUDA_PORT")
 
 _SLICE = re.compile(r"^[0-9a-f]{16}$")
 
@@ -81,6 +85,22 @@ def server_pod(slice_name: str, generation: int) -> str:
 def server_address(slice_name: str, namespace: str) -> str:
     """The sidecar's ``--slice-server``: the slice's Service, by its cluster DNS name."""
     return f"{service_name(slice_name)}.{namespace}.svc:{SERVER_PORT}"
+
+
+def client_env(provider: str, lupine_preload: str = "") -> tuple[tuple[str, str], ...]:
+    """What a workload's GPU container is told when its slice is served by a slice server:
+    no GPU of its own node (``NVIDIA_VISIBLE_DEVICES=void``: the NVIDIA container runtime
+    then behaves as runc, exposing neither GPUs nor driver libraries) and the provider's
+    client pointed at the sidecar's data plane on loopback. The webhook writes these into a
+    ``remote-required`` pod; the node agent answers them in Allocate for a ``remote-allowed``
+    pod served remotely."""
+    out = [("NVIDIA_VISIBLE_DEVICES", "void"), ("GPUPOOL_SLICE_PROVIDER", provider),
+           ("GPUPOOL_SLICE_ADDRESS", f"127.0.0.1:{DATA_PORT}")]
+    if provider == "lupine":
+        out += [(LUPINE_ENV[0], "127.0.0.1"), (LUPINE_ENV[1], str(DATA_PORT))]
+        if lupine_preload:
+            out.append(("LD_PRELOAD", lupine_preload))
+    return tuple(out)
 
 
 class SliceState(StrEnum):

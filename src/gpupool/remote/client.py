@@ -22,6 +22,11 @@ both ways. Its state, which ``status()`` reports and the readiness probe reads:
 The **data plane** is a listener on loopback (``listen_host``, by default
 ``127.0.0.1``): every local connection is carried over its own TLS data channel to the
 server and from there to the provider, unchanged.
+
+The sidecar of a ``remote-allowed`` pod is told its pod's decision (``served_remotely``):
+when the pod's own devices serve it, ``LocalSlice`` stands in for ``SliceClient`` — state
+``local``, ready at once, no data plane, no credentials read — and idles until the pod
+stops.
 """
 
 from __future__ import annotations
@@ -35,7 +40,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpupool.core.errors import GpupoolError
+from gpupool.contract import annotations as records
+from gpupool.contract import names
+from gpupool.core.errors import GpupoolError, InvalidInput
 from gpupool.remote import channel, frames
 from gpupool.remote.channel import Liveness, Released, Timing
 from gpupool.remote.credentials import CredentialPaths, Credentials
@@ -58,6 +65,41 @@ class Refused(Exception):
     """The server (or its identity) was refused, or it refused us; the message says why."""
 
 
+def served_remotely(decision: str, pod_uid: str) -> bool:
+    """Whether the pod's decision (its ``gpupool.io/allocation``; "" when it has none: only
+    gpupool's extender places a slice elsewhere, and its bind writes the decision with the
+    binding) is served by a slice server. ``InvalidInput`` when it cannot be read."""
+    if not decision.strip():
+        return False
+    try:
+        found = records.decode(pod_uid, {names.ANNOTATION_ALLOCATION: decision})
+    except InvalidInput as exc:
+        raise InvalidInput(f"--decision: {exc}") from None
+    return bool(found.allocation.served_by)
+
+
+class LocalSlice:
+    """The sidecar of a ``remote-allowed`` pod served by its own node's devices: ready at
+    once, nothing to serve; ``run`` idles until it is cancelled (the pod stops)."""
+
+    state = "local"
+    reason = ("the pod's GPUs are its own node's devices (its decision is not served by a "
+              "slice server): nothing to serve")
+
+    async def run(self) -> str:
+        await asyncio.Event().wait()
+        return self.reason  # never reached: cancelled when the pod stops
+
+    def ready(self) -> bool:
+        return True
+
+    def status(self) -> dict[str, Any]:
+        return {"state": self.state, "reason": self.reason}
+
+    async def close(self) -> None:
+        return None
+
+
 @dataclass(frozen=True, slots=True)
 class ClientConfig:
     pod_uid: str
@@ -70,6 +112,7 @@ class ClientConfig:
     wait_s: float = 300.0
     retry_s: float = 1.0
     connect_s: float = 10.0
+    credentials_later: bool = False  # a remote-allowed pod's: its Secret may come after start
 
 
 class SliceClient:
@@ -79,8 +122,10 @@ class SliceClient:
                  wall: Callable[[], float] = time.time):
         self.config = config
         self.clock = clock
+        self.wall = wall
         self.identity = sessions.server_uri(config.pod_uid)
-        self.credentials = Credentials(config.credentials, server=False, wall=wall)
+        self.credentials = None if config.credentials_later else \
+            Credentials(config.credentials, server=False, wall=wall)
         self.state = "waiting"
         self.reason = "the slice server has not answered yet"
         self.port = config.listen_port
@@ -99,7 +144,7 @@ class SliceClient:
             while True:
                 try:
                     reader, writer = await self.open("control")
-                except (Refused, OSError, TimeoutError, FrameError) as exc:
+                except (Refused, OSError, TimeoutError, FrameError, InvalidInput) as exc:
                     self._failed(exc, started)
                     await asyncio.sleep(pause)
                     pause = min(pause * 2, self.config.retry_s)
@@ -120,7 +165,8 @@ class SliceClient:
                 self._listener.close()
 
     def _failed(self, exc: BaseException, started: float) -> None:
-        what = f"{type(exc).__name__}: {exc}" if not isinstance(exc, Refused) else str(exc)
+        what = str(exc) if isinstance(exc, Refused | InvalidInput) else \
+            f"{type(exc).__name__}: {exc}"
         if isinstance(exc, Refused):
             self._set("refused", what)
         elif self.state == "waiting":
@@ -154,19 +200,19 @@ class SliceClient:
     async def open(self, kind: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         """A TLS channel of ``kind`` to the server, greeted; ``Refused`` with the reason."""
         c = self.config
-        self.credentials.refresh()
-        own = self.credentials.own_refusal()
+        credentials = self._credentials()
+        own = credentials.own_refusal()
         if own:
             raise Refused(own)
         try:
             reader, writer = await asyncio.wait_for(asyncio.open_connection(
-                c.server_host, c.server_port, ssl=self.credentials.context,
+                c.server_host, c.server_port, ssl=credentials.context,
                 server_hostname=c.server_host, ssl_handshake_timeout=c.connect_s), c.connect_s)
         except ssl.SSLError as exc:
             raise Refused(f"TLS with the server at {c.server_host}:{c.server_port} failed "
                           f"({tls_reason(exc)})") from None
         try:
-            why = self.credentials.admit(writer.get_extra_info("ssl_object"), self.identity)
+            why = credentials.admit(writer.get_extra_info("ssl_object"), self.identity)
             if why:
                 raise Refused(f"the server at {c.server_host}:{c.server_port} is not this "
                               f"pod's slice server: {why}")
@@ -186,6 +232,21 @@ class SliceClient:
         except BaseException:
             await frames.close(writer)
             raise
+
+    def _credentials(self) -> Credentials:
+        """The session credentials, read again if they changed; read for the first time
+        here when they may come after start (``InvalidInput`` while they are not there: the
+        controller issues them once the slice is placed)."""
+        if self.credentials is None:
+            try:
+                self.credentials = Credentials(self.config.credentials, server=False,
+                                               wall=self.wall)
+            except InvalidInput as exc:
+                raise InvalidInput(f"the slice's session credentials are not there yet "
+                                   f"({exc})") from None
+        else:
+            self.credentials.refresh()
+        return self.credentials
 
     # -- the data plane ---------------------------------------------------------------------
     async def _local(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

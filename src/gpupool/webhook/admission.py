@@ -5,7 +5,9 @@ Mutating (``/mutate``), pods CREATE: gpupool's scheduler and the implied
 ``gpupool.io/gpu`` (``scheduling``); for a ``remote-required`` pod the client side of its
 remote slice instead (``remote``: its count as ``gpupool.io/remote-gpu``, the sidecar, the
 provider's settings), refused when no provider is configured or the pod already carries
-what the webhook writes. Validating (``/validate``):
+what the webhook writes; for a ``remote-allowed`` pod, where a provider is configured, the
+implied count and the sidecar that serves a slice only if it is placed elsewhere.
+Validating (``/validate``):
 
 * pods CREATE: no decision annotations (``decisions``), no guarded environment
   (``environment``), and a GPU ask the scheduler can read (``contract.podspec_request``;
@@ -104,8 +106,9 @@ def mutate(request: Request, settings: Settings) -> Verdict:
     warnings = scheduling.other_scheduler_warning(spec, settings.scheduler)
     if not remote.is_remote(asked):
         patch += scheduling.implied_gpu_patch(spec, asked)
+    if not remote.gets_sidecar(asked, settings.remote):
         return Verdict.allow(patch, warnings + _remote_allowed_warning(asked))
-    refused = _remote_refusal(request, spec, settings.remote)
+    refused = _remote_refusal(request, spec, asked, settings.remote)
     if refused is not None:
         return refused
     notes = _map(request.obj).get("metadata")
@@ -115,20 +118,20 @@ def mutate(request: Request, settings: Settings) -> Verdict:
     return Verdict.allow(patch, warnings)
 
 
-def _remote_unusable(who: str, spec: Mapping[str, Any], settings: RemoteSettings
-                     ) -> Verdict | None:
-    """Why a remote-required pod cannot have a remote slice here (mutating and validating)."""
+def _remote_unusable(who: str, spec: Mapping[str, Any], asked: PodRequest,
+                     settings: RemoteSettings) -> Verdict | None:
+    """Why a pod given a sidecar cannot have a remote slice here (mutating and validating)."""
     if not settings.enabled:
         return Verdict.deny(f"{who}: gpupool.io/placement=remote-required: "
                             f"{remote.NOT_ENABLED}", 422, "Invalid")
-    shared = remote.host_network(spec)
+    shared = remote.host_network(spec, asked)
     return Verdict.deny(f"{who}: {shared}", 422, "Invalid") if shared else None
 
 
-def _remote_refusal(request: Request, spec: Mapping[str, Any], settings: RemoteSettings
-                    ) -> Verdict | None:
+def _remote_refusal(request: Request, spec: Mapping[str, Any], asked: PodRequest,
+                    settings: RemoteSettings) -> Verdict | None:
     who = pod_ref(request)
-    unusable = _remote_unusable(who, spec, settings)
+    unusable = _remote_unusable(who, spec, asked, settings)
     if unusable is not None:
         return unusable
     found = remote.forged(spec, settings)
@@ -139,11 +142,11 @@ def _remote_refusal(request: Request, spec: Mapping[str, Any], settings: RemoteS
 
 
 def _remote_allowed_warning(asked: PodRequest) -> list[str]:
+    """A ``remote-allowed`` pod given no sidecar: no provider is configured."""
     if asked.serving is not Serving.REMOTE_ALLOWED:
         return []
-    return ["gpupool.io/placement=remote-allowed: the pod's GPUs come from its own node's "
-            "device plugin, so they are served by its own node (remote-required lets a pod "
-            "run on any node with its slice served by a slice server; docs/remote.md)"]
+    return [f"gpupool.io/placement=remote-allowed: {remote.NOT_ENABLED}, so the pod's GPUs "
+            "are served by its own node's devices (docs/remote.md)"]
 
 
 # -- validating ---------------------------------------------------------------------------------
@@ -189,8 +192,8 @@ def _validate_new_pod(request: Request, settings: Settings, who: str) -> Verdict
     if odd:
         return Verdict.deny(f"{who}: {'; '.join(odd[:3])}: only gpupool's admission webhook "
                             "writes the client side of a remote GPU slice")
-    if asked is not None and remote.is_remote(asked):
-        unusable = _remote_unusable(who, spec, settings.remote)
+    if asked is not None and remote.gets_sidecar(asked, settings.remote):
+        unusable = _remote_unusable(who, spec, asked, settings.remote)
         if unusable is not None:
             return unusable
         spec = remote.without_injection(spec, settings.remote)

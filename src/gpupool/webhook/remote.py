@@ -1,4 +1,5 @@
-"""The client side of a remote GPU slice, given to a ``remote-required`` pod at admission.
+"""The client side of a remote GPU slice, given at admission to a ``remote-required`` pod,
+and to a ``remote-allowed`` one where a data-plane provider is configured.
 
 Mutating (``patch``), on a pod annotated ``gpupool.io/placement: remote-required`` that
 asks a GPU:
@@ -15,6 +16,16 @@ asks a GPU:
   issues (``gpupool-slice-<slice>``), mounted read-only;
 * the provider's client settings in the GPU container (``client_env``), and
   ``NVIDIA_VISIBLE_DEVICES=void`` (the node's own GPUs are not the pod's).
+
+A ``remote-allowed`` pod keeps ``gpupool.io/gpu`` (it runs on a node with GPUs and is
+served by that node's devices when they have room) and gets the slice name and the sidecar
+with two differences: the sidecar is also given its pod's decision (``--decision``, the
+``gpupool.io/allocation`` annotation through the downward API: bind writes it in the same
+request that binds the pod, so it is there when the sidecar starts) and idles, ready at
+once, when the decision is served by the pod's own devices; its credentials volume is
+``optional`` (the controller issues the Secret only for a slice served remotely). Its GPU
+containers get no variables here: the node agent's Allocate gives them either their
+devices or, for a slice served remotely, no device and ``contract.slices.client_env``.
 
 A pod that already carries what the webhook writes (the sidecar's name, its volume, the
 provider's variables) is refused (``forged``), and so is one on the host's network
@@ -34,7 +45,7 @@ from gpupool.core.request import PodRequest, Serving
 from gpupool.webhook.review import Obj, pointer
 
 NOT_ENABLED = "remote GPU slices are not enabled on this cluster (no data-plane provider)"
-LUPINE_ENV = ("SCUDA_SERVER", "SCUDA_PORT")
+LUPINE_ENV = slices.LUPINE_ENV
 SIDECAR_KEYS = frozenset({
     "name", "image", "command", "args", "restartPolicy", "env", "volumeMounts",
     "startupProbe", "readinessProbe", "resources", "securityContext",
@@ -58,36 +69,43 @@ class RemoteSettings:
 
 
 def is_remote(request: PodRequest) -> bool:
+    """Whether the pod's slices are always served by a slice server (``remote-required``)."""
     return bool(request.gpus) and request.serving is Serving.REMOTE_REQUIRED
 
 
+def gets_sidecar(request: PodRequest, settings: RemoteSettings) -> bool:
+    """Whether the pod is given the client side of a remote slice: a ``remote-required``
+    pod (refused where no provider is configured), a ``remote-allowed`` one where a
+    provider is configured."""
+    return is_remote(request) or (bool(request.gpus) and settings.enabled
+                                  and request.serving is Serving.REMOTE_ALLOWED)
+
+
 def client_env(settings: RemoteSettings) -> list[Obj]:
-    """The GPU container's variables: the provider's client toward the sidecar's data
-    plane on loopback."""
-    address = f"127.0.0.1:{slices.DATA_PORT}"
-    env: list[Obj] = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"},
-                      {"name": "GPUPOOL_SLICE_PROVIDER", "value": settings.provider},
-                      {"name": "GPUPOOL_SLICE_ADDRESS", "value": address}]
-    if settings.provider == "lupine":
-        env += [{"name": "SCUDA_SERVER", "value": "127.0.0.1"},
-                {"name": "SCUDA_PORT", "value": str(slices.DATA_PORT)}]
-        if settings.lupine_preload:
-            env.append({"name": "LD_PRELOAD", "value": settings.lupine_preload})
-    return env
+    """A ``remote-required`` GPU container's variables: no GPU of its node, the provider's
+    client toward the sidecar's data plane on loopback (``contract.slices.client_env``)."""
+    return [{"name": name, "value": value}
+            for name, value in slices.client_env(settings.provider, settings.lupine_preload)]
 
 
-def sidecar(settings: RemoteSettings, slice_name: str) -> Obj:
-    """The sidecar container of slice ``slice_name``."""
+def sidecar(settings: RemoteSettings, slice_name: str, allowed: bool = False) -> Obj:
+    """The sidecar container of slice ``slice_name`` (``allowed``: of a ``remote-allowed``
+    pod, told its pod's decision)."""
     probe = {"httpGet": {"path": "/ready", "port": slices.CLIENT_STATUS_PORT}}
+    decision = [f"--decision=$({slices.DECISION_ENV})"] if allowed else []
+    told = [{"name": slices.DECISION_ENV, "valueFrom": {"fieldRef": {
+        "fieldPath": f"metadata.annotations['{names.ANNOTATION_ALLOCATION}']"}}}] \
+        if allowed else []
     return {
         "name": slices.SIDECAR, "image": settings.image, "restartPolicy": "Always",
         "command": ["gpupool", "slice-client"],
         "args": ["--pod-uid=$(GPUPOOL_POD_UID)",
                  f"--slice-server={slices.server_address(slice_name, settings.namespace)}",
                  f"--credentials-dir={slices.CREDENTIALS_DIR}",
-                 f"--port={slices.DATA_PORT}", f"--status-port={slices.CLIENT_STATUS_PORT}"],
+                 f"--port={slices.DATA_PORT}", f"--status-port={slices.CLIENT_STATUS_PORT}",
+                 *decision],
         "env": [{"name": "GPUPOOL_POD_UID",
-                 "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}}],
+                 "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}}, *told],
         "volumeMounts": [{"name": slices.CREDENTIALS_VOLUME,
                           "mountPath": slices.CREDENTIALS_DIR, "readOnly": True}],
         # the pod's containers start once the slice is usable (300 s at most, then the
@@ -103,27 +121,31 @@ def sidecar(settings: RemoteSettings, slice_name: str) -> Obj:
     }
 
 
-def volume(slice_name: str) -> Obj:
+def volume(slice_name: str, allowed: bool = False) -> Obj:
+    """The sidecar's credentials; ``optional`` for a ``remote-allowed`` pod (its Secret
+    exists only once its slice is served remotely: a pod served locally must start)."""
+    secret: Obj = {"secretName": slices.client_secret(slice_name)}
     return {"name": slices.CREDENTIALS_VOLUME,
-            "secret": {"secretName": slices.client_secret(slice_name)}}
+            "secret": {**secret, "optional": True} if allowed else secret}
 
 
 # -- mutating -------------------------------------------------------------------------------
 def patch(spec: Mapping[str, Any], annotations: Mapping[str, Any] | None,
           request: PodRequest, settings: RemoteSettings) -> list[Obj]:
     """The JSON patch that makes ``spec`` a remote-slice pod (after ``forged`` found
-    nothing)."""
+    nothing); a ``remote-allowed`` pod keeps its count and gets no variables."""
     name = settings.new_slice()
-    ops = count_patch(spec, request)
+    allowed = not is_remote(request)
+    ops = [] if allowed else count_patch(spec, request)
     if annotations is None:
         ops.append({"op": "add", "path": "/metadata/annotations",
                     "value": {names.ANNOTATION_SLICE: name}})
     else:
         ops.append({"op": "add", "path": pointer("metadata", "annotations",
                                                  names.ANNOTATION_SLICE), "value": name})
-    ops.append(_prepend(spec, "initContainers", sidecar(settings, name)))
-    ops += _append(("spec", "volumes"), spec.get("volumes"), [volume(name)])
-    gpu_containers = {d.container for d in request.gpus}
+    ops.append(_prepend(spec, "initContainers", sidecar(settings, name, allowed)))
+    ops += _append(("spec", "volumes"), spec.get("volumes"), [volume(name, allowed)])
+    gpu_containers = set() if allowed else {d.container for d in request.gpus}
     for i, c in _containers(spec):
         if str(c.get("name") or "") in gpu_containers:
             ops += _append(("spec", "containers", i, "env"), c.get("env"), client_env(settings))
@@ -161,14 +183,15 @@ def count_patch(spec: Mapping[str, Any], request: PodRequest) -> list[Obj]:
     return ops
 
 
-def host_network(spec: Mapping[str, Any]) -> str:
+def host_network(spec: Mapping[str, Any], request: PodRequest) -> str:
     """Why a remote pod's network cannot hold its data plane ("" when it can): on the
     host's network the sidecar's loopback port, which takes no credential, is the node's."""
     if spec.get("hostNetwork") is not True:
         return ""
-    return ("a remote-required pod may not use the host's network (spec.hostNetwork): its "
-            "sidecar serves the slice on loopback without credentials, which would be the "
-            "node's loopback, open to every host-network process there")
+    return (f"a {request.serving.value} pod may not use the host's network "
+            "(spec.hostNetwork): its sidecar serves a remote slice on loopback without "
+            "credentials, which would be the node's loopback, open to every host-network "
+            "process there")
 
 
 def forged(spec: Mapping[str, Any], settings: RemoteSettings) -> list[str]:
@@ -194,10 +217,11 @@ def _named(spec: Mapping[str, Any]) -> list[str]:
 def unexpected(spec: Mapping[str, Any], annotations: Mapping[str, Any],
                request: PodRequest | None, settings: RemoteSettings) -> list[str]:
     """What a new pod carries of the injection that the webhook did not write: anything of
-    it on a pod that is not remote; on a remote pod, a sidecar, volume or variables that
-    differ from the injection for its slice."""
+    it on a pod that gets none (``gets_sidecar``); on one that does, a sidecar, volume or
+    variables that differ from the injection for its slice (a ``remote-allowed`` pod's
+    containers carry none of the provider's variables)."""
     notes = annotations or {}
-    if request is None or not is_remote(request):  # its variables: ``environment``'s
+    if request is None or not gets_sidecar(request, settings):  # variables: ``environment``'s
         found = _named(spec)
         if names.ANNOTATION_SLICE in notes:
             found.append(f"annotation {names.ANNOTATION_SLICE}")
@@ -206,13 +230,15 @@ def unexpected(spec: Mapping[str, Any], annotations: Mapping[str, Any],
         name = slices.checked_slice(notes.get(names.ANNOTATION_SLICE), "the pod")
     except ValueError as exc:
         return [str(exc)]
-    out = _sidecar_problems(spec, sidecar(settings, name))
+    allowed = not is_remote(request)
+    out = _sidecar_problems(spec, sidecar(settings, name, allowed))
     mine = [v for v in _list(spec.get("volumes")) if isinstance(v, Mapping)
             and v.get("name") == slices.CREDENTIALS_VOLUME]
-    if len(mine) != 1 or not _covers(mine[0], volume(name)) or set(mine[0]) != {"name",
-                                                                               "secret"}:
+    want = volume(name, allowed)
+    if len(mine) != 1 or not _covers(mine[0], want) or set(mine[0]) != {"name", "secret"} \
+            or set(_map(mine[0].get("secret"))) - {"defaultMode"} != set(want["secret"]):
         out.append(f"volume {slices.CREDENTIALS_VOLUME} is not the slice's credentials")
-    gpu_containers = {d.container for d in request.gpus}
+    gpu_containers = set() if allowed else {d.container for d in request.gpus}
     wanted = client_env(settings)
     for where, c in _all_containers(spec):
         mine = [e for e in _list(c.get("env")) if isinstance(e, Mapping)
@@ -263,6 +289,10 @@ def _covers(have: Any, want: Any) -> bool:
 
 def _list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
+
+
+def _map(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
 
 
 def _containers(spec: Mapping[str, Any]) -> Iterator[tuple[int, Mapping[str, Any]]]:
