@@ -57,7 +57,7 @@ def make_agent(short_dir: Path, apiserver: FakeApiServer,
              decide_unscheduled: bool = False, monitor_s: float = 3600.0,
              proc_root: Path | None = None,
              provider_for: Callable[[FakeGpuBackend], Any] | None = None,
-             **guards: Any) -> NodeAgent:
+             slice_client: tuple[tuple[str, str], ...] = (), **guards: Any) -> NodeAgent:
         """An agent on the FAKE GPUs; decisions verified with the test cluster's keys
         (published in the FAKE API server) unless ``decide_unscheduled``; ``guards``
         override parts of ``Guards`` (provider, exposure, action, overuse, metrics);
@@ -68,7 +68,8 @@ def make_agent(short_dir: Path, apiserver: FakeApiServer,
         config = AgentConfig(NODE, short_dir / "kubelet", Split(split), heartbeat_s=heartbeat_s,
                              watch_s=0.02, decide_unscheduled=decide_unscheduled,
                              monitor_s=monitor_s, proc_root=proc_root or short_dir / "proc",
-                             key_patience_s=0.5)  # refusals for unreadable keys come sooner
+                             key_patience_s=0.5,  # refusals for unreadable keys come sooner
+                             slice_client=slice_client)
         pods = KubePods(api)
         keys = KeyRingSource(api, NAMESPACE, time.time)
         parts = Guards(verifier=keys.verify, events=KubeEvents(api, NODE),

@@ -14,7 +14,7 @@ import grpc
 import pytest
 from gpupool_testing.fake_apiserver import FakeApiServer
 
-from gpupool.contract import annotations, names
+from gpupool.contract import annotations, names, slices
 from gpupool.nodeagent.kubeview import KubePods
 from gpupool.nodeagent.pods import ANNOTATION_DEVICES
 
@@ -173,17 +173,66 @@ def test_a_broken_decision_is_refused_naming_the_pod_and_the_reason(
         assert expected in after[names.ANNOTATION_REASON]
 
 
-def test_a_slice_served_by_a_slice_server_gets_no_device_even_beside_its_server(
+STUB_CLIENT = slices.client_env("stub")
+
+
+def served_pod(name: str, by: str, gpu: int = 1) -> dict[str, Any]:
+    """A remote-allowed pod on this node whose slice of GPU ``gpu`` (of node ``by``) a
+    slice server serves: a signed version-2 decision."""
+    local = annotations.decode(f"uid-{name}", decision(name, [(uuid_of(gpu), gpu, 1024, 10,
+                                                                "main")]))
+    served = replace(local.allocation, served_by=by)
+    return pod(name, [("main", 1, 1024, 10)],
+               ann=sign(annotations.encode(served, local.bind_time), name))
+
+
+@pytest.mark.parametrize("by", ["gpu-node-7", NODE])
+def test_a_slice_served_by_a_slice_server_gets_no_device_of_this_node(
+        by: str, kubelet: FakeKubelet, make_agent: AgentFactory,
+        apiserver: FakeApiServer) -> None:
+    """Served by another node, or by a server beside the pod on this one: the container sees
+    no GPU of this node (whatever the runtime reads) and the client's settings."""
+    make_agent(gpus=2, split=2, slice_client=STUB_CLIENT)
+    ready(kubelet, 4)
+    p = apiserver.seed("pods", served_pod("p1", by))
+    got = kubelet.admit(p, random.Random(3))
+    assert runtime_gpus(got, "main", accept_envvar=True) == []
+    assert got.mounts["main"] == [] and got.cdi["main"] == []
+    env = got.envs["main"]
+    assert (env["NVIDIA_VISIBLE_DEVICES"], env["GPUPOOL_SLICE_ADDRESS"],
+            env["GPUPOOL_SLICE_SERVED_BY"], env["GPUPOOL_ISOLATION"]) == (
+        "void", "127.0.0.1:14833", by, "slice-server")
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" not in env  # its server enforces the slice
+    ann = stored(apiserver, "p1")
+    assert ann[names.ANNOTATION_PHASE] == names.PHASE_ALLOCATED
+    assert json.loads(ann[ANNOTATION_DEVICES]) == {"main": {got.devices["main"][0]: ""}}
+
+
+def test_a_remote_slice_is_refused_by_an_agent_without_a_provider(
         kubelet: FakeKubelet, make_agent: AgentFactory, apiserver: FakeApiServer) -> None:
     make_agent(gpus=2, split=2)
     ready(kubelet, 4)
-    local = annotations.decode("uid-p1", decision("p1", [(uuid_of(1), 1, 1024, 10, "main")]))
-    served = replace(local.allocation, served_by=NODE)  # a server on this very node
-    p = pod("p1", [("main", 1, 1024, 10)],
-            ann=sign(annotations.encode(served, local.bind_time), "p1"))
-    apiserver.seed("pods", p)
+    p = apiserver.seed("pods", served_pod("p1", "gpu-node-7"))
     message = refusal(kubelet, p)
-    assert f"its GPUs are served by a slice server on {NODE} (a remote slice)" in message
+    assert ("its GPUs are served by a slice server on gpu-node-7 (a remote slice) and this "
+            "node agent has no data-plane provider (--remote-provider)") in message
+
+
+def test_a_remote_slices_device_never_takes_a_local_slices_gpu(
+        kubelet: FakeKubelet, make_agent: AgentFactory, apiserver: FakeApiServer) -> None:
+    """Two GPUs with one logical device each: the remote pod holds one, a local pod decided
+    onto that very device's GPU still gets that GPU (the remote pod's device moves)."""
+    agent = make_agent(gpus=2, split=1, slice_client=STUB_CLIENT)
+    ready(kubelet, 2)
+    remote = apiserver.seed("pods", served_pod("remote", "gpu-node-7"))
+    (lid,) = kubelet.admit(remote, random.Random(1)).devices["main"]
+    gpu = 0 if agent.pool.owner(lid) == uuid_of(0) else 1
+    p = apiserver.seed("pods", pod("p1", [("main", 1, 4096, 30)], ann=decision(
+        "p1", [(uuid_of(gpu), gpu, 4096, 30, "main")])))
+    got = kubelet.admit(p, random.Random(2))
+    assert runtime_gpus(got, "main") == [uuid_of(gpu)]
+    assert agent.pool.owner(lid) == uuid_of(1 - gpu)  # traded for the local pod's device
+    assert Counter(agent.pool.owners().values()) == {uuid_of(0): 1, uuid_of(1): 1}
 
 
 def test_a_decision_that_no_longer_fits_is_refused(

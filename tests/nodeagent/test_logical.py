@@ -93,3 +93,56 @@ def test_swaps_keep_each_gpus_count_and_never_move_a_held_device(
         busy.add(lid)
         assert Counter(pool.owners().values()) == {uuid_of(i): 4 for i in range(3)}
         assert all(pool.owner(b) == u for b, u in held.items())  # held devices never move
+
+
+def test_a_remote_slices_device_is_traded_so_its_gpu_keeps_every_slice() -> None:
+    """GPU 0's one device is held by a container whose slice a slice server serves (no GPU
+    of this node behind it): a local slice of GPU 0 still gets a device of GPU 0, and the
+    floating device moves to GPU 1, which gives up its free one."""
+    pool = LogicalPool(gpus(2), Split(1))
+    remote, local = "vgpu-0000", "vgpu-0001"  # kubelet gave the new container GPU 1's
+    assert pool.owner(remote) == uuid_of(0)
+    with pytest.raises(OverCommit):  # without knowing it floats, GPU 0 looks full
+        pool.assign([local], [uuid_of(0)], busy={remote})
+    assert pool.assign([local], [uuid_of(0)], busy={remote}, floating={remote}) == \
+        {local: uuid_of(0)}
+    assert (pool.owner(local), pool.owner(remote)) == (uuid_of(0), uuid_of(1))
+    assert Counter(pool.owners().values()) == {uuid_of(0): 1, uuid_of(1): 1}
+
+
+def test_a_gpu_whose_devices_all_hold_local_slices_still_refuses() -> None:
+    pool = LogicalPool(gpus(2), Split(1))
+    owners = pool.owners()
+    with pytest.raises(OverCommit, match="no free logical device"):  # vgpu-0000: local
+        pool.assign(["vgpu-0001"], [uuid_of(0)], busy={"vgpu-0000"}, floating=set())
+    assert pool.owners() == owners  # nothing moved
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 11), st.integers(0, 3)), max_size=30))
+def test_floating_devices_never_cost_a_slice_while_any_gpu_has_a_free_device(
+        moves: list[tuple[int, int]]) -> None:
+    """Target 3 stands for a remote slice (the device floats); a local slice is refused only
+    when its GPU's devices all hold local slices (kubelet's device is itself one nobody
+    holds, so a floating device of the GPU can always be traded for it)."""
+    pool = LogicalPool(gpus(3), Split(4))
+    busy: dict[str, str] = {}  # held device -> the GPU its slice is on ("": remote)
+    for lid_n, target in moves:
+        lid = f"vgpu-{lid_n:04d}"
+        if lid in busy:
+            continue
+        if target == 3:
+            busy[lid] = ""
+            continue
+        floating = {b for b, u in busy.items() if not u}
+        local_on_target = sum(1 for u in busy.values() if u == uuid_of(target))
+        try:
+            got = pool.assign([lid], [uuid_of(target)], set(busy), floating)
+        except OverCommit:
+            assert local_on_target == 4
+            continue
+        assert got == {lid: uuid_of(target)}
+        held = {b: pool.owner(b) for b, u in busy.items() if u}
+        busy[lid] = uuid_of(target)
+        assert Counter(pool.owners().values()) == {uuid_of(i): 4 for i in range(3)}
+        assert all(pool.owner(b) == u for b, u in held.items())  # local slices never move

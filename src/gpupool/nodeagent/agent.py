@@ -48,7 +48,7 @@ from gpupool.nodeagent.monitor import (
     UsageMonitor,
     held_slices,
 )
-from gpupool.nodeagent.nodestate import served_devices
+from gpupool.nodeagent.nodestate import NO_GPU, served_devices
 from gpupool.nodeagent.overuse import OveruseConfig, OveruseTracker
 from gpupool.nodeagent.podresources import PodResourcesClient
 from gpupool.nodeagent.pods import Pod
@@ -77,6 +77,7 @@ class AgentConfig:
     key_patience_s: float = PATIENCE_S  # an Allocate waits this long for unreadable keys
     mig_interval_s: float = mig.DEFAULT_INTERVAL_S  # at most one MIG repartition this often
     slice_namespace: str = ""  # remote slices' servers: their usage monitored ("": not)
+    slice_client: tuple[tuple[str, str], ...] = ()  # remote-allowed pods served elsewhere
 
     @property
     def plugin_dir(self) -> Path:
@@ -132,7 +133,8 @@ class NodeAgent:
         self.kubelet = PodResourcesClient(config.pod_resources_socket, "gpupool.io/gpu")
         safety = Safety(self.gate, g.exposure, g.provider, self.recorder, self.actions.isolated)
         self.allocator = Allocator(AllocatorConfig(config.node, config.memory_unit_mib,
-                                                   config.decide_unscheduled),
+                                                   config.decide_unscheduled,
+                                                   config.slice_client),
                                    pods, self.kubelet, self.pool, self.known_gpus, clock, safety)
         self.monitor = UsageMonitor(MonitorConfig(config.node, config.proc_root,
                                                   config.monitor_s),
@@ -211,7 +213,7 @@ class NodeAgent:
             return
         owners = {lid: uuid for p in pods if not p.problem
                   for m in served_devices(p, self.gate.trusted).values()
-                  for lid, uuid in m.items()}
+                  for lid, uuid in m.items() if uuid != NO_GPU}
         self.pool.restore(owners)
 
     def _cached_pods(self) -> list[Pod]:

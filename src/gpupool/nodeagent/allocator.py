@@ -24,6 +24,14 @@ One Allocate (one container, ``n`` logical device IDs):
 7. answer: the slice described, the GPUs exposed (``exposure``), the
    provider's edits.
 
+A decision served by a slice server (``servedBy``: a ``remote-allowed`` pod whose own
+node had no room, served by another node, or by a server beside it on this one) is
+answered after step 3 with no device of this node: ``NVIDIA_VISIBLE_DEVICES=void``, no
+mount, no CDI device, no isolation (the server enforces the slice), and the provider's
+client settings toward the pod's sidecar (``contract.slices.client_env``); kubelet's
+logical devices are claimed with no GPU behind them (``nodestate.NO_GPU``), so later
+Allocates may trade them between GPUs (``LogicalPool.assign``).
+
 A refusal names the pod and the reason and, when the pod is known, is recorded
 (``refusals``: phase ``failed``, ``gpupool.io/reason``, an Event). PreStartContainer
 checks, through PodResources, that the pod holding the devices is the pod the
@@ -50,14 +58,21 @@ from gpupool.core.request import merged_demand
 from gpupool.core.scoring import GpuOrder
 from gpupool.kube.errors import Conflict
 from gpupool.nodeagent.cluster import PodApi
-from gpupool.nodeagent.envs import ContainerAnswer, answer, describe
+from gpupool.nodeagent.envs import ContainerAnswer, ContainerEdits, answer, describe
 from gpupool.nodeagent.exposure import Exposure, env_override
 from gpupool.nodeagent.gpu import GpuInfo
 from gpupool.nodeagent.handshake import Target, identify
 from gpupool.nodeagent.isolation.none import NoIsolation
 from gpupool.nodeagent.isolation.provider import IsolationProvider, ProviderRefusal, SliceGrant
 from gpupool.nodeagent.logical import LogicalPool
-from gpupool.nodeagent.nodestate import NodeView, gpu_only, held_devices, holds_gpus
+from gpupool.nodeagent.nodestate import (
+    NO_GPU,
+    NodeView,
+    floating_devices,
+    gpu_only,
+    held_devices,
+    holds_gpus,
+)
 from gpupool.nodeagent.podresources import Holders, PodResourcesClient
 from gpupool.nodeagent.pods import ANNOTATION_DEVICES, Pod
 from gpupool.nodeagent.refusals import RefusalRecorder, Refused
@@ -65,6 +80,7 @@ from gpupool.nodeagent.verify import DecisionGate
 
 log = logging.getLogger(__name__)
 CAS_ATTEMPTS = 8
+SLICE_SERVER = "slice-server"  # GPUPOOL_ISOLATION of a remote slice: its server enforces it
 __all__ = ["Allocator", "AllocatorConfig", "Refused"]
 
 
@@ -77,6 +93,8 @@ class AllocatorConfig:
     node: str
     memory_unit_mib: int = 256
     decide_unscheduled: bool = False  # decide for pods without a decision (no extender)
+    slice_client: tuple[tuple[str, str], ...] = ()  # a remote slice's client settings
+    # (``contract.slices.client_env``); empty: no data-plane provider, remote slices refused
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +183,8 @@ class Allocator:
         if len(slices) != len(ids):
             raise Refused(f"the decision gives container {container.name} {len(slices)} GPU(s) "
                           f"but kubelet allocates {len(ids)} device(s)", "count-mismatch")
+        if alloc.served_by:
+            return self._serve_remote(pod, container.name, alloc, slices, ids)
         holding = self._holding(pods, pod.uid)
         self._recheck(pod, alloc, holding)
         self._not_isolated(pod, slices)
@@ -172,7 +192,8 @@ class Allocator:
         busy |= held_devices(holding, pod.uid)
         grant = SliceGrant(pod.uid, pod.ref, container.name, slices, alloc.exclusive)
         provided = self.safety.provider.edits(grant)
-        mapping = self.pool.assign(ids, [s.gpu_uuid for s in slices], busy)
+        mapping = self.pool.assign(ids, [s.gpu_uuid for s in slices], busy,
+                                   floating_devices(holding, pod.uid))
         self._claim(pod, container.name, mapping)
         log.info("Allocate: pod %s container %s gets %s (%s, %s), devices %s", pod.ref,
                  container.name, ", ".join(f"{s.gpu_uuid}[{s.memory_mib} MiB, {s.core_pct} %]"
@@ -182,6 +203,23 @@ class Allocator:
         provider = str(self.safety.provider.name)
         return answer(describe(pod, container.name, slices, alloc.exclusive, mapping, provider),
                       self.safety.exposure.edits([s.gpu_uuid for s in slices]), provided)
+
+    def _serve_remote(self, pod: Pod, container: str, alloc: Allocation,
+                      slices: Sequence[Slice], ids: list[str]) -> ContainerAnswer:
+        """A slice a slice server serves: no device of this node, the client's settings."""
+        if not self.config.slice_client:
+            raise Refused(f"its GPUs are served by a slice server on {alloc.served_by} (a "
+                          "remote slice) and this node agent has no data-plane provider "
+                          "(--remote-provider)", "remote-slice")
+        mapping = dict.fromkeys(ids, NO_GPU)
+        self._claim(pod, container, mapping)
+        log.info("Allocate: pod %s container %s: its slice of %s is served by a slice server "
+                 "on %s; devices %s carry no GPU of this node", pod.ref, container,
+                 ", ".join(s.gpu_uuid for s in slices), alloc.served_by, sorted(mapping))
+        where = ContainerEdits({"GPUPOOL_SLICE_SERVED_BY": alloc.served_by,
+                                **dict(self.config.slice_client)})
+        return answer(describe(pod, container, slices, alloc.exclusive, mapping,
+                               SLICE_SERVER), where)
 
     def _not_isolated(self, pod: Pod, slices: Sequence[Slice]) -> None:
         isolated = self.safety.isolated() & {s.gpu_uuid for s in slices}
@@ -206,10 +244,6 @@ class Allocator:
         if decision.allocation.node != self.config.node:
             raise Refused(f"stale decision: made for node {decision.allocation.node}, "
                           f"the pod is on {self.config.node}", "other-node")
-        if decision.allocation.served_by:  # its slice server holds the GPU, not the pod
-            raise Refused(f"its GPUs are served by a slice server on "
-                          f"{decision.allocation.served_by} (a remote slice): the pod gets "
-                          "no device on its own node", "remote-slice")
         return decision
 
     def _holding(self, pods: list[Pod], skip_uid: str) -> list[Pod]:

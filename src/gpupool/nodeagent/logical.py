@@ -10,6 +10,13 @@ number of logical devices and the free ones always say how much room a GPU has.
 IDs are neutral (``vgpu-0007``) because a logical device can move between
 GPUs; the NUMA node advertised for it is that of its current GPU, and every
 change (health, vanish, swap) bumps ``version`` so ListAndWatch resends.
+
+A container whose slice a slice server serves (a ``remote-allowed`` pod's, docs/remote.md)
+still holds the logical devices kubelet gave it, but no GPU of this node is behind them:
+they are *floating*. Kubelet counts them, so they stay taken; but they belong to no GPU in
+particular, so when a GPU has no free device left, one of its floating devices moves to
+another GPU with a free one, which that GPU gives up in exchange (``assign``). A floating
+device therefore never costs one GPU a slice while any GPU has a free device.
 """
 
 from __future__ import annotations
@@ -130,48 +137,68 @@ class LogicalPool:
                         self._swap(lid, spare[0])
             self._bump()
 
-    def assign(self, ids: Sequence[str], targets: Sequence[str], busy: Collection[str]
-               ) -> dict[str, str]:
+    def assign(self, ids: Sequence[str], targets: Sequence[str], busy: Collection[str],
+               floating: Collection[str] = ()) -> dict[str, str]:
         """Map kubelet's ``ids`` onto the GPUs ``targets`` (one uuid per id, repeats allowed).
 
-        ``busy`` are logical devices held by other containers. IDs already on a
-        target GPU stay; the others are swapped with a free device of the
-        target. Returns logical ID -> GPU uuid. Raises ``OverCommit`` (nothing
-        changed) when a target GPU has no free logical device left.
+        ``busy`` are logical devices held by other containers, ``floating`` those of them
+        with no GPU of this node behind them (a remote slice's). IDs already on a target
+        GPU stay; the others are swapped with a free device of the target, which, when it
+        has none, first trades one of its floating devices for a free device of another
+        GPU. Returns logical ID -> GPU uuid. Raises ``OverCommit`` (nothing changed) when
+        a target GPU has no free logical device left.
         """
         if len(ids) != len(targets):
             raise InvalidInput(f"{len(ids)} logical devices for {len(targets)} GPU slices")
         with self._cond:
             for lid in ids:
                 self._owner_of(lid)
-            plan = self._plan(list(ids), list(targets), set(busy) | set(ids))
-            for lid, spare in plan.swaps:
-                self._swap(lid, spare)
-            if plan.swaps:
+            owner = dict(self._owner)
+            result = self._plan(owner, list(ids), list(targets), set(busy) | set(ids),
+                                set(floating) - set(ids))
+            if owner != self._owner:
+                self._owner = owner
                 self._bump()
-            return dict(plan.result)
+            return result
 
-    def _plan(self, ids: list[str], targets: list[str], taken: set[str]) -> _Plan:
+    def _plan(self, owner: dict[str, str], ids: list[str], targets: list[str],
+              taken: set[str], floating: set[str]) -> dict[str, str]:
+        """Move ``ids`` onto ``targets`` in ``owner`` (a copy, kept only if it all works)."""
         wanted = list(targets)
-        result: list[tuple[str, str]] = []
+        result: dict[str, str] = {}
         moving: list[str] = []
         for lid in ids:
-            if self._owner[lid] in wanted:
-                wanted.remove(self._owner[lid])
-                result.append((lid, self._owner[lid]))
+            if owner[lid] in wanted:
+                wanted.remove(owner[lid])
+                result[lid] = owner[lid]
             else:
                 moving.append(lid)
-        swaps: list[tuple[str, str]] = []
         for lid, uuid in zip(moving, wanted, strict=True):
-            spare = next((m for m in self._order if self._owner[m] == uuid and m not in taken),
-                         None)
+            spare = self._free(owner, uuid, taken) or \
+                self._traded(owner, lid, uuid, taken, floating)
             if spare is None:
                 raise OverCommit(f"GPU {uuid} has no free logical device left "
                                  f"(all {self._count(uuid)} are in use)")
             taken.add(spare)
-            swaps.append((lid, spare))
-            result.append((lid, uuid))
-        return _Plan(swaps, result)
+            owner[lid], owner[spare] = owner[spare], owner[lid]
+            result[lid] = uuid
+        return result
+
+    def _free(self, owner: Mapping[str, str], uuid: str, taken: Collection[str]) -> str | None:
+        return next((m for m in self._order if owner[m] == uuid and m not in taken), None)
+
+    def _traded(self, owner: dict[str, str], lid: str, uuid: str, taken: Collection[str],
+                floating: Collection[str]) -> str | None:
+        """A device for GPU ``uuid`` got by giving one of its floating devices to another
+        present GPU in exchange for a device of that GPU nobody holds — ``lid`` itself
+        first, which leaves its GPU anyway (None: no such pair)."""
+        gone = next((m for m in self._order if owner[m] == uuid and m in floating), None)
+        spare = next((m for m in (lid, *self._order) if owner[m] != uuid
+                      and owner[m] in self._gpus and (m == lid or m not in taken)), None)
+        if gone is None or spare is None:
+            return None
+        owner[gone], owner[spare] = owner[spare], owner[gone]
+        return spare
 
     def _count(self, uuid: str) -> int:
         return sum(1 for o in self._owner.values() if o == uuid)
@@ -182,9 +209,3 @@ class LogicalPool:
     def _bump(self) -> None:
         self.version += 1
         self._cond.notify_all()
-
-
-@dataclass(frozen=True, slots=True)
-class _Plan:
-    swaps: list[tuple[str, str]]
-    result: list[tuple[str, str]]

@@ -61,7 +61,7 @@ def held_slices(pods: Iterable[Pod], gate: DecisionGate) -> dict[SliceKey, Held]
             decision = pod.decision()
         except GpupoolError:
             continue
-        if decision is None:
+        if decision is None or decision.allocation.served_by:  # its server's use counts
             continue
         for s in decision.allocation.slices:
             out[(pod.uid, s.container, s.gpu_uuid)] = Held(s, decision.allocation.exclusive)

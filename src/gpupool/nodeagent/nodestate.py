@@ -22,6 +22,9 @@ from gpupool.nodeagent.pods import Pod
 log = logging.getLogger(__name__)
 
 Trust = Callable[[Pod], bool]
+NO_GPU = ""
+"""What ``gpupool.io/devices`` records for a logical device with no GPU of the node behind
+it (the container's slice is served by a slice server)."""
 
 
 def _any(pod: Pod) -> bool:
@@ -89,19 +92,22 @@ class NodeView:
             except GpupoolError as exc:
                 log.warning("pod %s: %s", pod.ref, exc)
                 continue
-            if decision is not None and decision.allocation.node == self.node:
-                want[pod.uid] = gpu_only(decision.allocation)
+            if decision is not None and decision.allocation.gpu_node == self.node:
+                want[pod.uid] = gpu_only(decision.allocation)  # not slices served elsewhere
         return want
 
 
 def held_devices(pods: Iterable[Pod], skip_uid: str, trusted: Trust = _any) -> set[str]:
     """Logical devices the agent served to other pods that still hold GPUs."""
-    held: set[str] = set()
-    for pod in pods:
-        if pod.uid == skip_uid:
-            continue
-        held.update(i for m in served_devices(pod, trusted).values() for i in m)
-    return held
+    return {i for pod in pods if pod.uid != skip_uid
+            for m in served_devices(pod, trusted).values() for i in m}
+
+
+def floating_devices(pods: Iterable[Pod], skip_uid: str, trusted: Trust = _any) -> set[str]:
+    """Those of ``held_devices`` recorded with no GPU behind them (``NO_GPU``: a container
+    whose slice a slice server serves; ``LogicalPool.assign`` may trade them)."""
+    return {i for pod in pods if pod.uid != skip_uid
+            for m in served_devices(pod, trusted).values() for i, u in m.items() if u == NO_GPU}
 
 
 def served_devices(pod: Pod, trusted: Trust = _any) -> dict[str, dict[str, str]]:
