@@ -161,3 +161,50 @@ def _secret(fake: FakeApiServer, ns: str, name: str) -> dict[str, Any]:
 
 def _data(secret: dict[str, Any], key: str) -> str:
     return base64.b64decode(secret["data"][key]).decode()
+
+
+def allowed_pod(name: str, served_by: str) -> dict[str, Any]:
+    """A remote-allowed pod on GPU node ``home`` (its count is the node's devices), served
+    by a slice server on ``served_by``, or by its own devices ("": a version-1 decision)."""
+    uid = f"uid-lab-{name}"
+    alloc = Allocation(uid, "home", 1000, 1024,
+                       (Slice(f"GPU-{served_by or 'home'}-0", 0, 4096, 30, "main"),), False,
+                       served_by)
+    notes = records.encode(alloc, "2026-01-01T00:00:00Z")
+    slice_name = f"{len(name):016x}"
+    notes.update({names.ANNOTATION_PLACEMENT: "remote-allowed",
+                  names.ANNOTATION_SLICE: slice_name})
+    return sign({"metadata": {"name": name, "namespace": "lab", "uid": uid,
+                              "annotations": notes},
+                 "spec": {"nodeName": "home", "containers": [{
+                     "name": "main", "image": "train", "resources": {"limits": {
+                         names.RESOURCE_GPU: "1", names.RESOURCE_MEMORY: "4096",
+                         names.RESOURCE_CORE: "30"}}}]},
+                 "status": {"phase": "Running"}})
+
+
+def test_a_remote_allowed_pod_gets_a_server_only_when_its_slice_is_served_elsewhere() -> None:
+    with FakeApiServer() as fake:
+        fake.seed("gpudevices", device("g1", 0))
+        fake.seed("gpudevices", device("home", 0))
+        fake.seed("pods", allowed_pod("far", "g1"))
+        fake.seed("pods", allowed_pod("near", ""))
+        api = ControllerApi.open(server=fake.url)
+        keeper = SliceKeeper(api, SETTINGS, Timing(lifetime_s=600), host="test")
+        stop = threading.Event()
+        thread = threading.Thread(target=Controller(api, verify=verify, slices=keeper).run,
+                                  args=(stop, 60.0, None, 1))
+        thread.start()
+        try:
+            assert wait_for(lambda: len(server_pods(fake)) == 1)
+            (server,) = server_pods(fake)
+            assert server["spec"]["nodeName"] == "g1"
+            assert {"--gpu-uuid=GPU-g1-0", "--pod-uid=uid-lab-far"} <= set(
+                server["spec"]["containers"][0]["args"])
+            assert server["metadata"]["name"] == f"gpupool-slice-{3:016x}-1"
+            assert _secret(fake, "lab", f"gpupool-slice-{3:016x}")  # the sidecar's, issued
+            assert fake.get("secrets", f"gpupool-slice-{4:016x}", "lab") is None  # "near"
+        finally:
+            stop.set()
+            thread.join(30)
+            api.close()

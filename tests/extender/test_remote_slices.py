@@ -321,12 +321,79 @@ def test_a_lost_slice_with_no_room_elsewhere_keeps_its_decision_and_says_why(
     assert [e["reason"] for e in fake.objects("events")] == ["GpupoolSliceNotPlacedAgain"]
 
 
-def test_a_remote_allowed_pod_is_served_by_its_own_nodes_devices(
+def allowed(name: str, mib: int, cpu: str = "1") -> dict[str, Any]:
+    """A remote-allowed pod as the admission webhook leaves it: its count stays
+    ``gpupool.io/gpu``, it has a slice name (its sidecar serves one only if needed)."""
+    pod = pod_obj(name, {"gpupool.io/gpu": "1", "gpupool.io/gpu-memory": str(mib)}, cpu=cpu,
+                  annotations={"gpupool.io/placement": "remote-allowed",
+                               "gpupool.io/slice": f"{random.getrandbits(64):016x}"})
+    return pod
+
+
+def test_a_remote_allowed_pod_is_served_by_its_own_nodes_devices_when_they_have_room(
         fake: FakeApiServer, replica: Replica) -> None:
-    allowed = local("allowed", 8192)
-    allowed["metadata"]["annotations"]["gpupool.io/placement"] = "remote-allowed"
-    allowed = fake.seed("pods", allowed)
-    answer = replica.extender.filter({"Pod": allowed, "NodeNames": ALL})
+    pod = fake.seed("pods", allowed("allowed", 8192))
+    answer = replica.extender.filter({"Pod": pod, "NodeNames": ALL})
     assert sorted(answer["NodeNames"]) == sorted(GPUS)  # no home without GPUs of its own
-    assert bind(replica, allowed, "gpu-b1") == ""
-    assert served_by(fake, allowed) == ""  # its own node's device: a version-1 decision
+    assert reasons(answer)["cpu-a"].startswith("remote-allowed: the pod's GPUs are counted "
+                                               "as gpupool.io/gpu devices of its own node")
+    assert set(answer["FailedAndUnresolvableNodes"]) == set(CPUS)  # waiting does not help
+    scores = {h["Host"]: h["Score"] for h in replica.extender.prioritize(
+        {"Pod": pod, "NodeNames": list(GPUS)}).items()}
+    assert scores == {"gpu-a1": 10, "gpu-a2": 10, "gpu-b1": 10}  # own node on each
+    assert bind(replica, pod, "gpu-b1") == ""
+    assert served_by(fake, pod) == ""  # its own node's device: a version-1 decision
+    notes = fake.get("pods", "allowed", "default")["metadata"]["annotations"]
+    assert '"v":1' in notes["gpupool.io/allocation"]
+
+
+def test_a_remote_allowed_pod_is_served_from_its_zone_when_its_node_has_no_room(
+        fake: FakeApiServer, replica: Replica) -> None:
+    full = fake.seed("pods", local("full", 36000))
+    assert bind(replica, full, "gpu-a1") == ""
+    pod = fake.seed("pods", allowed("allowed", 8192))
+    scores = {h["Host"]: h["Score"] for h in replica.extender.prioritize(
+        {"Pod": pod, "NodeNames": list(GPUS)}).items()}
+    assert scores["gpu-a1"] < scores["gpu-a2"] == scores["gpu-b1"] == 10
+    assert bind(replica, pod, "gpu-a1") == ""  # kube-scheduler's choice of home stands
+    assert served_by(fake, pod) == "gpu-a2"  # a slice server in its zone
+    stored = fake.get("pods", "allowed", "default")
+    notes = stored["metadata"]["annotations"]
+    assert '"v":2' in notes["gpupool.io/allocation"]
+    replica.keys.ring().verify(claims_of(stored["metadata"]["uid"], "default", "allowed", notes),
+                               notes["gpupool.io/signature"])  # signed like any decision
+    assert pod["metadata"]["uid"] in fake.get("gpuledgers", "gpu-a2")["spec"]["entries"]
+    assert recorded_state(fake).usage().allocated_milli > 0  # nothing over-committed
+
+
+def test_a_remote_allowed_pod_no_node_can_serve_is_filtered_as_a_local_pod(
+        fake: FakeApiServer, replica: Replica) -> None:
+    for k, node in enumerate(GPUS):
+        assert bind(replica, fake.seed("pods", local(f"full{k}", 36000)), node) == ""
+    pod = fake.seed("pods", allowed("allowed", 8192))
+    answer = replica.extender.filter({"Pod": pod, "NodeNames": list(GPUS)})
+    assert answer["NodeNames"] == []
+    assert set(answer["FailedNodes"]) == set(GPUS)  # not for ever: preemption may make room
+    assert set(reasons(answer).values()) == {
+        "1 GPUs with 8192 MiB + 0 percent core needed, 0 have room"}  # its own devices'
+
+
+def test_a_remote_allowed_slice_placed_again_stays_behind_a_slice_server(
+        fake: FakeApiServer, replica: Replica) -> None:
+    """Its containers started without a device of their own node: even when its own node
+    has room again, the slice is served by a slice server there (servedBy: its node)."""
+    full = fake.seed("pods", local("full", 36000))
+    assert bind(replica, full, "gpu-a1") == ""
+    pod = fake.seed("pods", allowed("allowed", 30000))
+    assert bind(replica, pod, "gpu-a1") == ""
+    before = served_by(fake, pod)
+    assert before in ("gpu-a2", "gpu-b1")
+    fake.delete("pods", "full", "default")
+    assert wait_for(lambda: full["metadata"]["uid"] not in replica.cache.pods)
+    lose(fake, pod, before)
+    uid = pod["metadata"]["uid"]
+    assert wait_for(lambda: replica.cache.pods[uid].slice_lost == before)
+    replacer = replica.extender.replacer
+    assert replacer is not None
+    assert replacer.sweep() == {"default/allowed": "gpu-a1"}  # its own node first
+    assert served_by(fake, pod) == "gpu-a1"  # still a version-2 decision

@@ -21,7 +21,10 @@
   where its slice would be served (own node, then each topology domain, then any), and
   bind decides with the node kube-scheduler chose as home, writing the entry into the
   ledger of the node that serves the slice; a slice whose server the controller found
-  lost is placed again elsewhere (``replacement.Replacer``, from the sweep).
+  lost is placed again elsewhere (``replacement.Replacer``, from the sweep). A
+  ``remote-allowed`` pod counts its GPUs as its node's devices (``gpupool.io/gpu``), so
+  its homes are the device-plugin nodes with GPUs (``NodeModes.device_homes``); when none
+  of the sent nodes can be one, filter answers as for a local pod (and may preempt).
 * preempt: keeps the nodes where the proposed victims free enough GPU.
 * DRA: a device-plugin pod is refused on a node that serves its GPUs through Dynamic
   Resource Allocation (``dramodes``, also at bind and preemption); a pod whose GPUs come
@@ -77,8 +80,9 @@ from gpupool.core.fit import Constraints
 from gpupool.core.placement import Candidates, Placer, choose
 from gpupool.core.policies import make_policy
 from gpupool.core.policies.config import PolicyConfig
+from gpupool.core.reasons import Check, Reason
 from gpupool.core.request import PodRequest, Serving
-from gpupool.core.serving import ServingConfig, ServingPlacer
+from gpupool.core.serving import Homes, ServingConfig, ServingPlacer
 from gpupool.core.state import ClusterState, IntArray
 from gpupool.extender.bind.binder import Binder
 from gpupool.extender.bind.gangholds import GangAnswer, GangClaims, GangHolds, GangSettings
@@ -275,7 +279,10 @@ class Extender:
         idx = sent.rows
         constraints = self.cache.modes.constraints(state, request, self.cache.catalogue)
         if served_remotely(request):
-            return self._filtered_remote(args, request, table, sent, constraints), None
+            remote = self._filtered_remote(args, request, table, sent, constraints)
+            if remote is not None:
+                return remote, None
+            request = replace(request, serving=Serving.LOCAL)  # no home: its own devices
         cands = self.placer.candidates(state, request, constraints)
         if sent.all_known:
             ok = cands.mask[idx]
@@ -311,22 +318,26 @@ class Extender:
         return answer, (constraints, self._decide_on_row(request, constraints, only))
 
     def _filtered_remote(self, args: protocol.ExtenderArgs, request: PodRequest,
-                         table: NameTable, sent: Matched, constraints: Constraints) -> bytes:
+                         table: NameTable, sent: Matched, constraints: Constraints
+                         ) -> bytes | None:
         """Filter for a pod whose slice may be served by another node: the nodes that can
         be its home (``ServingPlacer.homes``: its CPU and memory there, its slice there or
         on a node of its domains or anywhere); the others with ``explain_home``'s reason.
-        Preemption does not make room for a remote slice."""
+        Preemption does not make room for a remote slice: a ``remote-allowed`` pod none of
+        the sent nodes can home is filtered as a local pod (None)."""
         state = self.cache.state
-        homes = self.serving.homes(state, request, constraints)
+        homes = self._homes(state, request, constraints)
         idx = sent.rows
         ok = np.zeros(len(idx), np.bool_)
         ok[idx >= 0] = homes.fits[idx[idx >= 0]]
+        if request.serving is Serving.REMOTE_ALLOWED and not ok.any():
+            return None
         failed = unresolvable = protocol.NO_NODES
         passing: IntArray | None = None
         names_json = args.names_json
         if not ok.all():
             failed, unresolvable = self.refusals.listed(state, sent.names, idx, ok, lambda i: (
-                self.serving.explain_home(state, request, i, constraints, homes)))
+                self._explain_home(state, request, i, constraints, homes)))
             passing = np.flatnonzero(ok)
             names_json = self._passing_json(args, table, idx, passing)
         self.metrics.decisions.labels(
@@ -383,7 +394,8 @@ class Extender:
         digest = hashlib.blake2b(pod_json, digest_size=16).digest() if pod_json else None
         request = self.translated.get(digest) if digest is not None else None
         if request is None:
-            request = as_served(pod_request(pod))
+            request = as_served(pod_request(pod),
+                                self.settings.serving.remote and said_gang(pod) is None)
             if digest is not None:
                 self.translated[digest] = request
                 while len(self.translated) > REMEMBERED_REQUESTS:
@@ -485,11 +497,26 @@ class Extender:
         first (``MAX_SCORE``), then each topology domain in order, then any node; the
         scheduler's other scores order homes of one rank."""
         c = self.cache.modes.constraints(state, request, self.cache.catalogue)
-        rank = self.serving.homes(state, request, c).rank[rows]
+        rank = self._homes(state, request, c).rank[rows]
         step = max(1, MAX_SCORE // (len(self.settings.serving.domains) + 2))
         scores = np.where(rank >= 0, np.maximum(MAX_SCORE - rank * step, 1), 0)
         positive = scores > 0
         return table.priorities_json(rows[positive], scores[positive])
+
+    def _homes(self, state: ClusterState, request: PodRequest, c: Constraints) -> Homes:
+        """``ServingPlacer.homes``; a ``remote-allowed`` pod's only on nodes whose devices
+        can count its ``gpupool.io/gpu`` (under the cache lock)."""
+        homes = self.serving.homes(state, request, c)
+        if request.serving is not Serving.REMOTE_ALLOWED:
+            return homes
+        return Homes(np.where(self.cache.modes.device_homes(state), homes.rank, -1))
+
+    def _explain_home(self, state: ClusterState, request: PodRequest, i: int, c: Constraints,
+                      homes: Homes) -> Reason | None:
+        if request.serving is Serving.REMOTE_ALLOWED and \
+                not self.cache.modes.device_homes(state)[i]:
+            return Reason(state.nodes[i].name, Check.REMOTE, ALLOWED_HOME, True)
+        return self.serving.explain_home(state, request, i, c, homes)
 
     def _favour_hold(self, key: str, full: IntArray, cands: Candidates) -> bool:
         """The node where a preemption made room for this pod comes first (the others 0);
@@ -566,17 +593,18 @@ class Extender:
     def _bind_request(self, args: protocol.BindingArgs) -> PodRequest:
         """The request of the pod as the API server has it (``gate``): the informer's copy
         of a pending pod with this UID, else a fresh read."""
-        return as_served(bindable_request(args, self.cache.unbound.get(args.uid), self.kube,
-                                          self.settings.scheduler_name))
+        request = bindable_request(args, self.cache.unbound.get(args.uid), self.kube,
+                                   self.settings.scheduler_name)
+        with self.cache.lock:
+            in_gang = request.key in self.cache.gangs.gang_of
+        return as_served(request, self.settings.serving.remote and not in_gang)
 
 
-def as_served(request: PodRequest) -> PodRequest:
+def as_served(request: PodRequest, remote: bool) -> PodRequest:
     """``request`` as the extender places it: a ``remote-allowed`` pod is served by its own
-    node. Its GPUs are counted by ``gpupool.io/gpu``, which kube-scheduler counts against
-    its node's own GPUs and kubelet hands out as the node agent's devices, so a slice
-    served elsewhere would leave it a device it must not use (``remote-required`` pods
-    count theirs as ``gpupool.io/remote-gpu``; docs/design/remote.md)."""
-    if request.serving is Serving.REMOTE_ALLOWED:
+    node where remote slices are off (``remote`` False: no provider, or a gang member,
+    whose gang's holds are its own node's slices), exactly as a local pod."""
+    if request.serving is Serving.REMOTE_ALLOWED and not remote:
         return replace(request, serving=Serving.LOCAL)
     return request
 
@@ -603,6 +631,10 @@ def _sent(table: NameTable, args: protocol.ExtenderArgs) -> Matched:
     return table.match(args.names_json) if args.names is None else \
         table.match_names(args.names)
 
+
+ALLOWED_HOME = ("remote-allowed: the pod's GPUs are counted as gpupool.io/gpu devices of its "
+                "own node, so it runs only on a device-plugin node with GPUs (remote-required "
+                "runs on any node)")
 
 READY_KINDS = frozenset({"nodes", "devices", "pods", "ledgers", "tenantquotas",
                          "gpupermissions"})

@@ -11,7 +11,8 @@ names that node and:
 2. decides with ``ServingPlacer.decide`` on the pod's own node as home (it is bound and
    stays there), the lost node left out, the pod's current slice and quota charge set
    aside for the decision: the same tiers, policy, classes, groups, permissions and
-   quota as at bind;
+   quota as at bind, and served by a slice server on every tier (a ``remote-allowed`` pod
+   too: its containers started without a device of their own node);
 3. writes the new slice's entry into the serving node's GPULedger by compare-and-swap
    (the fit checked against that ledger's entries, as bind does);
 4. writes the new decision, signed, on the pod with its resourceVersion as a
@@ -40,7 +41,7 @@ from gpupool.contract import names
 from gpupool.core.allocation import Allocation
 from gpupool.core.errors import GpupoolError, OverCommit
 from gpupool.core.fit import Constraints
-from gpupool.core.request import PodRequest
+from gpupool.core.request import PodRequest, Serving
 from gpupool.core.serving import ServingPlacer
 from gpupool.core.state import ClusterState
 from gpupool.extender.state.cache import ClusterCache
@@ -94,7 +95,8 @@ class Replacer:
                 return "the pod is gone"
             # the group bind recorded and signed, never the pod's label now: its author can
             # relabel a bound pod (the webhook is not sent label changes)
-            request = replace(pod_request(pod), group=f.group)
+            # a running pod's slice stays behind a slice server, even on its own node
+            request = replace(pod_request(pod), group=f.group, serving=Serving.REMOTE_REQUIRED)
         except (KubeError, GpupoolError) as exc:
             return f"the pod could not be read again: {exc}"
         version = str(meta.get("resourceVersion") or "")

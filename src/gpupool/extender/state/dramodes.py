@@ -10,6 +10,9 @@ device-plugin pod off a node whose agent serves claims, even while the node labe
   and names why (``Check.NODE_MODE``, permanent: waiting does not help).
 * A pod whose GPUs come from ResourceClaims may only go to DRA nodes
   (``NodeModes.for_claims``): the scores of DRA pods are given to those nodes only.
+* A ``remote-allowed`` pod counts its GPUs as the device plugin's ``gpupool.io/gpu`` of
+  its own node, so it may run only on a device-plugin node with GPUs
+  (``NodeModes.device_homes``), wherever its slice is served.
 
 Masks are worked out once per cluster layout (a label change is a new layout) and the
 combined node masks are kept per base mask, so the feasibility memo, which keys on the
@@ -49,6 +52,7 @@ class NodeModes:
     def __init__(self) -> None:
         self._layout: object | None = None
         self._dra: BoolArray = np.zeros(0, np.bool_)
+        self._homes: BoolArray = np.zeros(0, np.bool_)
         self._any = False
         self._combined: list[tuple[BoolArray | None, BoolArray]] = []
 
@@ -58,9 +62,15 @@ class NodeModes:
             self._dra = np.fromiter((is_dra_node(n) for n in state.nodes), np.bool_,
                                     len(state.nodes))
             self._any = bool(self._dra.any())
+            self._homes = state.present.any(axis=1) & ~self._dra
             self._combined = []
             self._layout = state.layout
         return self._dra
+
+    def device_homes(self, state: ClusterState) -> BoolArray:
+        """[node] -> has GPUs, served through the device plugin (not DRA)."""
+        self.dra_mask(state)
+        return self._homes
 
     def dra_nodes(self, state: ClusterState) -> list[str]:
         return [state.nodes[int(i)].name for i in np.flatnonzero(self.dra_mask(state))]
