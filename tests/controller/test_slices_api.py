@@ -41,13 +41,20 @@ CONTROLLER = "system:serviceaccount:gpupool-system:gpupool-controller"
 def remote_pod(uid: str = "uid-lab-train") -> dict[str, Any]:
     alloc = Allocation(uid, "cpu-node", 1000, 1024,
                        (Slice("GPU-g1-0", 0, 4096, 30, "main"),), False, "g1")
+    return workload("train", alloc, "remote-required", SLICE, names.RESOURCE_REMOTE_GPU)
+
+
+def workload(name: str, alloc: Allocation, placement: str, slice_name: str, count: str
+             ) -> dict[str, Any]:
+    """A bound, running pod in ``lab`` with the signed decision ``alloc``, asking one GPU
+    of 4096 MiB and 30 % as ``count``."""
     notes = records.encode(alloc, "2026-01-01T00:00:00Z")
-    notes.update({names.ANNOTATION_PLACEMENT: "remote-required", names.ANNOTATION_SLICE: SLICE})
-    return sign({"metadata": {"name": "train", "namespace": "lab", "uid": uid,
+    notes.update({names.ANNOTATION_PLACEMENT: placement, names.ANNOTATION_SLICE: slice_name})
+    return sign({"metadata": {"name": name, "namespace": "lab", "uid": alloc.key,
                               "annotations": notes},
-                 "spec": {"nodeName": "cpu-node", "containers": [{
+                 "spec": {"nodeName": alloc.node, "containers": [{
                      "name": "main", "image": "train", "resources": {"limits": {
-                         names.RESOURCE_REMOTE_GPU: "1", names.RESOURCE_MEMORY: "4096",
+                         count: "1", names.RESOURCE_MEMORY: "4096",
                          names.RESOURCE_CORE: "30"}}}]},
                  "status": {"phase": "Running"}})
 
@@ -166,21 +173,10 @@ def _data(secret: dict[str, Any], key: str) -> str:
 def allowed_pod(name: str, served_by: str) -> dict[str, Any]:
     """A remote-allowed pod on GPU node ``home`` (its count is the node's devices), served
     by a slice server on ``served_by``, or by its own devices ("": a version-1 decision)."""
-    uid = f"uid-lab-{name}"
-    alloc = Allocation(uid, "home", 1000, 1024,
+    alloc = Allocation(f"uid-lab-{name}", "home", 1000, 1024,
                        (Slice(f"GPU-{served_by or 'home'}-0", 0, 4096, 30, "main"),), False,
                        served_by)
-    notes = records.encode(alloc, "2026-01-01T00:00:00Z")
-    slice_name = f"{len(name):016x}"
-    notes.update({names.ANNOTATION_PLACEMENT: "remote-allowed",
-                  names.ANNOTATION_SLICE: slice_name})
-    return sign({"metadata": {"name": name, "namespace": "lab", "uid": uid,
-                              "annotations": notes},
-                 "spec": {"nodeName": "home", "containers": [{
-                     "name": "main", "image": "train", "resources": {"limits": {
-                         names.RESOURCE_GPU: "1", names.RESOURCE_MEMORY: "4096",
-                         names.RESOURCE_CORE: "30"}}}]},
-                 "status": {"phase": "Running"}})
+    return workload(name, alloc, "remote-allowed", f"{len(name):016x}", names.RESOURCE_GPU)
 
 
 def test_a_remote_allowed_pod_gets_a_server_only_when_its_slice_is_served_elsewhere() -> None:
