@@ -29,10 +29,12 @@ CLIENT_SCHEDULER = "system:gpupool:kube-scheduler"  # gpupool.security.certs.CLI
 # the node agent's
 STRATEGIES = ("volume-mounts", "cdi", "envvar")
 """The values of ``gpupool.nodeagent.exposure.Strategy``, in its order."""
+DEFAULT_STRATEGY = "volume-mounts"  # gpupool.nodeagent.exposure.Strategy.VOLUME_MOUNTS
 DEFAULT_CDI_KIND = "nvidia.com/gpu"  # gpupool.nodeagent.exposure.DEFAULT_CDI_KIND
 DEFAULT_CDI_DIR = Path("/var/run/cdi")  # gpupool.nodeagent.dra.cdi.DEFAULT_CDI_DIR
 OVERUSE_ACTIONS = ("warn", "isolate", "evict", "pause")
 """The values of ``gpupool.nodeagent.actions.OveruseAction``, in its order."""
+DEFAULT_OVERUSE_ACTION = "warn"  # gpupool.nodeagent.actions.OveruseAction.WARN
 ISOLATION_LABEL = "gpupool.io/isolation-provider"
 """``gpupool.nodeagent.isolation.provider.NODE_LABEL``."""
 HAMI_CORE_LIBRARY = "/usr/local/vgpu/libvgpu.so"

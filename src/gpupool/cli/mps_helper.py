@@ -18,10 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gpupool.cli.args import add_log_level, user_text
-from gpupool.nodeagent.fakegpus import FakeGpuBackend
-from gpupool.nodeagent.gpu import GpuBackend
-from gpupool.nodeagent.isolation.computemode import SOCKET, ComputeModeHelper
-from gpupool.nodeagent.nvml import NvmlGpuBackend
+from gpupool.cli.defaults import COMPUTE_MODE_SOCKET as SOCKET
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +40,10 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: "
                                                      "%(message)s")
-    backend: GpuBackend = (FakeGpuBackend(args.fake_gpus) if args.fake_gpus
-                           else NvmlGpuBackend())
+    from gpupool.cli.device_plugin import gpu_backend  # the GPUs as the node agent finds them
+    from gpupool.nodeagent.isolation.computemode import ComputeModeHelper
+
+    backend = gpu_backend(args.fake_gpus)
     helper = ComputeModeHelper(args.socket, backend,
                                lambda: {g.uuid for g in backend.discover()})
     stop = threading.Event()
