@@ -17,37 +17,17 @@ import argparse
 import logging
 import os
 import secrets
-import signal
-import tempfile
-import threading
-import time
-from pathlib import Path
-from typing import Any
-
-from prometheus_client import start_http_server
+from typing import TYPE_CHECKING, Any
 
 from gpupool.cli.args import KUBECONFIG_HELP, add_log_level, bounded, user_text
 from gpupool.contract.slices import PROVIDERS
-from gpupool.kube.api import KubeApi
-from gpupool.kube.errors import KubeError, NotFound
-from gpupool.kube.webhook_ops import WebhookApi
-from gpupool.webhook.admission import Settings
-from gpupool.webhook.certificates import CertificateKeeper, CertificatePlan
-from gpupool.webhook.decisions import (
-    CONTROLLER_KEYS,
-    NODE_AGENT_DECIDING_KEYS,
-    NODE_AGENT_KEYS,
-    REPLACING_KEYS,
-    Writers,
-    service_account,
-)
-from gpupool.webhook.evictions import PodNode
-from gpupool.webhook.metrics import Metrics
-from gpupool.webhook.remote import RemoteSettings
-from gpupool.webhook.server import HttpsServer, WebhookApp
-from gpupool.webhook.tls import ServingTls
 
-log = logging.getLogger("gpupool.webhook")
+if TYPE_CHECKING:
+    from gpupool.kube.api import KubeApi
+    from gpupool.webhook.admission import Settings
+    from gpupool.webhook.certificates import CertificatePlan
+    from gpupool.webhook.evictions import PodNode
+    from gpupool.webhook.remote import RemoteSettings
 
 CONFIGURATION = "gpupool-webhook"
 
@@ -129,6 +109,16 @@ def register(subparsers: Any) -> None:
 
 
 def settings_of(args: argparse.Namespace, api: KubeApi | None = None) -> Settings:
+    from gpupool.webhook.admission import Settings
+    from gpupool.webhook.decisions import (
+        CONTROLLER_KEYS,
+        NODE_AGENT_DECIDING_KEYS,
+        NODE_AGENT_KEYS,
+        REPLACING_KEYS,
+        Writers,
+        service_account,
+    )
+
     agent = service_account(args.namespace, args.node_agent_account)
     keys = NODE_AGENT_DECIDING_KEYS if args.node_agent_decides else NODE_AGENT_KEYS
     controller = service_account(args.namespace, args.controller_account)
@@ -142,16 +132,25 @@ def settings_of(args: argparse.Namespace, api: KubeApi | None = None) -> Setting
                     remote_of(args))
 
 
-def remote_of(args: argparse.Namespace) -> RemoteSettings:
+def check_remote(args: argparse.Namespace) -> None:
+    """A remote provider without the sidecar's image: a one-line exit."""
     if args.remote_provider != "none" and not args.slice_client_image:
         raise SystemExit("gpupool webhook: --remote-provider needs --slice-client-image (the "
                          "image of the sidecar given to remote-slice pods)")
+
+
+def remote_of(args: argparse.Namespace) -> RemoteSettings:
+    from gpupool.webhook.remote import RemoteSettings
+
+    check_remote(args)
     return RemoteSettings(args.remote_provider, args.slice_namespace, args.slice_client_image,
                           args.lupine_client_library, lambda: secrets.token_hex(8))
 
 
 def _pod_node(api: KubeApi) -> PodNode:
     """Look a pod's node up (evictions by node agents), on its own connection."""
+    from gpupool.kube.errors import NotFound
+
     def pod_node(namespace: str, name: str) -> str | None:
         try:
             pod = api.get_pod(namespace, name)
@@ -162,6 +161,8 @@ def _pod_node(api: KubeApi) -> PodNode:
 
 
 def plan_of(args: argparse.Namespace) -> CertificatePlan:
+    from gpupool.webhook.certificates import CertificatePlan
+
     return CertificatePlan(
         args.namespace, args.service, args.tls_secret,
         (("MutatingWebhookConfiguration", args.mutating_configuration),
@@ -170,43 +171,16 @@ def plan_of(args: argparse.Namespace) -> CertificatePlan:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Check the remote-slice flags and reach the cluster, then serve (``webhook_run``:
+    the modules serving needs load only now)."""
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "httpx2"):  # one line per API request at INFO
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.root.level))
+    check_remote(args)
+    from gpupool.kube.webhook_ops import WebhookApi  # the Kubernetes client: once flags pass
+
     api = WebhookApi.open(kubeconfig=args.kubeconfig, server=args.server)
-    metrics = Metrics()
-    tls = ServingTls(Path(args.cert_dir or tempfile.mkdtemp(prefix="gpupool-webhook-")))
-    keeper = CertificateKeeper(api, plan_of(args), tls, time.time, metrics)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    try:
-        _first_certificate(keeper, stop)
-        if stop.is_set():
-            return 0
-        app = WebhookApp(settings_of(args, api.fork()), metrics, lambda: tls.loaded)
-        server = HttpsServer(app.app, tls, args.host, args.port)
-        port = server.start()
-        if args.metrics_port:
-            start_http_server(args.metrics_port, registry=metrics.registry)
-        log.info("serving admission reviews on https://%s:%d (metrics on :%s)", args.host, port,
-                 args.metrics_port or "off")
-        threading.Thread(target=keeper.run, args=(stop, args.check_seconds), daemon=True,
-                         name="certificates").start()
-        stop.wait()
-        server.stop()
-        return 0
-    finally:
-        stop.set()
-        api.close()
+    from gpupool.cli.webhook_run import serve
 
-
-def _first_certificate(keeper: CertificateKeeper, stop: threading.Event) -> None:
-    """Until a certificate is served (the server cannot start without one)."""
-    while not stop.is_set():
-        try:
-            keeper.refresh()
-            return
-        except (KubeError, ValueError) as exc:
-            log.warning("no serving certificate yet (retried in 5 s): %s", exc)
-            stop.wait(5.0)
+    return serve(args, api)
