@@ -19,7 +19,6 @@ from rich.table import Table
 from gpupool.cli.tables import screen, show
 
 Report = dict[str, Any]
-OUTPUTS = ("table", "json", "yaml")
 
 
 def emit(report: Report, output: str, console: Console | None = None) -> None:

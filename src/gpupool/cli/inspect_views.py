@@ -1,7 +1,7 @@
 """The options and views of the live ``gpupool inspect`` and of ``kubectl gpupool``.
 
 Only the flags: the views run in ``inspect_live``, imported when one runs, so that
-``--help`` and a bad flag do not wait for the Kubernetes client.
+``--help`` and a bad flag do not wait for the Kubernetes client, numpy or the tables.
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import argparse
 from typing import Any
 
 from gpupool.cli.args import bounded, later
-from gpupool.cli.inspect_render import OUTPUTS
-from gpupool.core.policies import DEFAULT_POLICY, POLICIES
+from gpupool.cli.defaults import DEFAULT_POLICY, POLICY_NAMES
 
 GPUPOOL_NAMESPACE = "gpupool-system"
+OUTPUTS = ("table", "json", "yaml")
 
 VIEWS_HELP = """views:
   nodes [NODE ...]   every GPU node: per GPU its model, health, isolation, memory and
@@ -82,7 +82,7 @@ def add_views(subparsers: Any, *, copies: bool) -> list[argparse.ArgumentParser]
     pod.add_argument("--policy", default=argparse.SUPPRESS, metavar="NAME",
                      help=f"placement policy that scores the nodes a pending pod fits "
                           f"(default {DEFAULT_POLICY}, as the extender's; known: "
-                     f"{', '.join(sorted(POLICIES))})")
+                     f"{', '.join(POLICY_NAMES)})")
     pod.add_argument("--seed", type=int, default=argparse.SUPPRESS, metavar="N",
                      help="seed for ties (default 0)")
     groups = view("groups", "run_groups", "resource groups and quotas (used / limit), usage per "
