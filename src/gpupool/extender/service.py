@@ -91,6 +91,7 @@ from gpupool.extender.bind.replacement import Replacer
 from gpupool.extender.dra.drascores import claim_priorities
 from gpupool.extender.metrics import BindClock, Metrics
 from gpupool.extender.preemption import proposals
+from gpupool.extender.preemption.gangpreempt import GangPreemptor
 from gpupool.extender.preemption.plans import PreemptionSettings
 from gpupool.extender.preemption.preemptor import Preemptor
 from gpupool.extender.state.cache import ClusterCache
@@ -173,6 +174,9 @@ class Extender:
                                settings.gangs, clock, GangQuota(self.binder.quotas),
                                settings.scheduler_name) \
             if self.binder is not None else None
+        if self.gangs is not None and self.preemptor is not None:
+            self.gangs.room = GangPreemptor(self.preemptor, self.gangs.hold_placed,
+                                            self.gangs.drop, self.gangs.unclaim)
         metrics.gpus_allocated.set_function(lambda: self.usage_gpus()[0])
         metrics.gpus_total.set_function(lambda: float(self.usage_gpus()[1]))
         metrics.registry.register(TenancyCollector(cache))

@@ -49,6 +49,7 @@ class SummarySpec(msgspec.Struct, omit_defaults=True):
     containers: list[SummaryContainer] | None = None
     initContainers: list[SummaryContainer] | None = None
     priority: int | None = None  # set by the API server's Priority admission
+    preemptionPolicy: str | None = None  # Never: it preempts nobody (a gang's members too)
     schedulingGroup: SummarySchedulingGroup | None = None
 
 

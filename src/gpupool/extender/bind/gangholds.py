@@ -44,25 +44,28 @@ import hashlib
 import logging
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from typing import Protocol
 
 from gpupool.contract.gangs import GangRef, GangTerms
 from gpupool.contract.tenancy import Broken
 from gpupool.core.errors import GpupoolError, OverCommit
+from gpupool.core.fit import Constraints
 from gpupool.core.gang import Gang, GangPlacement, place_gang
 from gpupool.core.model import Node
 from gpupool.core.reasons import Check, Reason
 from gpupool.core.request import PodRequest, Serving
 from gpupool.core.scoring import Policy
+from gpupool.core.state import ClusterState
 from gpupool.extender.bind.gate import DEFAULT_SCHEDULER, as_json, assumable
 from gpupool.extender.bind.ledgerbatch import LedgerBatches
 from gpupool.extender.state.cache import ClusterCache
 from gpupool.extender.state.ledger import HOLD, Entry, Ledgers
-from gpupool.extender.tenancy.quotaholds import Charged, GangQuota
-from gpupool.extender.wire.podspec import pod_request
+from gpupool.extender.tenancy.quotaholds import Charged, GangQuota, Scoped
+from gpupool.extender.wire.podspec import may_preempt, pod_priority, pod_request
 from gpupool.kube.api import KubeApi
 from gpupool.kube.errors import AlreadyExists, Conflict, KubeError, NotFound
 from gpupool.kube.lease import LeaseLock, LeaseRecord, micro_time
@@ -124,6 +127,20 @@ class Owned:
     held: dict[str, str]  # member uid -> node
     expires_s: float
     charged: Charged = field(default_factory=dict)  # QuotaLedgers holding its charges
+
+
+class RoomMaker(Protocol):
+    """What makes room for a gang that does not fit (``preemption.gangpreempt``)."""
+
+    def consider(self, ref: GangRef, gang: Gang, priority: int | None,
+                 rules: Mapping[str, Constraints], who: Mapping[str, str], policy: Policy
+                 ) -> str:
+        """What the members are told of room being made ('' when none is)."""
+        ...
+
+    def busy(self, gang: str) -> bool:
+        """Whether room is being made for ``gang``."""
+        ...
 
 
 def claim_name(ref: GangRef) -> str:
@@ -190,6 +207,7 @@ class GangHolds:
         self.quota = quota
         self.settings, self.clock, self.scheduler = settings, clock, scheduler
         self.owned: dict[str, Owned] = {}  # gang key -> what this replica holds for it
+        self.room: RoomMaker | None = None  # preemption for gangs (the composition root's)
         self.refused: dict[str, tuple[tuple[object, ...], GangAnswer]] = {}
         self.translated: dict[tuple[str, str], PodRequest | None] = {}
         self.writers = ThreadPoolExecutor(WRITERS, thread_name_prefix="extender-gang")
@@ -216,9 +234,20 @@ class GangHolds:
         if holder:
             return _waiting(look.ref, f"its members' GPU slices are being held by {holder}")
         answer = self._place(key, look.ref, policy, rng)
-        if (answer is None or answer.reason is not None) and look.ref.key not in self.owned:
-            self.claims.release(look.ref)
+        if answer is None or answer.reason is not None:
+            self.let_go(look.ref)
         return answer
+
+    def let_go(self, ref: GangRef) -> None:
+        """Release the claim of a gang this replica holds nothing for, unless room is being
+        made for it."""
+        if not (self.room is not None and self.room.busy(ref.key)):
+            self.unclaim(ref)
+
+    def unclaim(self, ref: GangRef) -> None:
+        """Release the claim of a gang this replica holds nothing for."""
+        if ref.key not in self.owned:
+            self.claims.release(ref)
 
     def _place(self, key: str, ref: GangRef, policy: Policy, rng: random.Random
                ) -> GangAnswer | None:
@@ -227,30 +256,86 @@ class GangHolds:
             look = self._look(key)  # again, now that the claim is ours
             if not isinstance(look, _Ready):
                 return look
-            cache = self.cache
-            placed = place_gang(cache.state, look.gang, policy, rng, cache.catalogue,
-                                rule=lambda s, m: cache.modes.constraints(s, m, cache.catalogue))
+            rules: dict[str, Constraints] = {}
+            placed = place_gang(self.cache.state, look.gang, policy, rng, self.cache.catalogue,
+                                rule=lambda s, m: self._rule(rules, s, m))
             if not placed.ok:
-                answer = GangAnswer(ref.key, reason=placed.reason)
-                self._remember(ref.key, look.stamp, answer)
-                log.info("%s", placed.summary())
-                return answer
-            nodes = {a.gpu_node: cache.state.nodes[cache.state.index[a.gpu_node]]
-                     for a in placed.allocations}
-        by_node = self._entries(look, placed)
-        charged, refused = self.quota.admit(ref.key, {u: e for entries in by_node.values()
-                                                      for u, e in entries.items()})
+                return self._refused(look, placed, rules, policy)
+            holding = self._held(placed, look.who, {})
+        why = self._charge_and_hold(ref, placed, *holding)
+        if why is not None:
+            return GangAnswer(ref.key, reason=why)
+        held = self.owned[ref.key].held
+        return GangAnswer(ref.key, node=held[key]) if key in held else None
+
+    def _rule(self, rules: dict[str, Constraints], state: ClusterState, m: PodRequest
+              ) -> Constraints:
+        """A member's constraints, remembered for a preemption to use."""
+        if m.key not in rules:
+            rules[m.key] = self.cache.modes.constraints(state, m, self.cache.catalogue)
+        return rules[m.key]
+
+    def _refused(self, look: _Ready, placed: GangPlacement, rules: Mapping[str, Constraints],
+                 policy: Policy) -> GangAnswer:
+        """The answer to a gang that does not fit (under the lock): its reason, and whether
+        room is being made for it by preemption (when room is what it lacks)."""
+        reason = placed.reason
+        assert reason is not None
+        log.info("%s", placed.summary())
+        note = self.room.consider(look.ref, look.gang, self._priority(look), rules, look.who,
+                                  policy) \
+            if self.room is not None and reason.check is Check.GPU_FREE else ""
+        if note:
+            return GangAnswer(look.ref.key, reason=replace(
+                reason, message=f"{reason.message}; {note}", summary=""))
+        answer = GangAnswer(look.ref.key, reason=reason)
+        self._remember(look.ref.key, look.stamp, answer)
+        return answer
+
+    def _priority(self, look: _Ready) -> int | None:
+        """The gang's priority (its lowest member's), None when a member may not preempt
+        (``spec.preemptionPolicy: Never``; under the lock)."""
+        pods = [as_json(self.cache.unbound.get(m.key)) for m in look.gang.members]
+        if not all(may_preempt(p) for p in pods):
+            return None
+        return min(pod_priority(p) for p in pods)
+
+    def hold_placed(self, ref: GangRef, placed: GangPlacement, who: Mapping[str, str],
+                    displaces: Mapping[str, tuple[str, ...]]) -> Reason | None:
+        """Charge and hold ``placed`` (the members' holds on each node standing for the
+        pods ``displaces`` names there); None when done, else why not (nothing stays)."""
+        with self.cache.lock:
+            if any(a.gpu_node not in self.cache.state.index for a in placed.allocations):
+                return _waiting(ref, "a node of its placement is gone").why()
+            held = self._held(placed, who, displaces)
+        return self._charge_and_hold(ref, placed, *held)
+
+    def _held(self, placed: GangPlacement, who: Mapping[str, str],
+              displaces: Mapping[str, tuple[str, ...]]
+              ) -> tuple[dict[str, dict[str, Entry]], dict[str, Node], Scoped]:
+        """The hold entries by node, the nodes' layouts and the quota scopes to charge
+        (under the lock)."""
+        state = self.cache.state
+        by_node = self._entries(placed, who, displaces)
+        nodes = {n: state.nodes[state.index[n]] for n in by_node}
+        return by_node, nodes, self.quota.scopes({u: e for entries in by_node.values()
+                                                  for u, e in entries.items()})
+
+    def _charge_and_hold(self, ref: GangRef, placed: GangPlacement,
+                         by_node: dict[str, dict[str, Entry]], nodes: dict[str, Node],
+                         scoped: Scoped) -> Reason | None:
+        charged, refused = self.quota.admit(ref.key, scoped)
         if refused:
-            return GangAnswer(ref.key, reason=Reason("", Check.QUOTA, refused, False))
+            return Reason("", Check.QUOTA, refused, False)
         failed = self._hold(by_node, nodes)
         if failed:
             self.quota.release(charged)
             return _waiting(ref, f"its holds could not be written ({failed}); it is placed "
-                                 "again at its members' next attempt")
+                                 "again at its members' next attempt").why()
         held = {a.key: a.gpu_node for a in placed.allocations}
         self.owned[ref.key] = Owned(ref, held, self.clock() + self.settings.timeout_s, charged)
         log.info("%s; held until %s", placed.summary(), _stamp(self.owned[ref.key].expires_s))
-        return GangAnswer(ref.key, node=held[key]) if key in held else None
+        return None
 
     def _look(self, key: str) -> GangAnswer | _Ready | None:
         """The gang of pod ``key`` as the cache has it (under the lock): what to answer, or
@@ -261,6 +346,11 @@ class GangHolds:
             return None
         held = cache.live_hold(key)
         if held is not None:
+            left = sum(1 for v in held[1].displaces if v in cache.pods)
+            if left:  # preempted for the gang: its slices are free once they are gone
+                return _waiting(ref, f"making room on node {held[0]}: waiting for {left} "
+                                     f"preempted pod{'s' if left > 1 else ''} to leave; "
+                                     "their GPU slices are held for this member")
             return GangAnswer(ref.key, node=held[0])
         terms = cache.gangs.terms(ref)
         if terms is None:
@@ -329,16 +419,19 @@ class GangHolds:
         self.refused[gang] = (stamp, answer)
 
     # -- holds ------------------------------------------------------------------------------
-    def _entries(self, look: _Ready, placed: GangPlacement) -> dict[str, dict[str, Entry]]:
-        """The members' hold entries, by node."""
+    def _entries(self, placed: GangPlacement, who: Mapping[str, str],
+                 displaces: Mapping[str, tuple[str, ...]]) -> dict[str, dict[str, Entry]]:
+        """The members' hold entries, by node (each standing for the pods ``displaces``
+        names on its node: the victims' room stays the gang's until every member binds)."""
         now = self.clock()
         by_node: dict[str, dict[str, Entry]] = {}
-        members = {m.key: m for m in look.gang.members}
+        members = {m.key: m for m in placed.gang.members}
         for alloc, charge in zip(placed.allocations, placed.charges, strict=True):
-            m = members[alloc.key]
-            by_node.setdefault(alloc.gpu_node, {})[alloc.key] = Entry(
-                alloc, look.who.get(alloc.key, alloc.key), _stamp(now), m.tenant, m.gpu_class,
-                charge.group, HOLD, _stamp(now + self.settings.timeout_s))
+            m, node = members[alloc.key], alloc.gpu_node
+            by_node.setdefault(node, {})[alloc.key] = Entry(
+                alloc, who.get(alloc.key, alloc.key), _stamp(now), m.tenant, m.gpu_class,
+                charge.group, HOLD, _stamp(now + self.settings.timeout_s),
+                displaces.get(node, ()))
         return by_node
 
     def _hold(self, by_node: dict[str, dict[str, Entry]], nodes: dict[str, Node]) -> str:
@@ -391,6 +484,23 @@ class GangHolds:
                 log.warning("removing gang holds from the GPU ledger of %s: %s", node, exc)
                 return
 
+    def _release(self, owned: Owned) -> None:
+        """Remove the holds of ``owned`` that are still holds, and their quota charges."""
+        by_node: dict[str, list[str]] = {}
+        for uid, node in owned.held.items():
+            by_node.setdefault(node, []).append(uid)
+        for node, uids in sorted(by_node.items()):
+            self._unhold(node, uids)
+        self.quota.release(owned.charged)
+
+    def drop(self, ref: GangRef) -> None:
+        """Let go of what this replica holds for ``ref`` (its preemption failed): its holds,
+        their charges and its claim; the gang waits whole again."""
+        owned = self.owned.pop(ref.key, None)
+        if owned is not None:
+            self._release(owned)
+        self.unclaim(ref)
+
     # -- housekeeping -----------------------------------------------------------------------
     def close(self) -> None:
         self.writers.shutdown(wait=True)
@@ -407,12 +517,7 @@ class GangHolds:
             if state == "holding":
                 continue
             if state == "incomplete":
-                by_node: dict[str, list[str]] = {}
-                for uid, node in owned.held.items():
-                    by_node.setdefault(node, []).append(uid)
-                for node, uids in sorted(by_node.items()):
-                    self._unhold(node, uids)
-                self.quota.release(owned.charged)
+                self._release(owned)
                 log.info("%s can no longer reach its quorum: its GPU slices are released",
                          key)
             self.claims.release(owned.ref)

@@ -4,11 +4,11 @@ every bind that waited for it (``state.turns.Batches``).
 A bind decides under the cache lock and holds its allocation there, so binds onto one
 node decide around each other; their entries then go to the node's ledger together, in
 one compare-and-swap, checked together against the ledger as the cache holds it:
-``FitCheck`` on the entries at that version, less those the write prunes, plus every new
-entry. When the write is lost (another replica wrote first: ``Conflict``; or the entries
-do not fit: ``OverCommit``) every bind of the batch gets the same error and decides
-again; the ledger is read again once, by the writer, unless the cache already holds a
-newer version.
+``FitCheck`` on the entries at that version, less those the write prunes and those the
+new entries displace (a gang's holds made by preemption), plus every new entry. When the
+write is lost (another replica wrote first: ``Conflict``; or the entries do not fit:
+``OverCommit``) every bind of the batch gets the same error and decides again; the ledger
+is read again once, by the writer, unless the cache already holds a newer version.
 """
 
 from __future__ import annotations
@@ -88,7 +88,8 @@ class LedgerBatches:
             prune = [u for u in self.cache.prunable(view) if u not in keys]
         allocs = [p.entry.allocation for p in batch]
         try:
-            held = [a for a in counted(view, prune, replacing=keys) if a.key not in keys]
+            gone = keys | {v for p in batch for v in p.entry.displaces}  # a gang's holds
+            held = [a for a in counted(view, prune, replacing=keys) if a.key not in gone]
             self.fits.check(batch[-1].node, [*held, *allocs[:-1]], allocs[-1],
                             self.cache.state.memory_unit_mib)
             written = self.ledgers.commit_all(view, {p.key: p.entry for p in batch}, prune)

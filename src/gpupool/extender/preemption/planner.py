@@ -36,7 +36,7 @@ compare-and-swap on the node's GPULedger, checked to fit with its victims counte
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
@@ -142,23 +142,33 @@ def take(cache: ClusterCache, want: Want) -> Ask | NoVictims | None:
 
 
 def candidates(ask: Ask, nodes: Sequence[str] | None = None) -> list[Candidate]:
-    """The pods gpupool placed on the sent nodes (or ``nodes``) — their own, or remote
-    slices those nodes serve to pods bound elsewhere — whose decisions the state holds,
-    not displaced by a live hold, other than the pod itself and gang members (a gang is
-    never evicted in part: docs/gangs.md), as the core's candidates: node by node in the
-    sent order, each node's by UID (the order ``select`` breaks its last ties in)."""
-    state, out = ask.state.state(), []
-    for node in ask.sent if nodes is None else nodes:
+    """The pods gpupool placed on the sent nodes (or ``nodes``) as the core's candidates,
+    other than the pod itself and gang members (a single pod never evicts a gang:
+    docs/gangs.md): ``placed`` over the ask."""
+    return placed(ask.state.state(), ask.pods, ask.displaced, ask.budgets,
+                  ask.sent if nodes is None else nodes, {ask.key})
+
+
+def placed(state: ClusterState, pods: Mapping[str, PodFacts], displaced: Collection[str],
+           budgets: Budgets, nodes: Sequence[str], skip: Collection[str],
+           gangs: bool = False) -> list[Candidate]:
+    """The pods gpupool placed on ``nodes`` — their own, or remote slices those nodes serve
+    to pods bound elsewhere — whose decisions ``state`` holds, not ``displaced`` by a live
+    hold nor in ``skip``, as the core's candidates (gang members with their gang, only when
+    ``gangs``): node by node in that order, each node's by UID (the order ``select`` breaks
+    its last ties in), each pod once."""
+    out: dict[str, Candidate] = {}
+    for node in nodes:
         for alloc in sorted(state.allocations_on(node), key=lambda a: a.key):
-            f = ask.pods.get(alloc.key)
+            f = pods.get(alloc.key)
             if f is None or f.decision is None or f.node != alloc.node or \
-                    alloc.key in ask.displaced or alloc.key == ask.key or \
-                    not _same(alloc, f.decision) or f.gang is not None:
+                    alloc.key in displaced or alloc.key in skip or alloc.key in out or \
+                    not _same(alloc, f.decision) or (f.gang is not None and not gangs):
                 continue
-            out.append(Candidate(alloc, f.priority, f.charge(),
-                                 ask.budgets.covering(f.namespace, f.labels), f.leaving,
-                                 f.bound_s))
-    return out
+            out[alloc.key] = Candidate(alloc, f.priority, f.charge(),
+                                       budgets.covering(f.namespace, f.labels), f.leaving,
+                                       f.bound_s, f.gang.key if f.gang is not None else "")
+    return list(out.values())
 
 
 def _same(held: Allocation, decision: Allocation) -> bool:

@@ -342,13 +342,13 @@ class Preemptor:
                 self._give_up(plan, "refused", f"evicting {v.namespace}/{v.name}: {exc}")
                 return
             self.metrics.preempted.inc()
-            self._event(v.namespace, v.name, v.uid, "Preempted", False,
+            self.event(v.namespace, v.name, v.uid, "Preempted", False,
                         f"Preempted by pod {plan.namespace}/{plan.name} (priority "
                         f"{plan.priority}) on node {plan.node}: gpupool frees its GPU slices "
                         "for a pod of higher priority")
         self.metrics.preemptions.labels("held").inc()
         names = ", ".join(v.describe() for v in plan.victims) or "none (pods already leaving)"
-        self._event(plan.namespace, plan.name, plan.uid, "GpupoolPreempting", False,
+        self.event(plan.namespace, plan.name, plan.uid, "GpupoolPreempting", False,
                     f"making room on node {plan.node}: evicted {names}; the freed GPU slices "
                     f"are held for this pod for {self.settings.hold_s:.0f}s")
         log.info("preempting for %s/%s on %s: %s", plan.namespace, plan.name, plan.node, names)
@@ -379,11 +379,11 @@ class Preemptor:
         log.info("preemption for %s/%s on %s %s: %s", plan.namespace, plan.name, plan.node,
                  outcome, why)
         if event:
-            self._event(plan.namespace, plan.name, plan.uid, "GpupoolPreemptionFailed", True,
+            self.event(plan.namespace, plan.name, plan.uid, "GpupoolPreemptionFailed", True,
                         f"could not make room on node {plan.node}: {why}; gpupool tries "
                         f"again in {self.settings.retry_s:.0f}s")
 
-    def _event(self, namespace: str, name: str, uid: str, reason: str, warning: bool,
+    def event(self, namespace: str, name: str, uid: str, reason: str, warning: bool,
                message: str) -> None:
         try:
             self.kube.create_pod_event(namespace, name, uid, reason, message, warning,

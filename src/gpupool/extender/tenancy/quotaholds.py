@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 
 Charged = dict[str, tuple[str, ...]]
 """QuotaLedger name -> the members whose hold entries it got."""
+Scoped = dict[str, tuple[str, dict[str, Entry]]]
+"""QuotaLedger name -> (its scope, the members' entries it is to get)."""
 
 
 class GangQuota:
@@ -46,14 +48,18 @@ class GangQuota:
     def __init__(self, gate: QuotaGate):
         self.gate = gate
 
-    def admit(self, gang: str, entries: Mapping[str, Entry]) -> tuple[Charged, str]:
-        """(the ledgers written, '' when every scope took the members' hold ``entries``
-        (pod uid -> entry), else the first scope's reason; then nothing stays written)."""
-        by_scope: dict[str, tuple[str, dict[str, Entry]]] = {}
-        with self.gate.cache.lock:
-            for uid, entry in entries.items():
-                for name, scope in scopes_of(self.gate.cache, charge_of_entry(entry)).items():
-                    by_scope.setdefault(name, (scope, {}))[1][uid] = entry
+    def scopes(self, entries: Mapping[str, Entry]) -> Scoped:
+        """The members' hold ``entries`` (pod uid -> entry) by the QuotaLedger of each scope
+        their charges fall under (under the cache lock)."""
+        by_scope: Scoped = {}
+        for uid, entry in entries.items():
+            for name, scope in scopes_of(self.gate.cache, charge_of_entry(entry)).items():
+                by_scope.setdefault(name, (scope, {}))[1][uid] = entry
+        return by_scope
+
+    def admit(self, gang: str, by_scope: Scoped) -> tuple[Charged, str]:
+        """(the ledgers written, '' when every scope took its members' entries
+        (``scopes``), else the first scope's reason; then nothing stays written)."""
         written: Charged = {}
         for name, (scope, mine) in sorted(by_scope.items()):
             why = self._admit_in(name, scope, gang, mine)
