@@ -61,6 +61,67 @@ def test_an_error_before_any_work_loads_only_what_its_check_needs(
     assert loaded(*argv, cwd=tmp_path) & set(HEAVY) <= allowed
 
 
+GPUS = "gpus:\n  - {uuid: GPU-0, model: Tesla-T4, memoryMiB: 15360}\n"
+"""A fake GPU file the node agent's checks accept, so that the kubeconfig comes next."""
+SLICE = ("--pod-uid", "u1", "--pod-name", "lab/train", "--container", "main", "--gpu-uuid",
+         "GPU-0", "--memory-mib", "1024", "--core-pct", "20")
+
+
+@pytest.mark.parametrize(("argv", "allowed"), [
+    (("extender", "--port", "0"), set()),
+    (("extender", "--policy", "bestfit"), set()),
+    (("extender", "--weight", "fgd-balance.lamda=1"), {"numpy"}),
+    (("extender", "--kubeconfig", "absent.yaml"), {"numpy", "lightkube", "httpx2"}),
+    (("device-plugin", "--split", "x"), set()),
+    (("device-plugin",), set()),
+    (("device-plugin", "--node-name", "n1", "--fake-gpus", "absent.yaml"), {"numpy"}),
+    (("device-plugin", "--node-name", "n1", "--fake-gpus", "gpus.yaml", "--kubeconfig",
+      "absent.yaml"), {"numpy", "lightkube", "httpx2"}),
+    (("webhook", "--port", "x"), set()),
+    (("webhook", "--remote-provider", "stub"), set()),
+    (("webhook", "--kubeconfig", "absent.yaml"), {"lightkube", "httpx2"}),
+    (("mps-helper", "--socket"), set()),
+    (("mps-helper", "--fake-gpus", "absent.yaml"), {"numpy"}),
+    (("slice-server", *SLICE, "--core-pct", "200", "--credentials-dir", "absent"), set()),
+    (("slice-server", *SLICE, "--provider", "command", "--credentials-dir", "absent"), set()),
+    (("slice-server", *SLICE, "--credentials-dir", "absent"), {"cryptography"}),
+    (("slice-client", "--pod-uid", "u1", "--slice-server", "bad", "--credentials-dir",
+      "absent"), set()),
+    (("slice-client", "--pod-uid", "u1", "--slice-server", "10.0.3.7:14900",
+      "--credentials-dir", "absent"), {"cryptography"}),
+], ids=["extender: bad flag", "extender: unknown policy", "extender: unknown weight",
+        "extender: no kubeconfig", "device-plugin: bad flag", "device-plugin: no node name",
+        "device-plugin: no fake GPU file", "device-plugin: no kubeconfig",
+        "webhook: bad flag", "webhook: no sidecar image", "webhook: no kubeconfig",
+        "mps-helper: bad flag", "mps-helper: no fake GPU file", "slice-server: bad flag",
+        "slice-server: no provider command", "slice-server: no credentials",
+        "slice-client: bad flag", "slice-client: no credentials"])
+def test_a_servers_error_before_it_starts_loads_only_what_its_check_needs(
+        argv: tuple[str, ...], allowed: set[str], tmp_path: Path) -> None:
+    """The credentials' own check reads them with cryptography: a missing file is found
+    there."""
+    (tmp_path / "gpus.yaml").write_text(GPUS)
+    assert loaded(*argv, cwd=tmp_path) & set(HEAVY) <= allowed
+
+
+@pytest.mark.parametrize("command", ["extender", "device-plugin", "webhook", "mps-helper",
+                                     "slice-server", "slice-client", "slice-stub"])
+def test_a_servers_help_loads_no_heavy_library(command: str) -> None:
+    assert loaded(command, "--help") & set(HEAVY) == set()
+
+
+KUBECTL_PROBE = PROBE.replace("gpupool.cli.main", "gpupool.cli.kubectl")
+
+
+@pytest.mark.parametrize("argv", [("--help",), ("pod", "--help"), ("nodes", "-o", "xml")],
+                         ids=["help", "a view's help", "bad flag"])
+def test_the_kubectl_plugins_help_and_bad_flags_load_no_heavy_library(
+        argv: tuple[str, ...]) -> None:
+    proc = subprocess.run([sys.executable, "-c", KUBECTL_PROBE, *argv], capture_output=True,
+                          text=True, check=True)
+    assert set(json.loads(proc.stdout.splitlines()[-1])) & set(HEAVY) == set()
+
+
 def test_the_help_line_of_a_command_not_built_is_the_one_its_module_registers() -> None:
     def lines(parser: argparse.ArgumentParser) -> dict[str, str | None]:
         sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
