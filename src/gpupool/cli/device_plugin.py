@@ -11,7 +11,7 @@ import argparse
 import logging
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gpupool.cli.args import (
     KUBECONFIG_HELP,
@@ -30,15 +30,13 @@ from gpupool.cli.defaults import (
     OVERUSE_ACTIONS,
     STRATEGIES,
 )
+from gpupool.cli.gpus import gpu_backend
 from gpupool.contract import dra
 from gpupool.contract.isolation import ProviderName
 from gpupool.contract.slices import PROVIDERS
 from gpupool.core.errors import InvalidInput
 from gpupool.nodeagent.isolation.mpsdaemon import CONTROL
 from gpupool.nodeagent.logical import DEFAULT_MIB_PER_DEVICE
-
-if TYPE_CHECKING:
-    from gpupool.nodeagent.gpu import GpuBackend
 
 AUTO = "auto"
 
@@ -206,14 +204,3 @@ def run(args: argparse.Namespace) -> int:
     from gpupool.cli.device_plugin_run import serve
 
     return serve(args, api, backend, exposure)
-
-
-def gpu_backend(fake_gpus: Path | None) -> GpuBackend:
-    """The node's GPUs: from the fake GPU file, else through NVML."""
-    if fake_gpus:
-        from gpupool.nodeagent.fakegpus import FakeGpuBackend
-
-        return FakeGpuBackend(fake_gpus)
-    from gpupool.nodeagent.nvml import NvmlGpuBackend
-
-    return NvmlGpuBackend()

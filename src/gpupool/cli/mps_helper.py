@@ -40,7 +40,7 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: "
                                                      "%(message)s")
-    from gpupool.cli.device_plugin import gpu_backend  # the GPUs as the node agent finds them
+    from gpupool.cli.gpus import gpu_backend
     from gpupool.nodeagent.isolation.computemode import ComputeModeHelper
 
     backend = gpu_backend(args.fake_gpus)
