@@ -18,9 +18,9 @@ import argparse
 import random
 import time
 
-from gpupool.core.allocation import Allocation, Slice
+from bench_preemption import GIB, cluster
+
 from gpupool.core.gang import Gang
-from gpupool.core.model import uniform_node
 from gpupool.core.policies import make_policy
 from gpupool.core.policies.config import PolicyConfig
 from gpupool.core.request import GpuDemand, Mode, PodRequest
@@ -28,23 +28,12 @@ from gpupool.core.state import ClusterState
 from gpupool.core.victims import Candidate, Room, Selection, below, select
 from gpupool.core.victims_gang import GangRoom, GangSelection, select_gang
 
-GIB = 1024
 ASK = GpuDemand(1, 40 * GIB, 0, Mode.SHARED)
 
 
 def full(nodes: int, seed: int) -> tuple[ClusterState, list[Candidate]]:
-    rng = random.Random(seed)
-    state = ClusterState([uniform_node(f"n{i}", 64000, 512 * GIB, 8, "A100", 80 * GIB)
-                          for i in range(nodes)])
-    cands = []
-    for node in state.nodes:
-        for j, gpu in enumerate(node.gpus):
-            for k in range(2):
-                alloc = Allocation(f"{node.name}-{j}-{k}", node.name, 0, 0,
-                                   (Slice(gpu.uuid, j, 40 * GIB, 50),))
-                state.reserve(alloc)
-                cands.append(Candidate(alloc, rng.randint(0, 99)))
-    return state, cands
+    """Two 40 GiB pods on every GPU, priorities 0-99."""
+    return cluster(nodes, 2, 40 * GIB, seed, same_priority=False)
 
 
 def best_of(fn: object, repeat: int) -> tuple[float, object]:

@@ -36,6 +36,11 @@ held (``Binder``). Holds end when their members bind, at the timeout (the entrie
 claim expire), or when the gang can no longer reach its quorum (a member or its PodGroup
 deleted): ``sweep``, on the replica that placed it, removes its holds, their quota
 charges and its claim.
+
+A gang that finds no room for its quorum may have it made by preemption (``room``, set
+by the composition root: ``preemption.gangpreempt``); its claim stays held meanwhile, and
+the plan's holds go through ``hold_placed`` (each hold displacing the victims of its node,
+whose room the member waits for). ``drop`` lets go of it all when an eviction is refused.
 """
 
 from __future__ import annotations
