@@ -34,7 +34,8 @@ def test_the_stub_provider_wires_controller_webhook_namespace_and_network_policy
     assert {"--remote-provider=stub", "--slice-namespace=gpupool-slices",
             "--slice-server-image=gpupool:0.1.0", "--slice-lost-after=30"} <= set(args)
     agent = one(docs, "DaemonSet", "gpupool-node-agent")["spec"]["template"]["spec"]
-    assert "--slice-namespace=gpupool-slices" in agent["containers"][0]["args"]
+    assert {"--slice-namespace=gpupool-slices", "--remote-provider=stub"} <= set(
+        agent["containers"][0]["args"])  # remote-allowed pods served elsewhere: no device
     extender = container(docs, "Deployment", "gpupool-extender")["args"]
     assert {"--remote-slices", "--topology-label=topology.kubernetes.io/zone"} <= set(extender)
     hook = container(docs, "Deployment", "gpupool-webhook")["args"]
@@ -52,11 +53,16 @@ def test_lupine_needs_its_image_and_command() -> None:
     assert "remote.provider lupine needs remote.server.image" in helm_error(
         "--set", "remote.provider=lupine")
     docs = render("remote.provider=lupine", "remote.server.image=reg.example/lupine-gp:1",
-                  "remote.server.lupineCommand=/opt/lupine/server")
+                  "remote.server.lupineCommand=/opt/lupine/server",
+                  "remote.lupineClientLibrary=/opt/lupine/libscuda.so")
     args = container(docs, "Deployment", "gpupool-controller")["args"]
     assert {"--slice-server-image=reg.example/lupine-gp:1",
             "--lupine-server-command=/opt/lupine/server",
             "--lupine-server-env=SCUDA_PORT={port}"} <= set(args)
+    agent = one(docs, "DaemonSet", "gpupool-node-agent")["spec"]["template"]["spec"]
+    hook = container(docs, "Deployment", "gpupool-webhook")["args"]
+    same = {"--remote-provider=lupine", "--lupine-client-library=/opt/lupine/libscuda.so"}
+    assert same <= set(agent["containers"][0]["args"]) and same <= set(hook)
 
 
 def secret(name: str, component: str = "slice-client", kind: str = "kubernetes.io/tls"
