@@ -6,8 +6,9 @@ decides their GPUs and limits (NVIDIA_VISIBLE_DEVICES, CUDA_MPS_*, HAMi-core's
 variables, LD_PRELOAD, GPUPOOL_*); gives GPU pods gpupool's scheduler and the implied
 gpupool.io/gpu, and remote-required pods the client side of their remote GPU slice (the
 slice-client sidecar, gpupool.io/remote-gpu; remote-allowed pods the sidecar alone, which
-serves only a slice placed elsewhere); validates ResourceClasses and ResourceGroups. Makes and renews its own certificate (or serves one cert-manager made:
---certificates external) and keeps the caBundle of its webhook configurations current.
+serves only a slice placed elsewhere); validates ResourceClasses and ResourceGroups.
+Makes and renews its own certificate (or serves one cert-manager made: --certificates
+external) and keeps the caBundle of its webhook configurations current.
 See docs/webhook.md.
 """
 
