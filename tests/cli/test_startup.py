@@ -145,7 +145,7 @@ RESTATED: list[tuple[str, str, Callable[[Any], Any]]] = [
     ("DEFAULT_POLICY", "gpupool.core.policies", lambda m: m.DEFAULT_POLICY),
     ("ZONE_LABEL", "gpupool.core.serving", lambda m: m.ZONE_LABEL),
     ("SCHEDULER_NAME", "gpupool.extender.bind.gate", lambda m: m.DEFAULT_SCHEDULER),
-    ("GANG_TIMEOUT_S", "gpupool.extender.bind.gangholds", lambda m: m.GANG_TIMEOUT_S),
+    ("GANG_TIMEOUT_S", "gpupool.extender.bind.gangclaims", lambda m: m.GANG_TIMEOUT_S),
     ("SERVING_SECRET", "gpupool.extender.edge.tls", lambda m: m.SERVING_SECRET),
     ("CLIENT_SECRET", "gpupool.extender.edge.tls", lambda m: m.CLIENT_SECRET),
     ("SERVICE", "gpupool.extender.edge.tls", lambda m: m.SERVICE),

@@ -14,7 +14,7 @@ from gpupool.contract import names
 from gpupool.core.allocation import Allocation
 from gpupool.core.policies import DEFAULT_POLICY
 from gpupool.core.serving import ServingConfig
-from gpupool.extender.bind.gangholds import GangSettings
+from gpupool.extender.bind.gangclaims import GangSettings
 from gpupool.extender.metrics import Metrics
 from gpupool.extender.preemption.plans import PreemptionSettings
 from gpupool.extender.service import Extender, Settings

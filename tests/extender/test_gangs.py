@@ -14,7 +14,7 @@ from gpupool_testing.fake_apiserver import FakeApiServer
 
 from gpupool.contract import annotations as records
 from gpupool.contract import names
-from gpupool.extender.bind.gangholds import GangSettings, claim_name
+from gpupool.extender.bind.gangclaims import GangSettings, claim_name
 from gpupool.extender.preemption.plans import PreemptionSettings
 from gpupool.extender.state.ledger import view_of
 from tests.go_format import sprintf

@@ -20,7 +20,7 @@ ZONE_LABEL = "topology.kubernetes.io/zone"  # gpupool.core.serving.ZONE_LABEL
 
 # the extender's
 SCHEDULER_NAME = "gpupool-scheduler"  # gpupool.extender.bind.gate.DEFAULT_SCHEDULER
-GANG_TIMEOUT_S = 300.0  # gpupool.extender.bind.gangholds.GANG_TIMEOUT_S
+GANG_TIMEOUT_S = 300.0  # gpupool.extender.bind.gangclaims.GANG_TIMEOUT_S
 SERVING_SECRET = "gpupool-extender-tls"  # gpupool.extender.edge.tls.SERVING_SECRET
 CLIENT_SECRET = "gpupool-scheduler-client"  # gpupool.extender.edge.tls.CLIENT_SECRET
 SERVICE = "gpupool-extender"  # gpupool.extender.edge.tls.SERVICE

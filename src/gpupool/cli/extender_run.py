@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import uvicorn
 
 from gpupool.core.serving import ZONE_LABEL, ServingConfig
-from gpupool.extender.bind.gangholds import GangSettings
+from gpupool.extender.bind.gangclaims import GangSettings
 from gpupool.extender.bind.reconcile import LedgerReconciler
 from gpupool.extender.edge.app import build_app, build_probes, build_verbs
 from gpupool.extender.edge.connections import ConnectionRules

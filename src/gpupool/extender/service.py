@@ -85,7 +85,8 @@ from gpupool.core.request import PodRequest, Serving
 from gpupool.core.serving import Homes, ServingConfig, ServingPlacer
 from gpupool.core.state import ClusterState, IntArray
 from gpupool.extender.bind.binder import Binder
-from gpupool.extender.bind.gangholds import GangAnswer, GangClaims, GangHolds, GangSettings
+from gpupool.extender.bind.gangclaims import GangClaims, GangSettings
+from gpupool.extender.bind.gangholds import GangAnswer, GangHolds
 from gpupool.extender.bind.gate import DEFAULT_SCHEDULER, assumable, bindable_request
 from gpupool.extender.bind.replacement import Replacer
 from gpupool.extender.dra.drascores import claim_priorities

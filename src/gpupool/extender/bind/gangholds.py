@@ -45,9 +45,7 @@ whose room the member waits for). ``drop`` lets go of it all when an eviction is
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import math
 import random
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -65,39 +63,24 @@ from gpupool.core.reasons import Check, Reason
 from gpupool.core.request import PodRequest, Serving
 from gpupool.core.scoring import Policy
 from gpupool.core.state import ClusterState
+from gpupool.extender.bind.gangclaims import GangClaims, GangSettings
 from gpupool.extender.bind.gate import DEFAULT_SCHEDULER, as_json, assumable
 from gpupool.extender.bind.ledgerbatch import LedgerBatches
 from gpupool.extender.state.cache import ClusterCache
 from gpupool.extender.state.ledger import HOLD, Entry, Ledgers
 from gpupool.extender.tenancy.quotaholds import Charged, GangQuota, Scoped
 from gpupool.extender.wire.podspec import may_preempt, pod_priority, pod_request
-from gpupool.kube.api import KubeApi
-from gpupool.kube.errors import AlreadyExists, Conflict, KubeError, NotFound
-from gpupool.kube.lease import LeaseLock, LeaseRecord, micro_time
+from gpupool.kube.errors import Conflict, KubeError, NotFound
+from gpupool.kube.lease import micro_time
 
 log = logging.getLogger(__name__)
 
-GANG_TIMEOUT_S = 300.0
-"""How long a gang's holds wait for its members to bind: kube-scheduler's GangScheduling
-plugin lets members wait at Permit for 5 minutes."""
-CLAIM_PREFIX = "gpupool-gang-"
-CLAIM_ANNOTATION = "gpupool.io/gang"  # on a claim: the gang it is for, as messages name it
 MAX_MEMBERS = 256
 """The most members a gang may ask to place at once: the core places them under the cache
 lock (docs/benchmarks.md, "Gangs in the extender"); a bigger gang is refused."""
 WRITE_ATTEMPTS = 3
 WRITERS = 8  # a gang's ledgers written at once (each node's in its own turn)
 REMEMBERED = 4096
-
-
-@dataclass(frozen=True, slots=True)
-class GangSettings:
-    """``timeout_s``: how long holds wait for their members' binds; ``namespace``: where
-    the claims (Leases) are; ``instance``: this replica, as claims name their holder."""
-
-    timeout_s: float = GANG_TIMEOUT_S
-    namespace: str = "gpupool-system"
-    instance: str = "gpupool-extender"
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,60 +129,6 @@ class RoomMaker(Protocol):
     def busy(self, gang: str) -> bool:
         """Whether room is being made for ``gang``."""
         ...
-
-
-def claim_name(ref: GangRef) -> str:
-    """The Lease that claims ``ref`` (names are DNS labels: the gang's key hashed)."""
-    return CLAIM_PREFIX + hashlib.sha256(ref.key.encode()).hexdigest()[:24]
-
-
-class GangClaims:
-    """One Lease per gang, the compare-and-swap two replicas share: whoever creates it (or
-    replaces it at the version read once it expired) places the gang."""
-
-    def __init__(self, kube: KubeApi, settings: GangSettings, clock: Callable[[], float]):
-        self.kube, self.settings, self.clock = kube, settings, clock
-
-    def _lock(self, ref: GangRef) -> LeaseLock:
-        return LeaseLock(self.kube, self.settings.namespace, claim_name(ref),
-                         {CLAIM_ANNOTATION: ref.key})
-
-    def take(self, ref: GangRef) -> str:
-        """'' when this replica now holds the claim, else who holds it (or why not)."""
-        now = datetime.fromtimestamp(self.clock(), UTC)
-        mine = LeaseRecord(self.settings.instance, max(1, math.ceil(self.settings.timeout_s)),
-                           now, now)
-        lock = self._lock(ref)
-        try:
-            lock.create(mine)
-            return ""
-        except AlreadyExists:
-            pass
-        except KubeError as exc:
-            return f"its claim could not be written ({exc})"
-        try:
-            stored = lock.get()
-            if stored is None:
-                lock.create(mine)
-                return ""
-            held = stored.record
-            ends = held.renew_time.timestamp() + held.lease_duration_s \
-                if held.renew_time is not None else 0.0
-            if held.holder and held.holder != self.settings.instance and ends > self.clock():
-                return f"extender replica {held.holder}"
-            lock.update(replace(mine, transitions=held.transitions + 1),
-                        stored.resource_version)
-            return ""
-        except (AlreadyExists, Conflict):
-            return "another extender replica"
-        except KubeError as exc:
-            return f"its claim could not be written ({exc})"
-
-    def release(self, ref: GangRef) -> None:
-        try:
-            self._lock(ref).delete()
-        except KubeError as exc:  # it expires anyway
-            log.warning("releasing the claim of %s: %s", ref.key, exc)
 
 
 class GangHolds:
