@@ -65,6 +65,7 @@ COMMANDS: tuple[Command, ...] = (
     Command(("simulate", "--nodes", "absent.csv", "--pods", "absent.csv"), "no such file"),
     Command(("controller", "--once", "--kubeconfig", "absent.yaml"), "no kubeconfig"),
     Command(("inspect", "--nodes", "absent.yaml", "--pod", "absent.yaml"), "no such file"),
+    Command(("controller", "--resync-seconds", "0"), "bad flag value"),
     Command(("extender", "--port", "0"), "bad flag value"),
     Command(("extender", "--policy", "bestfit"), "unknown policy"),
     Command(("extender", "--kubeconfig", "absent.yaml"), "no kubeconfig"),

@@ -68,6 +68,7 @@ SLICE = ("--pod-uid", "u1", "--pod-name", "lab/train", "--container", "main", "-
 
 
 @pytest.mark.parametrize(("argv", "allowed"), [
+    (("controller", "--resync-seconds", "0"), set()),
     (("extender", "--port", "0"), set()),
     (("extender", "--policy", "bestfit"), set()),
     (("extender", "--weight", "fgd-balance.lamda=1"), {"numpy"}),
@@ -89,9 +90,10 @@ SLICE = ("--pod-uid", "u1", "--pod-name", "lab/train", "--container", "main", "-
       "absent"), set()),
     (("slice-client", "--pod-uid", "u1", "--slice-server", "10.0.3.7:14900",
       "--credentials-dir", "absent"), {"cryptography"}),
-], ids=["extender: bad flag", "extender: unknown policy", "extender: unknown weight",
-        "extender: no kubeconfig", "device-plugin: bad flag", "device-plugin: no node name",
-        "device-plugin: no fake GPU file", "device-plugin: no kubeconfig",
+], ids=["controller: bad flag", "extender: bad flag", "extender: unknown policy",
+        "extender: unknown weight", "extender: no kubeconfig", "device-plugin: bad flag",
+        "device-plugin: no node name", "device-plugin: no fake GPU file",
+        "device-plugin: no kubeconfig",
         "webhook: bad flag", "webhook: no sidecar image", "webhook: no kubeconfig",
         "mps-helper: bad flag", "mps-helper: no fake GPU file", "slice-server: bad flag",
         "slice-server: no provider command", "slice-server: no credentials",
@@ -104,8 +106,9 @@ def test_a_servers_error_before_it_starts_loads_only_what_its_check_needs(
     assert loaded(*argv, cwd=tmp_path) & set(HEAVY) <= allowed
 
 
-@pytest.mark.parametrize("command", ["extender", "device-plugin", "webhook", "mps-helper",
-                                     "slice-server", "slice-client", "slice-stub"])
+@pytest.mark.parametrize("command", ["controller", "extender", "device-plugin", "webhook",
+                                     "mps-helper", "slice-server", "slice-client",
+                                     "slice-stub"])
 def test_a_servers_help_loads_no_heavy_library(command: str) -> None:
     assert loaded(command, "--help") & set(HEAVY) == set()
 

@@ -30,7 +30,6 @@ from typing import Any
 from gpupool.cli.args import KUBECONFIG_HELP, bounded
 from gpupool.contract import names
 from gpupool.contract.slices import PROVIDERS
-from gpupool.kube.controller_ops import ControllerApi
 
 
 def register(subparsers: Any) -> None:
@@ -203,6 +202,8 @@ def run(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "httpx2"):  # one line per API request at INFO
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.root.level))
+    from gpupool.kube.controller_ops import ControllerApi  # the Kubernetes client: now
+
     api = ControllerApi.open(kubeconfig=args.kubeconfig, server=args.server,
                              timeout_s=args.request_timeout)
     from gpupool.cli.controller_run import reconcile  # the controller's own modules
