@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import ast
 import json
+import os
+import select
 import socket
 import sys
 import threading
@@ -16,6 +18,7 @@ from typing import Any
 import httpx2
 import pytest
 from gpupool_testing.fake_apiserver import FakeApiServer
+from httpcore2._backends.sync import SyncStream
 from lightkube.config.kubeconfig import KubeConfig
 from lightkube.config.models import Cluster, User, UserExec
 
@@ -208,6 +211,67 @@ def test_a_broken_watch_stream_is_a_kube_error() -> None:
         assert "resourceVersion=5" in server.requests[0].path
         assert "watch=true" in server.requests[0].path
         api.close()
+
+
+def test_closing_frees_no_descriptor_a_reader_is_about_to_wait_on(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The race under ``close``: a watch reader has looked its socket's descriptor up and
+    is about to wait on it (``recv`` does both with the interpreter lock let go) when
+    another thread closes the API. Were the descriptor freed then, the next connection
+    opened would take its number, and the reader would wait on, and read, that other
+    connection. The real socket stream's read is paused between the look-up and the
+    wait; the number must still name the reader's own socket, shut down, and the reader
+    must end at once."""
+    looked_up, resume = threading.Event(), threading.Event()
+    numbers: list[int] = []
+    read = SyncStream.read
+
+    def paused_read(stream: SyncStream, max_bytes: int, timeout: float | None = None
+                    ) -> bytes:
+        number = stream.get_extra_info("socket").fileno()  # what recv looks up...
+        numbers.append(number)
+        looked_up.set()
+        resume.wait(30)
+        ready, _, _ = select.select([number], [], [], timeout)  # ...and waits on
+        return os.read(number, max_bytes) if ready else b""
+
+    with RawServer(quiet_after_one_event) as server:
+        transport = ApiTransport.for_config(config_for(server.url).get(), 1.0,
+                                            trust_env=False)
+        client = httpx2.Client(transport=transport, base_url=server.url)
+        response = client.send(client.build_request(
+            "GET", "/apis/gpupool.io/v1alpha1/gpuledgers?watch=true&timeoutSeconds=30"),
+            stream=True)
+        own = response.extensions["network_stream"].get_extra_info("socket")
+        identity = os.fstat(own.fileno()).st_ino
+        monkeypatch.setattr(SyncStream, "read", paused_read)
+        ended: list[bytes | BaseException] = []
+
+        def reader() -> None:
+            try:
+                ended.append(b"".join(response.iter_raw()))
+            except httpx2.HTTPError as exc:  # the assertion below says what
+                ended.append(exc)
+
+        thread = threading.Thread(target=reader)
+        thread.start()
+        try:
+            assert looked_up.wait(30)
+            transport.close()  # another thread closes the API...
+            other, peer = socket.socketpair()  # ...and the next connection is opened
+            with other, peer:
+                peer.sendall(b"bytes of another connection")
+                assert os.fstat(numbers[0]).st_ino == identity  # still the reader's socket
+                resume.set()
+                thread.join(30)
+                assert not thread.is_alive()
+                assert other.recv(100) == b"bytes of another connection"  # not read by it
+        finally:
+            resume.set()
+            monkeypatch.setattr(SyncStream, "read", read)
+        client.close()
+    assert isinstance(ended[0], httpx2.ReadError) and "closed" in str(ended[0])
+    assert own.fileno() == -1  # the reader let go: its connection is closed
 
 
 # -- connections -------------------------------------------------------------------------------

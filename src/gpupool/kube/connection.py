@@ -22,9 +22,15 @@ with the TLS context lightkube's own ``verify_cluster`` makes, plus:
   connection stays up. The watch then fails with ``httpx2.ReadTimeout`` (``KubeApi``:
   ``KubeError``; the informer lists again). A watch without ``timeoutSeconds`` keeps
   lightkube's unbounded read (keep-alive still ends it if the peer vanishes).
-* **close ends what is being read**: ``close`` shuts down the sockets of answers still
-  being read, so a watch waiting on a quiet stream ends at once (closing a socket that
-  another thread is reading does not wake that thread on Linux).
+* **close ends what is being read, and frees no socket under a reader**: ``close`` shuts
+  down the sockets of answers still being read, so a watch waiting on a quiet stream
+  ends at once (closing a socket that another thread is reading does not wake that
+  thread on Linux). It closes the connections only once no thread is inside a request
+  or a read: ``recv`` looks the socket's descriptor up, then waits on that number, so a
+  descriptor freed in between could be taken by the next connection opened, and the
+  reader would wait on, and read, that other connection. ``close`` returns at once;
+  the last thread to come out of a read closes the connections, and no read or request
+  starts after ``close``.
 * **The environment's proxy**: httpx applies ``HTTPS_PROXY`` / ``HTTP_PROXY`` /
   ``ALL_PROXY`` and ``NO_PROXY`` only to transports it makes itself, so with
   ``trust_env`` this one is built for the proxy the environment names for the API
@@ -103,7 +109,9 @@ class ApiTransport(httpx2.BaseTransport):
                                            socket_options=keepalive_options())
         self.watch_margin_s = watch_margin_s
         self.closed = False
-        self._reading: set[socket.socket] = set()
+        self._reading: set[socket.socket] = set()  # the sockets of answers being read
+        self._inside = 0  # threads inside a request or a read of an answer
+        self._pool_open = True
         self._lock = threading.Lock()
 
     @classmethod
@@ -119,25 +127,28 @@ class ApiTransport(httpx2.BaseTransport):
 
     def handle_request(self, request: httpx2.Request) -> httpx2.Response:
         silence = self._bound_watch_read(request)
+        with self._inside_io(httpx2.ConnectError):
+            response = self._send(request, silence)
+            sock = _socket_of(response)
+            if sock is not None:
+                with self._lock:
+                    self._reading.add(sock)
+                    if self.closed:  # closed while this answer's head was on its way
+                        _shut_down(sock)
+        assert isinstance(response.stream, httpx2.SyncByteStream)
+        response.stream = _Reading(response.stream, self, sock, silence)
+        return response
+
+    def _send(self, request: httpx2.Request, silence: tuple[int, float] | None
+              ) -> httpx2.Response:
         try:
-            response = self._inner.handle_request(request)
+            return self._inner.handle_request(request)
         except httpx2.ReadTimeout as exc:
             raise _silent(exc, silence) from None
         except httpx2.TransportError:
             if self.closed:  # closed while this request or its answer's head was on its way
                 raise httpx2.ReadError("the client was closed") from None
             raise
-        stream = response.extensions.get("network_stream")
-        sock = stream.get_extra_info("socket") if stream is not None else None
-        if not isinstance(sock, socket.socket):
-            return response
-        with self._lock:
-            self._reading.add(sock)
-        if self.closed:  # closed while this answer's head was on its way
-            _shut_down(sock)
-        assert isinstance(response.stream, httpx2.SyncByteStream)
-        response.stream = _Reading(response.stream, self, sock, silence)
-        return response
 
     def _bound_watch_read(self, request: httpx2.Request) -> tuple[int, float] | None:
         """For a watch with ``timeoutSeconds`` and no read timeout: (the seconds the
@@ -153,43 +164,88 @@ class ApiTransport(httpx2.BaseTransport):
         request.extensions["timeout"] = timeout
         return int(seconds), timeout["read"]
 
-    def done_reading(self, sock: socket.socket) -> None:
-        with self._lock:
-            self._reading.discard(sock)
+    def next_chunk(self, chunks: Iterator[bytes], silence: tuple[int, float] | None
+                   ) -> bytes | None:
+        """The next piece of an answer's body (``None`` at its end), read as a thread inside
+        (``close`` frees no socket meanwhile); none is read once the client is closed."""
+        with self._inside_io(httpx2.ReadError):
+            try:
+                return next(chunks, None)
+            except httpx2.TransportError as exc:
+                if self.closed:
+                    raise httpx2.ReadError("the client was closed") from None
+                if isinstance(exc, httpx2.ReadTimeout):
+                    raise _silent(exc, silence) from None
+                raise
+
+    def done_reading(self, sock: socket.socket | None) -> None:
+        """An answer's reader let go of ``sock``: ``close`` no longer shuts it down (its
+        connection may go back to the pool, or be closed, next)."""
+        if sock is not None:
+            with self._lock:
+                self._reading.discard(sock)
 
     def close(self) -> None:
         """Shut down the sockets of answers being read (their readers see the end), then
-        close every connection; requests after this fail."""
-        self.closed = True
+        close every connection, at once or as soon as the last thread inside a request or a
+        read comes out; requests and reads after this fail."""
         with self._lock:
-            reading, self._reading = list(self._reading), set()
-        for sock in reading:
-            _shut_down(sock)
-        self._inner.close()
+            self.closed = True
+            for sock in self._reading:  # under the lock: no reader frees one meanwhile
+                _shut_down(sock)
+        self._close_pool_when_unused()
+
+    @contextlib.contextmanager
+    def _inside_io(self, refusal: type[httpx2.TransportError]) -> Iterator[None]:
+        """Count the calling thread as inside a request or a read while the block runs (the
+        connections stay open); ``refusal`` once the client is closed."""
+        with self._lock:
+            if self.closed:
+                raise refusal("the client was closed")
+            self._inside += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._inside -= 1
+            self._close_pool_when_unused()
+
+    def _close_pool_when_unused(self) -> None:
+        """Close every connection once the client is closed and no thread is inside (once)."""
+        with self._lock:
+            unused = self.closed and self._inside == 0 and self._pool_open
+            if unused:
+                self._pool_open = False
+        if unused:
+            self._inner.close()
 
 
 class _Reading(httpx2.SyncByteStream):
-    """An answer's body while it is read: its socket is known to ``ApiTransport.close``."""
+    """An answer's body while it is read: each read goes through ``ApiTransport.next_chunk``
+    and its socket is known to ``ApiTransport.close`` until the reader lets go (the end of
+    the body, an error, the body's close or its iterator dropped)."""
 
     def __init__(self, inner: httpx2.SyncByteStream, owner: ApiTransport,
-                 sock: socket.socket, silence: tuple[int, float] | None):
+                 sock: socket.socket | None, silence: tuple[int, float] | None):
         self._inner = inner
         self._owner = owner
         self._sock = sock
         self._silence = silence
+        self._closed = False
 
     def __iter__(self) -> Iterator[bytes]:
+        chunks = iter(self._inner)
         try:
-            yield from self._inner
-        except httpx2.TransportError as exc:
-            if self._owner.closed:
-                raise httpx2.ReadError("the client was closed") from None
-            if isinstance(exc, httpx2.ReadTimeout):
-                raise _silent(exc, self._silence) from None
-            raise
+            while (chunk := self._owner.next_chunk(chunks, self._silence)) is not None:
+                yield chunk
+        finally:
+            self.close()
 
     def close(self) -> None:
-        self._owner.done_reading(self._sock)
+        if self._closed:
+            return
+        self._closed = True
+        self._owner.done_reading(self._sock)  # before the connection may be closed
         self._inner.close()
 
 
@@ -201,6 +257,13 @@ def _silent(exc: httpx2.ReadTimeout, silence: tuple[int, float] | None
     asked, waited = silence
     return httpx2.ReadTimeout(f"nothing arrived for {waited:g} s on a watch the server was "
                               f"asked to end after {asked} s: the server stopped answering")
+
+
+def _socket_of(response: httpx2.Response) -> socket.socket | None:
+    """The socket an answer is read from (``None`` through a TLS proxy tunnel)."""
+    stream = response.extensions.get("network_stream")
+    sock = stream.get_extra_info("socket") if stream is not None else None
+    return sock if isinstance(sock, socket.socket) else None
 
 
 def _shut_down(sock: socket.socket) -> None:
