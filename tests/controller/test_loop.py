@@ -172,7 +172,7 @@ def test_the_watching_loop_follows_changes_and_settles(fake: FakeApiServer,
         assert len([r for r in fake.requests if r[0] in WRITES]) == settled
     finally:
         stop.set()
-        thread.join(5)
+        thread.join(30)  # a hang guard: stopping is prompt
     assert not thread.is_alive()
 
 
