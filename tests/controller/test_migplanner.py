@@ -4,6 +4,7 @@ what it leaves alone (GPUs already asked, pods a free device can take, GPUs in u
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -11,7 +12,7 @@ from gpupool_testing.fake_apiserver import FakeApiServer
 
 from gpupool.contract import mig as contract
 from gpupool.controller.migplanner import MigPlanner, asks
-from gpupool.controller.observed import observe
+from gpupool.controller.observed import Observed, Tenancy, observe
 from gpupool.core.allocation import Slice
 from gpupool.kube.controller_ops import ControllerApi
 
@@ -44,8 +45,13 @@ def waiting(name: str, profile: str, count: int = 1, created: str = "2026-01-01T
             "status": {"phase": "Pending"}}
 
 
+def listed(devices: list[dict[str, Any]], pods: list[dict[str, Any]]) -> Observed:
+    """What the loop observes, with TenantQuotas and GPUPermissions listed (none)."""
+    return replace(observe(devices, [], [], pods), tenancy=Tenancy())
+
+
 def run(devices: list[dict[str, Any]], pods: list[dict[str, Any]]) -> list[tuple[str, str]]:
-    observed = observe(devices, [], [], pods)
+    observed = listed(devices, pods)
     return [(a.device, a.layout) for a in asks(observed, devices, pods)]
 
 
@@ -100,9 +106,19 @@ def test_the_planner_writes_its_asks_on_the_gpudevices(
     for d in devices:
         fake.seed("gpudevices", d)
     pods = [waiting("p", "2g.20gb")]
-    done = MigPlanner(client).round(observe(devices, [], [], pods), devices, pods)
+    done = MigPlanner(client).round(listed(devices, pods), devices, pods)
     assert [(a.device, a.layout) for a in done] == [("gpu-n1-0", "2g.20gb@0")]
     notes = fake.get("gpudevices", "gpu-n1-0")["metadata"]["annotations"]
     assert notes[contract.ANNOTATION_LAYOUT] == "2g.20gb@0"
     assert notes[contract.ANNOTATION_REASON].startswith(
         "pod uid-p asks 1 MIG device 2g.20gb and no GPU offers them")
+
+
+def test_a_gpu_grown_beside_a_held_device_keeps_that_device_and_its_pod() -> None:
+    devices = mig_gpu("n1", 0, ("1g.10gb", 0, 1, 1, 10240))
+    held = placed_pod("busy", "team-b", "n1", (Slice("MIG-n1-0-1g.10gb@0", 1, 10240, 100,
+                                                     "main"),), exclusive=True)
+    pods = [held, waiting("p", "1g.10gb", created="2026-01-01T00:00:00Z"),
+            waiting("q", "2g.20gb", created="2026-01-02T00:00:00Z")]
+    # the second plan on the same round sees the first's layout with the held device in it
+    assert run(devices, pods) == [("gpu-n1-0", "1g.10gb@0,1g.10gb@1")]

@@ -39,7 +39,7 @@ from gpupool.controller.observed import Observed, PlacedGpu, name_of
 from gpupool.controller.resources import Broken, group_of
 from gpupool.core.errors import GpupoolError, InvalidInput
 from gpupool.core.fragmentation import FragmentationModel
-from gpupool.core.model import CORE_UNITS_PER_GPU, Node
+from gpupool.core.model import CORE_UNITS_PER_GPU, Labels, Node
 from gpupool.core.policies.observed import observed_workload
 from gpupool.core.quota import Amount, Charge, Limit, QuotaBook, amount_of_allocation
 from gpupool.core.state import MILLI, ClusterState
@@ -159,15 +159,17 @@ def pool_of(gpu: PlacedGpu, pool_label: str) -> str:
     return dict(gpu.gpu.labels).get(pool_label) or NO_POOL
 
 
-def cluster_state(observed: Observed) -> ClusterState:
+def cluster_state(observed: Observed, labels: Mapping[str, Labels] | None = None
+                  ) -> ClusterState:
     """The published GPUs with every counted allocation reserved (a decision the state
-    refuses — a GPU not published, two decisions on one slice — is left out)."""
+    refuses — a GPU not published, two decisions on one slice — is left out); ``labels``:
+    the nodes' labels (none when not given)."""
     by_node: dict[str, list[PlacedGpu]] = {}
     for placed in observed.gpus:
         by_node.setdefault(placed.node, []).append(placed)
     nodes = [Node(n, ROOMY_MILLI, ROOMY_MILLI,
                   tuple(replace(p.gpu, healthy=True) for p in sorted(
-                      ps, key=lambda p: (p.gpu.index, p.gpu.uuid))))
+                      ps, key=lambda p: (p.gpu.index, p.gpu.uuid))), (labels or {}).get(n, ()))
              for n, ps in sorted(by_node.items())]
     state = ClusterState(nodes)
     with state.deferred():

@@ -16,7 +16,7 @@ make the controller charge a GPU to anyone.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -26,7 +26,7 @@ from gpupool.contract.devices import read_device
 from gpupool.contract.podspec_request import gpu_class_of, pod_request
 from gpupool.core.allocation import Allocation
 from gpupool.core.errors import InvalidInput
-from gpupool.core.model import Gpu
+from gpupool.core.model import Gpu, Labels
 
 Obj = dict[str, Any]
 
@@ -74,6 +74,16 @@ class PodHolding:
 
 
 @dataclass(frozen=True, slots=True)
+class Tenancy:
+    """TenantQuota and GPUPermission objects (raw) and the nodes' labels, as listed: what
+    MIG on demand checks a pod's quota and permissions against (``migplanner``)."""
+
+    quotas: tuple[Obj, ...] = ()
+    permissions: tuple[Obj, ...] = ()
+    node_labels: Mapping[str, Labels] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
 class Observed:
     """One consistent view of the cluster, as the controller reconciles it."""
 
@@ -83,6 +93,7 @@ class Observed:
     holdings: tuple[PodHolding, ...]
     problems: tuple[Problem, ...] = ()
     unreadable_pods: tuple[tuple[Obj, str], ...] = ()  # (pod, why) of broken decisions
+    tenancy: Tenancy | None = None  # None: not every kind of it listed yet
 
 
 def name_of(obj: Mapping[str, Any]) -> str:
