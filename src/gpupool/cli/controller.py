@@ -151,6 +151,22 @@ def _slice_flags(p: argparse.ArgumentParser) -> None:
                    metavar="FILE",
                    help="HAMi-core's library on the nodes, for slice servers on HAMi-core "
                         "nodes (default /usr/local/vgpu/libvgpu.so)")
+    r.add_argument("--remote-preemption", action=argparse.BooleanOptionalAction, default=True,
+                   help="with --remote-provider: evict GPU pods of strictly lower priority to "
+                        "make room for a pending remote-required pod's slice (default: on, as "
+                        "kube-scheduler preempts; a pod with preemptionPolicy: Never waits)")
+    r.add_argument("--remote-preemption-grace", type=bounded(float, 0, 86_400), default=30.0,
+                   metavar="SECONDS",
+                   help="preempt for a remote-required pod once kube-scheduler has found no "
+                        "node for it this long (default 30)")
+    r.add_argument("--remote-preemption-per-minute", type=bounded(int, 1, 10_000), default=10,
+                   metavar="N", help="evictions remote preemption starts per minute, "
+                                     "cluster-wide (default 10)")
+    r.add_argument("--topology-label", action="append", metavar="LABEL",
+                   help="a node label whose value is a topology domain, as the extender's "
+                        "--topology-label (repeatable, most specific first; default "
+                        "topology.kubernetes.io/zone): remote preemption frees room in the "
+                        "pod's own domain first")
 
 
 def slice_settings(args: argparse.Namespace) -> tuple[Any, Any] | None:

@@ -29,7 +29,11 @@ from gpupool.controller.loop import Controller, Outcome, RoundObserver, WorldCac
 from gpupool.controller.metrics import ControllerMetrics, VerifyTally, serve
 from gpupool.controller.migplanner import MigPlanner
 from gpupool.controller.observed import Observed
+from gpupool.controller.remotepreempt import PreemptionConfig, RemotePlanner
+from gpupool.controller.remotepreemptor import RemotePreemptor
 from gpupool.controller.slicekeeper import SliceKeeper
+from gpupool.core.errors import InvalidInput
+from gpupool.core.serving import ZONE_LABEL, ServingConfig
 from gpupool.kube.api import DraApi, KubeApi
 from gpupool.kube.controller_ops import ControllerApi
 from gpupool.kube.keystore import KeyRingSource
@@ -64,7 +68,8 @@ def reconcile(args: argparse.Namespace, api: ControllerApi) -> int:
                                                args.stale_after, args.metrics_every),
                             evictor=_evictor(args, api, metrics),
                             mig=MigPlanner(api) if args.mig_on_demand else None,
-                            slices=_slices(args, api, metrics))
+                            slices=_slices(args, api, metrics),
+                            preemptor=_remote_preemptor(args, api, metrics))
     try:
         return _watch(args, controller, metrics)
     finally:
@@ -79,6 +84,24 @@ def _slices(args: argparse.Namespace, api: ControllerApi, metrics: ControllerMet
         return None
     settings, timing = chosen
     return SliceKeeper(api, settings, timing, host=identity(), report=metrics.slices_kept)
+
+
+def _remote_preemptor(args: argparse.Namespace, api: ControllerApi,
+                      metrics: ControllerMetrics) -> RemotePreemptor | None:
+    """Preemption for remote slices: only where remote slices are served."""
+    if args.remote_provider == "none" or not args.remote_preemption:
+        if args.remote_provider != "none":
+            log.info("remote preemption off (--no-remote-preemption): pending remote-required "
+                     "pods wait for room")
+        return None
+    try:
+        domains = ServingConfig(True, tuple(args.topology_label or (ZONE_LABEL,))).domains
+    except InvalidInput as exc:
+        raise SystemExit(f"gpupool controller: --topology-label: {exc}") from None
+    config = PreemptionConfig(True, args.remote_preemption_grace,
+                              args.remote_preemption_per_minute, domains=domains)
+    return RemotePreemptor(api, RemotePlanner(config), metrics.remote_preempted,
+                           host=identity())
 
 
 def _evictor(args: argparse.Namespace, api: ControllerApi, metrics: ControllerMetrics

@@ -40,6 +40,7 @@ from gpupool.controller.reconcile import (
     Plan,
     reconcile,
 )
+from gpupool.controller.remotepreemptor import RemotePreemptor, catalogue_of
 from gpupool.controller.slicekeeper import SliceKeeper
 from gpupool.core.model import Labels, freeze_labels
 from gpupool.core.tenants import PermissionBook
@@ -150,7 +151,8 @@ class Controller:
     def __init__(self, api: ControllerApi, clock: Callable[[], str] = utc_now, *,
                  verify: Verify | None, device_classes: DeviceClassSync | None = None,
                  observer: RoundObserver | None = None, evictor: Evictor | None = None,
-                 mig: MigPlanner | None = None, slices: SliceKeeper | None = None):
+                 mig: MigPlanner | None = None, slices: SliceKeeper | None = None,
+                 preemptor: RemotePreemptor | None = None):
         """``verify`` checks each decision's signature (``KeyRingSource.verify``, which
         remembers outcomes until the published keys change); None
         counts unsigned decisions too (only for clusters without gpupool's extender).
@@ -161,6 +163,7 @@ class Controller:
         self.evictor = evictor
         self.mig = mig  # MIG on demand (``migplanner``): None, off
         self.slices = slices  # remote slices' servers (``slicekeeper``): None, none
+        self.preemptor = preemptor  # preemption for remote slices (``remotepreemptor``)
         self.api = api
         self.device_classes = device_classes
         self.clock = clock
@@ -308,7 +311,8 @@ class Controller:
                 if outcome.writes or outcome.failures:
                     log.info("reconciled: %s", outcome.summary())
                 wait = min(self._heal(observed, world, stop, resync_s),
-                           self._keep_slices(observed, world, stop, resync_s))
+                           self._keep_slices(observed, world, stop, resync_s),
+                           self._preempt_remote(observed, world, tenancy, stop, resync_s))
                 if self.mig is not None and not stop.is_set():
                     self.mig.round(observed, world.objects("gpudevices"), world.objects("pods"))
                 if self.observer is not None:
@@ -345,6 +349,21 @@ class Controller:
         done = self.slices.keep(observed, world.objects("pods"), world.objects("gpudevices"),
                                 stop)
         return min(resync_s, SLICE_CHECK_S) if done is not None else resync_s
+
+    def _preempt_remote(self, observed: Observed, world: WorldCache, tenancy: TenancyWorld,
+                        stop: threading.Event, resync_s: float) -> float:
+        """Preempt for pending remote-required pods (``remotepreemptor.RemotePreemptor``);
+        how long to wait for the next round: ``resync_s``, or less when a pod's grace, a
+        deferral, a retry or a promise ends sooner."""
+        if self.preemptor is None:
+            return resync_s
+        labels, permissions, quotas, namespaces = tenancy.snapshot()
+        pods = world.objects("pods")
+        catalogue = catalogue_of(observed, quotas, permissions, namespaces)
+        plan = self.preemptor.round(observed, pods, labels, catalogue, stop)
+        if plan.next_s is None:
+            return resync_s
+        return min(resync_s, max(plan.next_s - self.preemptor.clock(), QUIET_S))
 
 
 def _over(ended: threading.Event | None) -> bool:

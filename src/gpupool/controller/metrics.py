@@ -15,7 +15,8 @@ fairly: ``gpupool_controller_tenant_fair_share{tenant, cohort, resource, kind}``
 (used over entitled) and ``..._fair_share_dominant_ratio{tenant, cohort}``; healing:
 ``gpupool_controller_healing_total{cause, outcome}`` (docs/controller.md, "Healing"); remote
 slices: ``gpupool_controller_remote_slices{state}`` and
-``gpupool_controller_remote_slices_lost_total`` (docs/remote.md).
+``gpupool_controller_remote_slices_lost_total`` (docs/remote.md); preemption for remote
+slices: ``gpupool_controller_remote_preemption_total{outcome}`` (docs/controller.md).
 
 The cluster figures are set by the leader only, after each round; a replica that does
 not lead clears them (summing over replicas never counts twice).
@@ -130,6 +131,14 @@ class ControllerMetrics:
         self.slices_lost = PromCounter("gpupool_controller_remote_slices_lost_total",
                                        "Slice servers found lost (serving, then silent past "
                                        "the deadline)", registry=r)
+        self.remote_preemption = PromCounter(
+            "gpupool_controller_remote_preemption_total",
+            "Preemption for remote slices: per victim evicted, blocked (a disruption budget), "
+            "failed, gone or deferred (over the per-minute cap); per pod left waiting, "
+            "no-victims or invalid", ["outcome"], registry=r)
+        for outcome in ("evicted", "blocked", "failed", "gone", "deferred", "no-victims",
+                        "invalid"):
+            self.remote_preemption.labels(outcome)
         self._lock = threading.Lock()
         for result in ("ok", "failed"):
             self.rounds.labels(result)
@@ -137,6 +146,10 @@ class ControllerMetrics:
     def healed(self, cause: str, outcome: str) -> None:
         """One pod healing acted on (``evictions.Evictor``'s tally)."""
         self.healing.labels(cause, outcome).inc()
+
+    def remote_preempted(self, outcome: str) -> None:
+        """One outcome of preemption for remote slices (``remotepreemptor``'s tally)."""
+        self.remote_preemption.labels(outcome).inc()
 
     def slices_kept(self, done: Any) -> None:
         """A round of ``slicekeeper.SliceKeeper`` (its ``SlicePlan``)."""

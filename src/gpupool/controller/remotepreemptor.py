@@ -1,0 +1,175 @@
+"""Preemption for remote slices, the writes: Events, then evictions through the Eviction API.
+
+``RemotePreemptor.round`` asks ``remotepreempt.RemotePlanner`` for this round's plan and
+carries it out, preemptor by preemptor:
+
+* an Event ``GpupoolRemotePreempting`` (Normal) on the preemptor naming the node, the
+  victims and the serving tier;
+* per victim, an Event ``GpupoolRemotePreempted`` (Warning) saying for whom, then
+  ``pods/eviction`` (policy/v1) with the victim's uid as a precondition (a pod deleted and
+  made again under the name is not evicted). The API server refuses with HTTP 429 while a
+  PodDisruptionBudget allows no disruption: then an Event
+  ``GpupoolRemotePreemptionBlocked`` and no further eviction for that preemptor this round;
+  the victim may be chosen again after the retry time — never forced;
+* a preemptor left waiting is logged once per reason (not an Event each round);
+* every outcome counted (``gpupool_controller_remote_preemption_total{outcome}``):
+  ``evicted``, ``blocked``, ``failed``, ``gone`` and ``deferred`` per victim,
+  ``no-victims`` and ``invalid`` per pod left waiting (once per reason).
+
+Once the leader's term has ended (``ended``), nothing more is sent.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+from gpupool.contract.quotas import Broken as BrokenObject
+from gpupool.contract.quotas import permission_or_denial
+from gpupool.controller import quotastatus
+from gpupool.controller.observed import Obj, Observed, name_of
+from gpupool.controller.remotepreempt import Preemption, RemotePlanner, RoundPlan, Victim
+from gpupool.controller.remotewaiting import Skip
+from gpupool.controller.resources import Broken, class_of, group_of
+from gpupool.core.classes import ClassCatalog
+from gpupool.core.eligibility import Catalogue
+from gpupool.core.groups import GroupCatalog
+from gpupool.core.model import Labels
+from gpupool.core.tenants import PermissionBook
+from gpupool.kube.controller_ops import ControllerApi
+from gpupool.kube.errors import Conflict, KubeError, NotFound
+
+log = logging.getLogger(__name__)
+
+COMPONENT = "gpupool-controller"
+EVENT_PREEMPTING = "GpupoolRemotePreempting"
+EVENT_PREEMPTED = "GpupoolRemotePreempted"
+EVENT_BLOCKED = "GpupoolRemotePreemptionBlocked"
+
+
+class Outcome(StrEnum):
+    EVICTED = "evicted"
+    BLOCKED = "blocked"  # HTTP 429: a PodDisruptionBudget
+    FAILED = "failed"  # another error: tried again later
+    GONE = "gone"  # already deleted (or replaced under its name)
+    DEFERRED = "deferred"  # over the per-minute cap this round
+    NO_VICTIMS = "no-victims"  # a preemptor no eviction could help (or may not preempt)
+    INVALID = "invalid"  # a preemptor that could not be read
+
+
+OUTCOMES = tuple(o.value for o in Outcome)
+Tally = Callable[[str], None]
+
+
+class RemotePreemptor:
+    def __init__(self, api: ControllerApi, planner: RemotePlanner, tally: Tally | None = None,
+                 clock: Callable[[], float] = time.time, host: str = ""):
+        self.api = api
+        self.planner = planner
+        self.tally = tally
+        self.clock = clock
+        self.host = host
+        self._told: dict[str, str] = {}  # pod uid -> the reason last logged
+
+    def round(self, observed: Observed, pods: Iterable[Mapping[str, Any]],
+              node_labels: Mapping[str, Labels], catalogue: Catalogue | None,
+              ended: threading.Event | None = None) -> RoundPlan:
+        """One round of preemption for remote slices; returns the plan it carried out."""
+        if ended is not None and ended.is_set():
+            return RoundPlan()
+        now = self.clock()
+        plan = self.planner.plan(observed, pods, node_labels, catalogue, now)
+        self._tell(plan.skipped)
+        for p in plan.preemptions:
+            if p.deferred:
+                for _ in p.victims:
+                    self._count(Outcome.DEFERRED)
+                log.info("remote preemption deferred (over the per-minute cap): %s",
+                         p.describe())
+                continue
+            if ended is not None and ended.is_set():
+                log.warning("the leader's term ended: remote preemption stops for this round")
+                break
+            self._preempt(p, now, ended)
+        return plan
+
+    def _preempt(self, p: Preemption, now: float, ended: threading.Event | None) -> None:
+        w = p.preemptor
+        log.warning("remote preemption: %s", p.describe())
+        self._event(w.namespace, w.name, w.uid, EVENT_PREEMPTING, p.describe(), False)
+        for v in p.victims:
+            if ended is not None and ended.is_set():
+                return
+            if not self._evict(p, v, now):
+                return  # refused: the rest waits for a plan made again later
+
+    def _evict(self, p: Preemption, v: Victim, now: float) -> bool:
+        w = p.preemptor
+        self._event(v.namespace, v.name, v.uid, EVENT_PREEMPTED,
+                    f"evicted by gpupool to make room for the remote GPU slice of pod {w.pod} "
+                    f"(priority {w.priority}, higher than this pod's {v.priority}) on node "
+                    f"{v.node}", True)
+        try:
+            self.api.evict_pod_of(v.namespace, v.name, v.uid)
+            outcome = Outcome.EVICTED
+        except (NotFound, Conflict):
+            outcome = Outcome.GONE
+        except KubeError as exc:
+            outcome = Outcome.BLOCKED if exc.code == 429 else Outcome.FAILED
+            retry = self.planner.config.retry_s
+            log.warning("remote preemption: eviction of pod %s %s (tried again in %.0f s at "
+                        "the earliest): %s", v.pod, "blocked by a PodDisruptionBudget"
+                        if outcome is Outcome.BLOCKED else "failed", retry, exc)
+            self._event(v.namespace, v.name, v.uid, EVENT_BLOCKED,
+                        f"eviction for the remote GPU slice of pod {w.pod} refused; not "
+                        f"forced, tried again in {retry:.0f} s at the earliest: {exc}", True)
+        self.planner.record(v, outcome is Outcome.EVICTED, outcome is Outcome.GONE, now)
+        self._count(outcome)
+        return outcome in (Outcome.EVICTED, Outcome.GONE)
+
+    def _tell(self, skipped: Iterable[Skip]) -> None:
+        seen = {}
+        for s in skipped:
+            seen[s.uid] = s.reason
+            if self._told.get(s.uid) == s.reason:
+                continue
+            log.info("remote preemption: pod %s waits: %s", s.pod, s.reason)
+            self._count(Outcome.INVALID if s.invalid else Outcome.NO_VICTIMS)
+        self._told = seen
+
+    def _event(self, namespace: str, name: str, uid: str, reason: str, message: str,
+               warning: bool) -> None:
+        try:
+            self.api.create_pod_event(namespace, name, uid, reason, message[:1024], warning,
+                                      COMPONENT, self.host,
+                                      datetime.fromtimestamp(self.clock(), UTC))
+        except KubeError as exc:
+            log.info("Event %s about pod %s/%s not written: %s", reason, namespace, name, exc)
+
+    def _count(self, outcome: Outcome) -> None:
+        if self.tally is not None:
+            self.tally(outcome.value)
+
+
+def catalogue_of(observed: Observed, quotas: Iterable[Obj], permissions: Iterable[Obj],
+                 namespaces: Mapping[str, Labels]) -> Catalogue:
+    """Classes, groups (with their quotas), tenant quotas and GPU permissions as the
+    extender reads them, charged with what the counted decisions hold; broken objects are
+    left out (their status says why)."""
+    classes = ClassCatalog(c for c in (class_of(o, name_of(o)) for o in observed.classes)
+                           if not isinstance(c, Broken))
+    read = quotastatus.read(observed, quotas, namespaces)
+    groups = GroupCatalog()
+    for obj in observed.groups:
+        parsed = group_of(obj, name_of(obj))
+        if not isinstance(parsed, Broken):
+            groups.put(parsed[0])
+            read.book.set_group_limit(parsed[0].name, parsed[1])
+    book = PermissionBook(p for p in map(permission_or_denial, permissions)
+                          if not isinstance(p, BrokenObject))
+    return Catalogue(groups, classes, read.book, read.tenants, book)

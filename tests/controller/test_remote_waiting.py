@@ -1,0 +1,71 @@
+"""Reading the pods of preemption for remote slices, and its plan, as values: what no API
+server serves (a priority that is not an integer, a selector of numbers, a time that is
+not one) is skipped with a reason; the per-minute cap defers a plan whole; a remote slice
+served to a node without GPUs holds its GPU."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpupool.contract import annotations as records
+from gpupool.controller.observed import observe
+from gpupool.controller.remotepreempt import PreemptionConfig, RemotePlanner
+from gpupool.controller.remotewaiting import candidates, waiting
+from gpupool.core.allocation import Allocation, Slice
+
+from .builders import GIB, device, sign
+from .test_remote_preemption_api import LATER, victim
+from .test_remote_preemption_api import waiting as pending
+
+
+def test_what_no_api_server_serves_is_skipped_with_a_reason_never_raised() -> None:
+    bad_priority = pending("words", 40 * GIB, "high")
+    flag_priority = pending("flag", 40 * GIB, True)
+    bad_selector = pending("where", 40 * GIB, nodeSelector={"zone": 1})
+    bad_time = pending("when", 40 * GIB)
+    bad_time["status"]["conditions"][0]["lastTransitionTime"] = "yesterday"
+    no_meta: dict[str, Any] = {"metadata": "broken", "spec": [], "status": None}
+    found, skips, _ = waiting([bad_priority, flag_priority, bad_selector, bad_time, no_meta,
+                               pending("fine", 40 * GIB)], LATER, 30.0)
+    assert [w.name for w in found] == ["fine"]
+    assert {s.pod: s.reason for s in skips} == {
+        "lab/words": "spec.priority 'high' is not an integer",
+        "lab/flag": "spec.priority True is not an integer",
+        "lab/where": "spec.nodeSelector is not a map of strings",
+        "lab/when": "condition PodScheduled has lastTransitionTime 'yesterday', not a time",
+        "default/": "the pod's metadata must be a map, got str"}
+
+
+def test_a_placed_pod_whose_priority_cannot_be_read_is_never_a_victim() -> None:
+    odd, fine = victim("odd", "g1", 40 * GIB, "low"), victim("fine", "g1", 40 * GIB, 1)
+    observed = observe([device("g1", 0)], [], [], [odd, fine])
+    by_uid = {p["metadata"]["uid"]: p for p in (odd, fine)}
+    assert [c.key for c in candidates(observed.holdings, by_uid)] == ["uid-low-fine"]
+
+
+def test_a_plan_over_the_per_minute_cap_waits_whole() -> None:
+    objs = [victim("a", "g1", 40 * GIB, 1), victim("b", "g1", 40 * GIB, 1),
+            pending("big", 80 * GIB)]
+    observed = observe([device("g1", 0)], [], [], objs)
+    planner = RemotePlanner(PreemptionConfig(per_minute=1))
+    plan = planner.plan(observed, objs, {}, None, LATER)
+    assert [(p.deferred, len(p.victims)) for p in plan.preemptions] == [(True, 2)]
+    assert plan.preemptions[0].tier == "any node"  # no node labels known: one tier
+
+
+def test_a_remote_slice_served_to_a_node_without_gpus_holds_its_gpu() -> None:
+    alloc = Allocation("uid-low-r", "cpu-node", 1000, 1024,
+                       (Slice("GPU-g1-0", 0, 80 * GIB, 10, "main"),), False, "g1")
+    notes = records.encode(alloc, "2026-01-01T00:00:00Z")
+    served = sign({"metadata": {"name": "r", "namespace": "low", "uid": "uid-low-r",
+                                "annotations": {**notes, "gpupool.io/placement":
+                                                "remote-required"}},
+                   "spec": {"nodeName": "cpu-node", "priority": 1, "containers": [{
+                       "name": "main", "resources": {"limits": {
+                           "gpupool.io/remote-gpu": "1", "gpupool.io/gpu-memory": str(80 * GIB),
+                           "gpupool.io/gpu-core": "10"}}}]},
+                   "status": {"phase": "Running"}})
+    objs = [served, pending("big", 40 * GIB)]
+    observed = observe([device("g1", 0)], [], [], objs)
+    plan = RemotePlanner().plan(observed, objs, {}, None, LATER)
+    assert [(p.node, [v.name for v in p.victims]) for p in plan.preemptions] == [("g1", ["r"])]
