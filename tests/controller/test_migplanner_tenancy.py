@@ -13,9 +13,11 @@ import pytest
 from gpupool_testing.fake_apiserver import FakeApiServer
 
 from gpupool.contract import names
+from gpupool.controller import migplanner
 from gpupool.controller.migplanner import MigPlanner, Round, plan_round
 from gpupool.controller.observed import Tenancy, observe
 from gpupool.core.allocation import Slice
+from gpupool.core.errors import InvalidInput
 from gpupool.core.model import freeze_labels
 from gpupool.kube.controller_ops import ControllerApi
 
@@ -234,3 +236,17 @@ def test_a_free_device_of_another_group_does_not_stop_a_repartition_in_the_pod_s
     groups = (group("on-n1", nodes=["n1"]), group("on-n2", nodes=["n2"]))
     pods = [labelled(waiting("p", "1g.10gb"), "on-n2")]
     assert asked(decide(devices, pods, groups=groups)) == [("gpu-n2-0", "1g.10gb@0")]
+
+
+def test_a_round_the_core_cannot_plan_asks_nothing_and_the_loop_goes_on(
+        api: tuple[FakeApiServer, ControllerApi], monkeypatch: pytest.MonkeyPatch) -> None:
+    _, client = api
+
+    def broken(*_: Any, **__: Any) -> Round:
+        raise InvalidInput("a layout the scratch state refuses")
+
+    monkeypatch.setattr(migplanner, "plan_round", broken)
+    devices = mig_gpu("n1", 0)
+    pods = [waiting("p", "1g.10gb")]
+    assert MigPlanner(client).round(replace(observe(devices, [], [], pods), tenancy=Tenancy()),
+                                    devices, pods) == []

@@ -224,7 +224,11 @@ class MigPlanner:
     def round(self, observed: Observed, devices: Iterable[Mapping[str, Any]],
               pods: Iterable[Mapping[str, Any]]) -> list[Ask]:
         listed = list(pods)
-        decided = plan_round(observed, devices, listed, self.limit)
+        try:
+            decided = plan_round(observed, devices, listed, self.limit)
+        except GpupoolError as exc:  # a bug, not the cluster's fault: the loop goes on
+            log.error("MIG on demand: no plan this round: %s", exc)
+            return []
         if decided.waiting_for != self._said:
             self._said = decided.waiting_for
             if decided.waiting_for:
