@@ -42,6 +42,7 @@ from gpupool.controller.reconcile import (
 )
 from gpupool.controller.remotepreemptor import RemotePreemptor, catalogue_of
 from gpupool.controller.slicekeeper import SliceKeeper
+from gpupool.core.errors import GpupoolError
 from gpupool.core.model import Labels, freeze_labels
 from gpupool.core.tenants import PermissionBook
 from gpupool.kube.api import KubeApi, Listing
@@ -360,7 +361,11 @@ class Controller:
         labels, permissions, quotas, namespaces = tenancy.snapshot()
         pods = world.objects("pods")
         catalogue = catalogue_of(observed, quotas, permissions, namespaces)
-        plan = self.preemptor.round(observed, pods, labels, catalogue, stop)
+        try:
+            plan = self.preemptor.round(observed, pods, labels, catalogue, stop)
+        except GpupoolError as exc:  # a bug: logged, the loop goes on
+            log.error("remote preemption: the round could not be planned: %s", exc)
+            return resync_s
         if plan.next_s is None:
             return resync_s
         return min(resync_s, max(plan.next_s - self.preemptor.clock(), QUIET_S))
