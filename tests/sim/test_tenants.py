@@ -184,6 +184,21 @@ def test_bad_tenancy_is_refused_naming_the_place(tmp_path: Path, text: str,
         read_tenancy(write(tmp_path, text))
 
 
+@pytest.mark.parametrize(("text", "line", "entry"), [
+    ("groups:\n  - name: a\n    nominal:\n      gpus: lots\n", 4, "groups[0].nominal.gpus"),
+    ("groups:\n  - {name: a, nominal: {gpus: 1}}\n  - name: b\n    weight: -1\n"
+     "    nominal: {gpus: 1}\n", 3, "groups[1]"),
+    ("tenants:\n  - name: t\n    classes:\n      - name: c\n        nominal: {gpus: -1}\n",
+     5, "tenants[0].classes[0].nominal.gpus"),
+], ids=["a bad quantity", "a bad weight", "a bad class quota"])
+def test_a_bad_tenancy_entry_is_said_at_its_line(tmp_path: Path, text: str, line: int,
+                                                 entry: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(InvalidInput) as caught:
+        read_tenancy(path)
+    assert str(caught.value).startswith(f"{path}:{line}: {entry}: ")
+
+
 def test_a_tenancy_file_needs_groups(tmp_path: Path) -> None:
     path = write(tmp_path, "cohorts: []\n")
     scenario = scenario_from_files(EXAMPLE, EXAMPLE)

@@ -7,6 +7,7 @@ the file, the line and the closest known key. A new key is one line in its map.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -147,6 +148,26 @@ def _marked_map(loader: MarkedLoader, node: yaml.MappingNode) -> Iterator[Marked
 
 
 MarkedLoader.add_constructor("tag:yaml.org,2002:map", _marked_map)
+
+_STEP = re.compile(r"\[(\d+)\]|\.?([^.\[\]]+)")
+
+
+def line_at(doc: object, at: str) -> int | None:
+    """The line (from 1) of the entry ``at`` (``groups[0].nominal.gpus``) in ``doc`` as
+    read with ``MarkedLoader``: the line of its key, else of the nearest map above it that
+    was read; None when nothing on the way carries a line."""
+    line: int | None = getattr(doc, "line", None) or None
+    node = doc
+    for index, key in _STEP.findall(at):
+        if key and isinstance(node, Marked) and key in node:
+            line = node.lines.get(key) or line
+            node = node[key]
+        elif index and isinstance(node, list) and int(index) < len(node):
+            node = node[int(index)]
+            line = getattr(node, "line", None) or line
+        else:
+            break
+    return line
 
 
 def loaded_text(text: str, file: str, shape: Shape = NATIVE) -> Any:

@@ -38,7 +38,8 @@ from __future__ import annotations
 
 import csv
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,7 @@ from gpupool.core.quota import Limit
 from gpupool.core.selector import Selector
 from gpupool.core.tenants import Permission, TenantQuota
 from gpupool.sim import native
+from gpupool.sim.native_schema import line_at
 from gpupool.sim.scenario import Scenario, TracePod
 
 LIMIT_KEYS = {"gpus": "gpus", "gpuMemory": "memory_mib", "gpuCore": "core_pct"}
@@ -93,6 +95,11 @@ def read_tenancy(path: Path) -> Tenancy | None:
     doc = native.load(Path(path))
     if not (doc.get("groups") or doc.get("tenants") or doc.get("permissions")):
         return None
+    with _located(path, doc):
+        return _tenancy(path, doc)
+
+
+def _tenancy(path: Path, doc: Mapping[str, Any]) -> Tenancy:
     fair = {}
     for k, raw in enumerate(_items(path, "cohorts", doc.get("cohorts"))):
         spec = _mapping(path, f"cohorts[{k}]", raw)
@@ -220,8 +227,30 @@ def _limit(path: Path, at: str, raw: object) -> Limit | None:
         raise _error(path, at, str(exc)) from None
 
 
+class _Misplaced(InvalidInput):
+    """A bad entry ``at`` of a file; ``_located`` adds its line when the document is at
+    hand."""
+
+    def __init__(self, path: Path, at: str, message: str) -> None:
+        super().__init__(f"{path}: {at}: {message}")
+        self.path, self.at, self.message = path, at, message
+
+
 def _error(path: Path, at: str, message: str) -> InvalidInput:
-    return InvalidInput(f"{path}: {at}: {message}")
+    return _Misplaced(path, at, message)
+
+
+@contextmanager
+def _located(path: Path, doc: object) -> Iterator[None]:
+    """Errors of entries of ``doc`` (read from ``path``) said at their line:
+    ``file:line: entry: problem``."""
+    try:
+        yield
+    except _Misplaced as exc:
+        line = line_at(doc, exc.at)
+        if line is None:
+            raise
+        raise InvalidInput(f"{exc.path}:{line}: {exc.at}: {exc.message}") from None
 
 
 def _items(path: Path, at: str, raw: object) -> list[Any]:
@@ -296,7 +325,13 @@ def _retag(scenario: Scenario, tenants: Sequence[str | None]) -> Scenario:
 def read_pod_tenancy(path: Path) -> tuple[dict[str, str], dict[str, int]]:
     """Per pod (replicas expanded as the workload reader does), its ``tenant`` and its
     ``priority`` (default 0), from a YAML pods file."""
-    doc, where = native.load(Path(path)), native._Where(Path(path))
+    doc = native.load(Path(path))
+    with _located(path, doc):
+        return _pod_tenancy(path, doc)
+
+
+def _pod_tenancy(path: Path, doc: Mapping[str, Any]) -> tuple[dict[str, str], dict[str, int]]:
+    where = native._Where(Path(path))
     tenants: dict[str, str] = {}
     priorities: dict[str, int] = {}
     for k, raw in enumerate(_items(path, "pods", doc.get("pods"))):
