@@ -5,7 +5,8 @@ a tenant's waiting pods as its quota holds."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -14,14 +15,16 @@ from gpupool_testing.fake_apiserver import FakeApiServer
 
 from gpupool.contract import names
 from gpupool.controller import migplanner
+from gpupool.controller.loop import Controller
 from gpupool.controller.migplanner import MigPlanner, Round, plan_round
 from gpupool.controller.observed import Tenancy, observe
 from gpupool.core.allocation import Slice
 from gpupool.core.errors import InvalidInput
 from gpupool.core.model import freeze_labels
 from gpupool.kube.controller_ops import ControllerApi
+from tests.waiting import wait_for
 
-from .builders import device, group, placed_pod, slices
+from .builders import device, group, placed_pod, slices, verify
 from .test_migplanner import mig_gpu, waiting
 
 
@@ -250,3 +253,39 @@ def test_a_round_the_core_cannot_plan_asks_nothing_and_the_loop_goes_on(
     pods = [waiting("p", "1g.10gb")]
     assert MigPlanner(client).round(replace(observe(devices, [], [], pods), tenancy=Tenancy()),
                                     devices, pods) == []
+
+
+# -- through the controller's loop ------------------------------------------------------------
+def run_loop(fake: FakeApiServer, client: ControllerApi, done: Callable[[], bool]) -> None:
+    stop = threading.Event()
+    controller = Controller(client, verify=verify, mig=MigPlanner(client))
+    thread = threading.Thread(target=controller.run, args=(stop, 60.0, None, 1))
+    thread.start()
+    try:
+        assert wait_for(done)
+    finally:
+        stop.set()
+        thread.join(30)
+
+
+def test_the_loop_gives_the_planner_the_listed_quotas_and_plans_for_a_pod_within_them(
+        api: tuple[FakeApiServer, ControllerApi]) -> None:
+    fake, client = api
+    for d in mig_gpu("n1", 0):
+        fake.seed("gpudevices", d)
+    fake.seed("tenantquotas", quota("team-a", gpuMemory=1 << 20))
+    fake.seed("pods", waiting("p", "1g.10gb"))
+    run_loop(fake, client, lambda: bool(
+        fake.get("gpudevices", "gpu-n1-0")["metadata"].get("annotations")))
+
+
+def test_the_loop_plans_nothing_for_a_pod_the_listed_quota_refuses(
+        api: tuple[FakeApiServer, ControllerApi]) -> None:
+    fake, client = api
+    for d in mig_gpu("n1", 0):
+        fake.seed("gpudevices", d)
+    fake.seed("tenantquotas", quota("team-a", gpus=0))
+    fake.seed("pods", waiting("p", "1g.10gb"))
+    run_loop(fake, client, lambda: any(
+        e["reason"] == "GpupoolMigRepartitionSkipped" for e in fake.objects("events")))
+    assert not fake.get("gpudevices", "gpu-n1-0")["metadata"].get("annotations")

@@ -19,7 +19,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -29,7 +29,7 @@ from gpupool.controller import fairstatus, groupsync, quotastatus
 from gpupool.controller.deviceclasses import DeviceClassSync
 from gpupool.controller.evictions import Evictor
 from gpupool.controller.migplanner import MigPlanner
-from gpupool.controller.observed import Obj, Observed, Verify, observe
+from gpupool.controller.observed import Obj, Observed, Tenancy, Verify, observe
 from gpupool.controller.reconcile import (
     CLASS,
     Action,
@@ -315,7 +315,8 @@ class Controller:
                            self._keep_slices(observed, world, stop, resync_s),
                            self._preempt_remote(observed, world, tenancy, stop, resync_s))
                 if self.mig is not None and not stop.is_set():
-                    self.mig.round(observed, world.objects("gpudevices"), world.objects("pods"))
+                    self.mig.round(with_tenancy_view(observed, tenancy),
+                                   world.objects("gpudevices"), world.objects("pods"))
                 if self.observer is not None:
                     self.observer(observed, world, outcome, time.monotonic() - started)
                 if on_round is not None:
@@ -357,6 +358,8 @@ class Controller:
         how long to wait for the next round: ``resync_s``, or less when a pod's grace, a
         deferral, a retry or a promise ends sooner."""
         if self.preemptor is None:
+            return resync_s
+        if not tenancy.ready():  # a quota not yet listed is no quota: evict nobody for it
             return resync_s
         labels, permissions, quotas, namespaces = tenancy.snapshot()
         pods = world.objects("pods")
@@ -405,6 +408,16 @@ def _wait_for_work(world: WorldCache, stop: threading.Event, resync_s: float) ->
             stop.wait(QUIET_S)
             return
         waited += 0.5
+
+
+def with_tenancy_view(observed: Observed, tenancy: TenancyWorld) -> Observed:
+    """``observed`` with the TenantQuotas, GPUPermissions and node labels MIG on demand
+    checks pods against; unchanged (``tenancy`` None: the planner plans nothing) until
+    every kind is listed."""
+    if not tenancy.ready():
+        return observed
+    labels, permissions, quotas, _ = tenancy.snapshot()
+    return replace(observed, tenancy=Tenancy(tuple(quotas), tuple(permissions), labels))
 
 
 class TenancyWorld:
