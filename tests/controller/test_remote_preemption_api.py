@@ -15,6 +15,7 @@ from gpupool_testing.fake_apiserver import FakeApiServer
 
 from gpupool.contract import names
 from gpupool.contract.podspec_request import pod_request
+from gpupool.controller.catalogue import catalogue_of
 from gpupool.controller.loop import Controller, TenancyWorld
 from gpupool.controller.metrics import ControllerMetrics
 from gpupool.controller.remotepreempt import (
@@ -23,7 +24,7 @@ from gpupool.controller.remotepreempt import (
     RoundPlan,
     preemption_state,
 )
-from gpupool.controller.remotepreemptor import RemotePreemptor, catalogue_of
+from gpupool.controller.remotepreemptor import RemotePreemptor
 from gpupool.core.fit import feasible
 from gpupool.core.serving import ZONE_LABEL, slice_of
 from gpupool.kube.controller_ops import ControllerApi
@@ -98,9 +99,9 @@ class World:
     def round(self, ended: threading.Event | None = None) -> RoundPlan:
         controller = Controller(self.api, verify=verify)
         observed = controller.list_world()
-        labels, permissions, quotas, namespaces = TenancyWorld.listed(self.api).snapshot()
+        labels, permissions, quotas, _ = TenancyWorld.listed(self.api).snapshot()
         return self.preemptor.round(observed, controller.listed_pods, labels,
-                                    catalogue_of(observed, quotas, permissions, namespaces),
+                                    catalogue_of(observed, quotas, permissions),
                                     ended)
 
     def fits(self, pod_name: str) -> bool:

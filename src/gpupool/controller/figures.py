@@ -162,11 +162,14 @@ def pool_of(gpu: PlacedGpu, pool_label: str) -> str:
 def cluster_state(observed: Observed, labels: Mapping[str, Labels] | None = None
                   ) -> ClusterState:
     """The published GPUs with every counted allocation reserved (a decision the state
-    refuses — a GPU not published, two decisions on one slice — is left out); ``labels``:
-    the nodes' labels (none when not given)."""
+    refuses — a GPU not published, two decisions on one slice — is left out); the homes
+    of remote slices served elsewhere are nodes without GPUs, so that such a slice holds
+    its GPU too; ``labels``: the nodes' labels (none when not given)."""
     by_node: dict[str, list[PlacedGpu]] = {}
     for placed in observed.gpus:
         by_node.setdefault(placed.node, []).append(placed)
+    for h in observed.holdings:
+        by_node.setdefault(h.allocation.node, [])
     nodes = [Node(n, ROOMY_MILLI, ROOMY_MILLI,
                   tuple(replace(p.gpu, healthy=True) for p in sorted(
                       ps, key=lambda p: (p.gpu.index, p.gpu.uuid))), (labels or {}).get(n, ()))

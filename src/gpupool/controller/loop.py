@@ -26,6 +26,7 @@ from typing import Any
 from gpupool.contract.quotas import Broken as BrokenObject
 from gpupool.contract.quotas import permission_or_denial
 from gpupool.controller import fairstatus, groupsync, quotastatus
+from gpupool.controller.catalogue import catalogue_of
 from gpupool.controller.deviceclasses import DeviceClassSync
 from gpupool.controller.evictions import Evictor
 from gpupool.controller.migplanner import MigPlanner
@@ -40,7 +41,7 @@ from gpupool.controller.reconcile import (
     Plan,
     reconcile,
 )
-from gpupool.controller.remotepreemptor import RemotePreemptor, catalogue_of
+from gpupool.controller.remotepreemptor import RemotePreemptor
 from gpupool.controller.slicekeeper import SliceKeeper
 from gpupool.core.errors import GpupoolError
 from gpupool.core.model import Labels, freeze_labels
@@ -361,9 +362,9 @@ class Controller:
             return resync_s
         if not tenancy.ready():  # a quota not yet listed is no quota: evict nobody for it
             return resync_s
-        labels, permissions, quotas, namespaces = tenancy.snapshot()
+        labels, permissions, quotas, _ = tenancy.snapshot()
         pods = world.objects("pods")
-        catalogue = catalogue_of(observed, quotas, permissions, namespaces)
+        catalogue = catalogue_of(observed, quotas, permissions)
         try:
             plan = self.preemptor.round(observed, pods, labels, catalogue, stop)
         except GpupoolError as exc:  # a bug: logged, the loop goes on

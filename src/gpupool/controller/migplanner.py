@@ -44,20 +44,13 @@ from typing import Any, Protocol
 
 from gpupool.contract import mig as contract
 from gpupool.contract.podspec_request import pod_request
-from gpupool.contract.quotas import Broken as BrokenTenancy
-from gpupool.contract.quotas import permission_or_denial, quota_of
-from gpupool.contract.tenancy import Broken, class_of, group_of
+from gpupool.controller.catalogue import catalogue_of
 from gpupool.controller.figures import cluster_state
-from gpupool.controller.observed import Observed, Tenancy, name_of
-from gpupool.controller.quotastatus import charged
+from gpupool.controller.observed import Observed
 from gpupool.core import mig
-from gpupool.core.classes import ClassCatalog
-from gpupool.core.eligibility import Catalogue
 from gpupool.core.errors import GpupoolError
-from gpupool.core.groups import GroupCatalog
 from gpupool.core.repartition_waiting import serve
 from gpupool.core.request import PodRequest, merged_demand
-from gpupool.core.tenants import PermissionBook, TenantBook
 from gpupool.kube.errors import KubeError
 
 log = logging.getLogger(__name__)
@@ -127,35 +120,14 @@ def plan_round(observed: Observed, devices: Iterable[Mapping[str, Any]],
              for o in objects}
     state = cluster_state(observed, observed.tenancy.node_labels)
     requests = [r for r, _ in waiting]
-    served = serve(state, requests, catalogue_of(observed, observed.tenancy),
+    catalogue = catalogue_of(observed, observed.tenancy.quotas, observed.tenancy.permissions)
+    served = serve(state, requests, catalogue,
                    _mix(requests, state), lambda node, gpu: gpu.uuid not in busy, limit)
     out = [Ask(names.get(c.gpu, ""), mig.describe_layout(c.after), c.reason)
            for p in served.plans for c in p.changes]
     where = {r.key: at for r, at in waiting}
     return Round(tuple(a for a in out if a.device),
                  tuple(Skip(*where[s.key], s.check, s.reason) for s in served.skipped))
-
-
-def catalogue_of(observed: Observed, tenancy: Tenancy) -> Catalogue:
-    """Classes, groups with their quotas, TenantQuotas and GPUPermissions as the extender
-    reads them, charged with what the counted decisions hold. What the extender leaves out,
-    this leaves out: a class or group that cannot be read (a pod naming it is refused), a
-    TenantQuota that cannot be read (not enforced); a GPUPermission that cannot be read
-    permits its tenants nothing (``permission_or_denial``)."""
-    classes = ClassCatalog(c for c in (class_of(o, name_of(o)) for o in observed.classes)
-                           if not isinstance(c, Broken))
-    book = charged(observed)
-    groups = GroupCatalog()
-    for obj in observed.groups:
-        parsed = group_of(obj, name_of(obj))
-        if not isinstance(parsed, Broken):
-            groups.put(parsed[0])
-            book.set_group_limit(parsed[0].name, parsed[1])
-    tenants = TenantBook(q for q in map(quota_of, tenancy.quotas)
-                         if not isinstance(q, BrokenTenancy))
-    permissions = PermissionBook(p for p in map(permission_or_denial, tenancy.permissions)
-                                 if not isinstance(p, BrokenTenancy))
-    return Catalogue(groups, classes, book, tenants, permissions)
 
 
 def _waiting(pods: Iterable[Mapping[str, Any]]) -> list[tuple[PodRequest, tuple[str, str, str]]]:

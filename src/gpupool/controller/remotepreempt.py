@@ -43,13 +43,14 @@ from typing import Any
 import numpy as np
 
 from gpupool.controller import remotewaiting
+from gpupool.controller.figures import cluster_state
 from gpupool.controller.observed import Observed
 from gpupool.controller.remotewaiting import Skip, Waiting
 from gpupool.core.allocation import Allocation
 from gpupool.core.eligibility import Catalogue, constraints_for
 from gpupool.core.errors import GpupoolError
 from gpupool.core.fit import NO_CONSTRAINTS, Constraints, feasible
-from gpupool.core.model import Labels, Node
+from gpupool.core.model import Labels
 from gpupool.core.placement import Placer
 from gpupool.core.policies import make_policy
 from gpupool.core.policies.config import PolicyConfig
@@ -299,24 +300,6 @@ def tiers(state: ClusterState, labels: Mapping[str, Labels], selector: Sequence[
 
 
 def preemption_state(observed: Observed) -> ClusterState:
-    """The published GPUs with every counted decision held: as ``figures.cluster_state``,
-    and the homes of remote slices (nodes without published GPUs) as nodes without GPUs,
-    so that a slice served to a pod elsewhere holds its GPU too."""
-    by_node: dict[str, list[Any]] = {}
-    for placed in observed.gpus:
-        by_node.setdefault(placed.node, []).append(placed)
-    for h in observed.holdings:
-        by_node.setdefault(h.allocation.node, [])
-    nodes = [Node(n, ROOMY, ROOMY, tuple(replace(p.gpu, healthy=True) for p in sorted(
-        ps, key=lambda p: (p.gpu.index, p.gpu.uuid)))) for n, ps in sorted(by_node.items())]
-    state = ClusterState(nodes)
-    with state.deferred():
-        for h in observed.holdings:
-            try:
-                state.reserve(h.allocation)
-            except GpupoolError:
-                continue
-    for placed in observed.gpus:
-        if not placed.gpu.healthy:
-            state.set_health(placed.node, placed.gpu.uuid, False)
-    return state
+    """The published GPUs with every counted decision held, remote slices included
+    (``figures.cluster_state``)."""
+    return cluster_state(observed)

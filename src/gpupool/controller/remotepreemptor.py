@@ -29,18 +29,11 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-from gpupool.contract.quotas import Broken as BrokenObject
-from gpupool.contract.quotas import permission_or_denial
-from gpupool.controller import quotastatus
-from gpupool.controller.observed import Obj, Observed, name_of
+from gpupool.controller.observed import Observed
 from gpupool.controller.remotepreempt import Preemption, RemotePlanner, RoundPlan, Victim
 from gpupool.controller.remotewaiting import Skip
-from gpupool.controller.resources import Broken, class_of, group_of
-from gpupool.core.classes import ClassCatalog
 from gpupool.core.eligibility import Catalogue
-from gpupool.core.groups import GroupCatalog
 from gpupool.core.model import Labels
-from gpupool.core.tenants import PermissionBook
 from gpupool.kube.controller_ops import ControllerApi
 from gpupool.kube.errors import Conflict, KubeError, NotFound
 
@@ -156,20 +149,3 @@ class RemotePreemptor:
             self.tally(outcome.value)
 
 
-def catalogue_of(observed: Observed, quotas: Iterable[Obj], permissions: Iterable[Obj],
-                 namespaces: Mapping[str, Labels]) -> Catalogue:
-    """Classes, groups (with their quotas), tenant quotas and GPU permissions as the
-    extender reads them, charged with what the counted decisions hold; broken objects are
-    left out (their status says why)."""
-    classes = ClassCatalog(c for c in (class_of(o, name_of(o)) for o in observed.classes)
-                           if not isinstance(c, Broken))
-    read = quotastatus.read(observed, quotas, namespaces)
-    groups = GroupCatalog()
-    for obj in observed.groups:
-        parsed = group_of(obj, name_of(obj))
-        if not isinstance(parsed, Broken):
-            groups.put(parsed[0])
-            read.book.set_group_limit(parsed[0].name, parsed[1])
-    book = PermissionBook(p for p in map(permission_or_denial, permissions)
-                          if not isinstance(p, BrokenObject))
-    return Catalogue(groups, classes, read.book, read.tenants, book)
