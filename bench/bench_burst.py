@@ -51,6 +51,7 @@ import argparse
 import heapq
 import os
 import random
+import signal
 import socket
 import subprocess
 import sys
@@ -82,6 +83,8 @@ from bench_extender import (
     pct,
     pod_obj,
 )
+from burst_profile import PROFILED
+from burst_profile import report as profile_report
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpupool.contract.annotations import decode, has_decision
@@ -163,17 +166,22 @@ def source_of(ref: str, into: Path) -> Path:
 class ExtenderProcess:
     """``gpupool extender`` (or the no-op extender) in a process of its own, ready."""
 
-    def __init__(self, variant: str, api_url: str, src: Path | None, log: Path):
+    def __init__(self, variant: str, api_url: str, src: Path | None, log: Path,
+                 profile: Path | None = None):
         self.port, self.probe = free_port(), free_port()
+        self.profile = profile
         if variant == "no-op":
             cmd = [sys.executable, __file__, "--noop-extender", api_url, str(self.port)]
         else:
-            cmd = [sys.executable, "-c", "import sys; from gpupool.cli.main import main; "
-                   "sys.exit(main())", "extender", "--server", api_url, "--plain-http",
+            cmd = [sys.executable, "-c", (PROFILED if profile else "") +
+                   "import sys; from gpupool.cli.main import main; sys.exit(main())",
+                   "extender", "--server", api_url, "--plain-http",
                    "--host", "127.0.0.1", "--port", str(self.port),
                    "--probe-port", str(self.probe), "--log-level", "warning",
                    *(["--assume-expiry", "0"] if variant == "off" else [])]
         env = dict(os.environ)
+        if profile is not None:
+            env["GPUPOOL_BENCH_PROFILE"] = str(profile)
         if src is not None:  # an earlier revision's code first on the path
             env["PYTHONPATH"] = os.pathsep.join([str(src), env.get("PYTHONPATH", "")])
         self.log = log.open("w")
@@ -211,6 +219,17 @@ class ExtenderProcess:
                 if sample.name.endswith(("_sum", "_count", "_total")):
                     out[f"{sample.name}:{label}"] = sample.value
         return out
+
+    def profiling(self, on: bool) -> None:
+        """Start (``on``) or stop yappi in the extender (``--profile``); stopping waits for
+        its statistics to be written."""
+        if self.profile is None:
+            return
+        self.profile.unlink(missing_ok=True)
+        self.proc.send_signal(signal.SIGUSR1 if on else signal.SIGUSR2)
+        deadline = time.monotonic() + 120
+        while not on and not self.profile.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -437,18 +456,22 @@ class Options:
     qps: float = 0.0
 
 
-def run_variant(variant: str, nodes: int, opts: Options, src: Path | None, logs: Path
-                ) -> dict[str, Any]:
+def run_variant(variant: str, nodes: int, opts: Options, src: Path | None, logs: Path,
+                profile: Path | None = None) -> dict[str, Any]:
+    """One run of the burst; with ``profile``, the extender is profiled during the burst
+    and its statistics written there."""
     lines, pods = burst_lines(nodes, opts.pods, opts.busy, opts.mix, opts.seed, opts.quota)
     api = FakeApi(iter(lines), ("--latency-ms", *map(str, opts.latency_ms)))
     ext = None
     try:
-        ext = ExtenderProcess(variant, api.url, src, logs / f"{variant}-{nodes}.log")
+        ext = ExtenderProcess(variant, api.url, src, logs / f"{variant}-{nodes}.log", profile)
         names = [f"n{i:05d}" for i in range(nodes)]
         before = ext.metrics() if variant != "no-op" else {}
+        ext.profiling(True)
         cpu = ext.cpu_s()
         outcome = StandIn(ext.url, names, pods, opts, random.Random(opts.seed)).run()
         cpu = ext.cpu_s() - cpu
+        ext.profiling(False)
         after = ext.metrics() if variant != "no-op" else {}
         bound, over, unsigned = over_committed(api.url, nodes)
     finally:
@@ -501,6 +524,20 @@ def report(nodes: int, opts: Options, rows: list[tuple[str, dict[str, Any]]]) ->
               f"; ledger conflicts retried {conflicts:.0f}")
 
 
+def profiled(into: Path, nodes: int, opts: Options, rows: list[tuple[str, dict[str, Any]]],
+             src: Path | None, logs: Path) -> None:
+    """Each extender variant once more, under the profiler, its CPU split by stage and
+    scaled to the CPU per pod of the run above (``burst_profile``)."""
+    into.mkdir(parents=True, exist_ok=True)
+    for variant, r in rows:
+        name = variant.split("/")[0]
+        if name == "no-op":
+            continue
+        path = into / f"{variant.replace('/', '-')}-{nodes}-{opts.qps:g}.pstat"
+        run_variant(name, nodes, opts, src if name == "before" else None, logs, path)
+        profile_report(path, r["cpu_ms"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -527,6 +564,11 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=300.0,
                         help="seconds a run may take (default 300)")
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--profile", type=Path, metavar="DIR",
+                        help="profile the extender variants during the burst with yappi (CPU "
+                        "time, every thread; not a dependency: pip install yappi), write "
+                        "DIR/VARIANT-NODES-QPS.pstat and print where the CPU went by stage; "
+                        "the CPU figures of such runs include yappi's own cost")
     parser.add_argument("--noop-extender", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.noop_extender:
@@ -546,6 +588,8 @@ def main() -> None:
                          run_variant(v, nodes, opts, src if v == "before" else None, logs))
                         for r in range(args.rounds) for v in variants]
                 report(nodes, opts, rows)
+                if args.profile is not None:
+                    profiled(args.profile, nodes, opts, rows, src, logs)
     print("\n" + machine_line("after"))
 
 
