@@ -539,7 +539,8 @@ class Extender:
         comes (``state.assumptions``; under the lock, after ``without``)."""
         if alloc is not None and assumable(self.cache.unbound.get(request.key), request.key,
                                            self.settings.scheduler_name):
-            self.cache.assume(alloc, charge_of(request, alloc, c), self.clock())
+            self.cache.assume(alloc, charge_of(request, alloc, c), self.clock(),
+                              (request, self.placer, c.gpu_mask))
 
     # -- preempt -----------------------------------------------------------------------------------
     def preempt(self, body: Any) -> dict[str, Any]:

@@ -56,6 +56,7 @@ from gpupool.core.request import PodRequest, Serving
 from gpupool.core.serving import ServingPlacer
 from gpupool.extender.bind.ledgerbatch import LedgerBatches
 from gpupool.extender.metrics import BindClock, Metrics
+from gpupool.extender.state.assumptions import Basis
 from gpupool.extender.state.cache import ClusterCache
 from gpupool.extender.state.ledger import Entry, FitCheck, Ledgers, View
 from gpupool.extender.state.signatures import DecisionCheck, DecisionKeys
@@ -185,6 +186,7 @@ class Binder:
         with self.cache.lock:
             self.cache.flush()
             held = self._gang_hold(request.key, args.node)
+            assumed = self.cache.assumed(request, args.node, placer) if held is None else None
             self.cache.readopt(request.key, args.node)
             state = self.cache.state
             i = state.index.get(args.node)
@@ -198,6 +200,8 @@ class Binder:
                 alloc = served.allocation
             else:
                 found = self._held_slices(request, held, c)  # a gang member: its own slices
+                if found is None and assumed is not None and _still_allowed(c, i, assumed[1]):
+                    found = assumed[0]  # what deciding again would give (``assumptions``)
                 if found is None:
                     placement = placer.decide(state, request, rng, c,
                                               among=np.array([i], np.int64), explain_limit=1)
@@ -298,3 +302,11 @@ class Binder:
 
     def now(self) -> str:
         return datetime.fromtimestamp(self.clock(), UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _still_allowed(c: Constraints, row: int, basis: Basis) -> bool:
+    """Whether constraints ``c`` of the bind allow node ``row`` as they did the assumed
+    placement: no refusal (a quota may have filled meanwhile), the same GPU mask (by
+    identity), the node not masked out."""
+    return c.blocked is None and c.gpu_mask is basis.gpu_mask and (
+        c.node_mask is None or bool(c.node_mask[row]))

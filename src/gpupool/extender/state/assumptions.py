@@ -24,8 +24,15 @@ An assumption ends
 * ``dropped``: the pod was deleted or finished, or a newer cycle of the same pod replaced
   it.
 
-``Assumptions`` only keeps the records (node and expiry per pod, oldest first); the
-holdings themselves are ``Holdings``'.
+When the bind names the assumed node and nothing the placement rested on has changed
+since (``Basis``: the same request, policy and GPU mask, the node's row untouched), the
+bind takes the assumed allocation as it is instead of deciding again: deciding again
+would give the very same allocation (a decision on one node reads only that node's row,
+the request, the constraints and the policy). It is still reserved, checked against the
+GPULedger and written by compare-and-swap like any other.
+
+``Assumptions`` only keeps the records (node, expiry and basis per pod, oldest first);
+the holdings themselves are ``Holdings``'.
 """
 
 from __future__ import annotations
@@ -33,6 +40,11 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+
+import numpy as np
+
+from gpupool.core.placement import Placer
+from gpupool.core.request import PodRequest
 
 ASSUME = "assume"  # the holdings' source of an assumption
 ASSUME_EXPIRY_S = 35.0
@@ -42,9 +54,24 @@ OUTCOMES = ("made", "bound", "moved", "expired", "yielded", "dropped")
 
 
 @dataclass(frozen=True, slots=True)
+class Basis:
+    """What an assumed placement was decided from: the pod's request, the placer (its
+    policy), the constraints' GPU mask (by identity: one object per class, group and
+    catalogue epoch), the state's layout and the node's row version once the assumption
+    was held."""
+
+    request: PodRequest
+    placer: Placer
+    gpu_mask: np.ndarray | None
+    layout: object
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
 class Assumption:
     node: str
     expires_s: float
+    basis: Basis | None = None
 
 
 class Assumptions:
@@ -55,10 +82,14 @@ class Assumptions:
         self.by_key: OrderedDict[str, Assumption] = OrderedDict()
         self.count: Callable[[str], None] = lambda outcome: None  # metrics, when wired
 
-    def add(self, key: str, node: str, now: float) -> None:
+    def add(self, key: str, node: str, now: float, basis: Basis | None = None) -> None:
         self.by_key.pop(key, None)
-        self.by_key[key] = Assumption(node, now + self.expiry_s)
+        self.by_key[key] = Assumption(node, now + self.expiry_s, basis)
         self.count("made")
+
+    def basis_of(self, key: str) -> Basis | None:
+        found = self.by_key.get(key)
+        return found.basis if found is not None else None
 
     def node_of(self, key: str) -> str | None:
         found = self.by_key.get(key)

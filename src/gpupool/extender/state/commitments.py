@@ -155,8 +155,15 @@ class Commitments(Holdings):
             held.resource_version or "")
 
     def _hold_ledger(self, view: ledger.View) -> None:
+        """Hold the live entries of ``view``. An entry whose key already holds an
+        allocation as ``ledger`` is passed over: ``hold`` would change nothing for it
+        (the same allocation gains the source it has, another is refused), so a write of
+        one entry costs one hold, not one per entry of the node."""
         now = self.clock()
+        held = self.state.allocations
         for uid, entry in view.entries.items():
+            if uid in held and "ledger" in self.sources.get(uid, ()):
+                continue
             if not self._stale_entry(uid, entry, now):
                 self.hold(entry.allocation, "ledger", self._entry_charge(entry))
 

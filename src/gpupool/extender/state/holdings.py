@@ -22,10 +22,12 @@ from dataclasses import replace
 from gpupool.core.allocation import Allocation
 from gpupool.core.eligibility import Catalogue
 from gpupool.core.errors import InvalidInput, OverCommit, UnknownName
+from gpupool.core.placement import Placer
 from gpupool.core.quota import Charge
-from gpupool.core.state import ClusterState
+from gpupool.core.request import PodRequest
+from gpupool.core.state import BoolArray, ClusterState
 from gpupool.extender.state import ledger
-from gpupool.extender.state.assumptions import ASSUME, Assumptions
+from gpupool.extender.state.assumptions import ASSUME, Assumptions, Basis
 
 log = logging.getLogger(__name__)
 
@@ -85,18 +87,43 @@ class Holdings:
             self._charge(key, charge)
         return True
 
-    def assume(self, alloc: Allocation, charge: Charge | None, now: float) -> bool:
+    def assume(self, alloc: Allocation, charge: Charge | None, now: float,
+               decided: tuple[PodRequest, Placer, BoolArray | None] | None = None) -> bool:
         """Hold ``alloc``, the placement handed to bind, as an assumption (``assumptions``),
         replacing the pod's earlier one; not while the pod holds anything else (a bind in
-        flight, its own ledger entry or preemption hold) or assumptions are off."""
+        flight, its own ledger entry or preemption hold) or assumptions are off.
+        ``decided``: (request, placer, constraints' GPU mask) it was decided from, kept as
+        its ``Basis`` with the node's row version once held."""
         key = alloc.key
         if not self.assumptions.expiry_s or set(self.sources.get(key, ())) - {ASSUME}:
             return False
         self.unassume(key, "dropped")
         if not self.hold(alloc, ASSUME, charge):
             return False
-        self.assumptions.add(key, alloc.node, now)
+        row = self.state.index.get(alloc.node)
+        basis = Basis(*decided, self.state.layout, int(self.state.version[row])) \
+            if decided is not None and row is not None else None
+        self.assumptions.add(key, alloc.node, now, basis)
         return True
+
+    def assumed(self, request: PodRequest, node: str, placer: Placer
+                ) -> tuple[Allocation, Basis] | None:
+        """Pending pod ``request``'s assumed allocation on ``node`` and its basis, when
+        nothing the placement rested on has changed (``assumptions``): held by the
+        assumption alone, on that node's own GPUs, for an equal request and the same
+        placer and layout, the node's row untouched since. None otherwise."""
+        key = request.key
+        basis = self.assumptions.basis_of(key)
+        alloc = self.state.allocations.get(key)
+        if basis is None or alloc is None or self.sources.get(key) != {ASSUME} or \
+                alloc.node != node or alloc.gpu_node != node:
+            return None
+        row = self.state.index.get(node)
+        if row is None or basis.layout is not self.state.layout or \
+                int(self.state.version[row]) != basis.version or basis.placer is not placer \
+                or basis.request != request:
+            return None
+        return alloc, basis
 
     def unassume(self, key: str, outcome: str) -> None:
         """End ``key``'s assumption (``outcome``: how it ended, ``assumptions.OUTCOMES``)."""

@@ -63,10 +63,12 @@ class Entry:
     kind: str = BIND
     expires: str = ""
     displaces: tuple[str, ...] = ()
+    _times: tuple[float | None, float | None] | None = field(default=None, init=False,
+                                                             repr=False, compare=False)
 
     @property
     def bind_s(self) -> float | None:
-        return parse_time(self.bind_time)
+        return self._parsed()[0]
 
     @property
     def is_hold(self) -> bool:
@@ -74,7 +76,17 @@ class Entry:
 
     @property
     def expires_s(self) -> float | None:
-        return parse_time(self.expires) if self.expires else None
+        return self._parsed()[1]
+
+    def _parsed(self) -> tuple[float | None, float | None]:
+        """(bind time, expiry) in epoch seconds, read once per entry: every fit check,
+        prune and sweep asks each entry of a node for them."""
+        times = self._times
+        if times is None:
+            times = (parse_time(self.bind_time),
+                     parse_time(self.expires) if self.expires else None)
+            object.__setattr__(self, "_times", times)
+        return times
 
     def to_json(self) -> dict[str, Any]:
         encoded = records.encode(self.allocation, self.bind_time)
