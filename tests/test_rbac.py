@@ -29,6 +29,8 @@ from gpupool.kube.lease import LeaseLock
 from gpupool.kube.webhook_ops import WebhookApi
 from gpupool.webhook.certificates import CertificateKeeper
 from gpupool.webhook.metrics import Metrics
+from gpupool.webhook.namespaces import NamespaceView
+from gpupool.webhook.placement import LABEL_MINIMUM
 from gpupool.webhook.tls import ServingTls
 from tests.controller.builders import GIB, RING, device, group, model_selector, placed_pod, slices
 from tests.extender import builders as extender_builders
@@ -93,6 +95,13 @@ def test_the_webhooks_rbac_covers_making_renewing_and_publishing_its_certificate
             keeper.refresh()  # renewal
             fake.seed("pods", placed_pod("a", "lab", "n1", slices("n1", (0, GIB, 10))))
             assert pod_node_of(api)("lab", "a") == "n1"  # a node agent's eviction checked
+            fake.seed("namespaces", {"metadata": {"name": "lab", "labels": {
+                LABEL_MINIMUM: "remote-allowed"}}})
+            view = NamespaceView(api.with_timeout(2.0).get_namespace_labels)
+            assert view.placement_of("lab").minimum.value is not None  # not watched yet: GET
+            informer = view.informer(api, watch_timeout_s=1).start()
+            assert view.synced.wait(30)  # namespaces listed, then watched
+            informer.stop()
         finally:
             api.close()
         calls = needed(fake.requests)

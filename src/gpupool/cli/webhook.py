@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from gpupool.webhook.admission import Settings
     from gpupool.webhook.certificates import CertificatePlan
     from gpupool.webhook.evictions import PodNode
+    from gpupool.webhook.placement import NamespaceLookup
     from gpupool.webhook.remote import RemoteSettings
 
 CONFIGURATION = "gpupool-webhook"
@@ -109,7 +110,8 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
-def settings_of(args: argparse.Namespace, api: KubeApi | None = None) -> Settings:
+def settings_of(args: argparse.Namespace, api: KubeApi | None = None,
+                namespaces: NamespaceLookup | None = None) -> Settings:
     from gpupool.webhook.admission import Settings
     from gpupool.webhook.decisions import (
         CONTROLLER_KEYS,
@@ -130,7 +132,7 @@ def settings_of(args: argparse.Namespace, api: KubeApi | None = None) -> Setting
     writers = Writers(by_user, frozenset({extender}))
     return Settings(args.scheduler_name, writers, args.guard == "all-pods",
                     frozenset({agent}), _pod_node(api) if api is not None else None,
-                    remote_of(args))
+                    remote_of(args), namespaces)
 
 
 def check_remote(args: argparse.Namespace) -> None:

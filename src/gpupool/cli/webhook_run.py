@@ -1,6 +1,7 @@
 """What ``gpupool webhook`` does once its flags are checked and the cluster is reached:
-get a serving certificate, serve admission reviews over HTTPS and /metrics, and keep the
-certificate and the caBundle current, until SIGTERM.
+get a serving certificate, watch namespaces (their placement labels), serve admission
+reviews over HTTPS and /metrics, and keep the certificate and the caBundle current, until
+SIGTERM.
 
 Kept apart from the command's flags (``gpupool.cli.webhook``) so that a bad flag or a
 kubeconfig that cannot be used is said before these modules (starlette, uvicorn,
@@ -24,10 +25,14 @@ from gpupool.kube.errors import KubeError
 from gpupool.kube.webhook_ops import WebhookApi
 from gpupool.webhook.certificates import CertificateKeeper
 from gpupool.webhook.metrics import Metrics
+from gpupool.webhook.namespaces import NamespaceView
 from gpupool.webhook.server import HttpsServer, WebhookApp
 from gpupool.webhook.tls import ServingTls
 
 log = logging.getLogger("gpupool.webhook")
+NAMESPACE_READ_S = 2.0
+"""How long a review waits to read a namespace its watch has not shown yet: well within
+the API server's 5 s for the whole call (``timeoutSeconds`` of the configurations)."""
 
 
 def serve(args: argparse.Namespace, api: WebhookApi) -> int:
@@ -41,7 +46,11 @@ def serve(args: argparse.Namespace, api: WebhookApi) -> int:
         _first_certificate(keeper, stop)
         if stop.is_set():
             return 0
-        app = WebhookApp(settings_of(args, api.fork()), metrics, lambda: tls.loaded)
+        quick = api.with_timeout(NAMESPACE_READ_S)  # a namespace the watch has not shown
+        view = NamespaceView(quick.get_namespace_labels)
+        informer = view.informer(api).start()
+        app = WebhookApp(settings_of(args, api.fork(), view.placement_of), metrics,
+                         lambda: tls.loaded)
         server = HttpsServer(app.app, tls, args.host, args.port)
         port = server.start()
         if args.metrics_port:
@@ -52,6 +61,8 @@ def serve(args: argparse.Namespace, api: WebhookApi) -> int:
                          name="certificates").start()
         stop.wait()
         server.stop()
+        informer.signal_stop()
+        quick.close()
         return 0
     finally:
         stop.set()

@@ -3,7 +3,10 @@
 ``WebhookApi`` reads a Mutating/ValidatingWebhookConfiguration as plain JSON and
 writes its ``webhooks`` back (a JSON merge patch carrying the ``resourceVersion``
 read, so a configuration edited in between answers ``Conflict`` and is read again):
-the webhook keeps the ``caBundle`` of its own entries equal to gpupool's CA.
+the webhook keeps the ``caBundle`` of its own entries equal to gpupool's CA. It reads one
+namespace's labels (``get_namespace_labels``) for a review whose namespace its watch has not
+shown yet, on a client whose requests give up sooner (``with_timeout``) than the API
+server's call to the webhook does.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from lightkube.resources.admissionregistration_v1 import (
     MutatingWebhookConfiguration,
     ValidatingWebhookConfiguration,
 )
+from lightkube.resources.core_v1 import Namespace
 from lightkube.types import PatchType
 
 from gpupool.kube.api import KubeApi, KubeObject
@@ -52,3 +56,16 @@ class WebhookApi(KubeApi):
         with translated(f"update {kind} {name}"):
             self.client.patch(CONFIGURATION_KINDS[kind], name, body,
                               patch_type=PatchType.MERGE)
+
+    def with_timeout(self, timeout_s: float) -> WebhookApi:
+        """A new connection pool like ``fork``'s whose requests time out after
+        ``timeout_s``."""
+        api = type(self).__new__(type(self))
+        api._open(self._config, timeout_s, self._trust_env, self._watch_margin_s, self._tls)
+        return api
+
+    def get_namespace_labels(self, name: str) -> dict[str, str]:
+        """The labels of namespace ``name`` (``NotFound`` when there is none)."""
+        with translated(f"get namespace {name}"):
+            ns = self.client.get(Namespace, name)
+        return dict(ns.metadata.labels or {}) if ns.metadata is not None else {}

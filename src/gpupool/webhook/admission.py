@@ -28,16 +28,16 @@ Anything else is allowed: the webhook configurations send only what is listed he
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gpupool.contract import burst, nslabels, quotas, tenancy
+from gpupool.contract import burst, names, nslabels, quotas, tenancy
 from gpupool.contract.podspec_request import pod_request
 from gpupool.core.errors import InvalidInput
 from gpupool.core.request import PodRequest, Serving
-from gpupool.webhook import decisions, environment, evictions, remote, scheduling
+from gpupool.webhook import decisions, environment, evictions, placement, remote, scheduling
 from gpupool.webhook.remote import RemoteSettings
-from gpupool.webhook.review import Request, Verdict
+from gpupool.webhook.review import Obj, Request, Verdict
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +50,7 @@ class Settings:
     node_scoped: frozenset[str] = frozenset()  # accounts that may evict on their node only
     pod_node: evictions.PodNode | None = None  # how to look a pod's node up
     remote: RemoteSettings = field(default_factory=RemoteSettings)  # remote GPU slices
+    namespaces: placement.NamespaceLookup | None = None  # None: no namespace says anything
 
 
 def pod_ref(request: Request) -> str:
@@ -101,8 +102,35 @@ def mutate(request: Request, settings: Settings) -> Verdict:
     asked = gpu_request(request, as_written=True)
     if asked is None or isinstance(asked, Verdict):
         return asked or Verdict.allow()
+    settled = _namespace_part(request, settings, defaulting=True)
+    if settled.refusal:
+        return Verdict.deny(settled.refusal, settled.code, settled.reason)
+    if settled.write is None:
+        return _mutate_gpu_pod(request, settings, asked, [])
+    obj, op = placement.with_placement(_map(request.obj), settled.write)
+    request = replace(request, obj=obj)  # from here on, a pod that wrote the namespace's value
+    asked = gpu_request(request, as_written=True)
+    if asked is None or isinstance(asked, Verdict):
+        return asked or Verdict.allow()
+    return _mutate_gpu_pod(request, settings, asked, [op])
+
+
+def _namespace_part(request: Request, settings: Settings, defaulting: bool
+                    ) -> placement.Settled:
+    """What the pod's namespace writes on it or why it refuses it (``placement``)."""
+    meta = _map(_map(request.obj).get("metadata"))
+    notes = _map(meta.get("annotations"))
+    if settings.namespaces is None or not placement.depends(notes):
+        return placement.Settled()
+    namespace = request.namespace or str(meta.get("namespace") or "") or "default"
+    return placement.settle(pod_ref(request), notes, settings.namespaces(namespace),
+                            defaulting)
+
+
+def _mutate_gpu_pod(request: Request, settings: Settings, asked: PodRequest, first: list[Obj]
+                    ) -> Verdict:
     spec = _map(_map(request.obj).get("spec"))
-    patch = scheduling.scheduler_patch(spec, settings.scheduler)
+    patch = first + scheduling.scheduler_patch(spec, settings.scheduler)
     warnings = scheduling.other_scheduler_warning(spec, settings.scheduler)
     if not remote.is_remote(asked):
         patch += scheduling.implied_gpu_patch(spec, asked)
@@ -179,6 +207,24 @@ def _validate_pod(request: Request, settings: Settings) -> Verdict:
         return Verdict.deny(why)
     if request.operation == "CREATE" and not sub:
         return _validate_new_pod(request, settings, who)
+    if request.operation == "UPDATE" and _placement_changed(request):
+        return _floor_verdict(request, settings)
+    return Verdict.allow()
+
+
+def _placement_changed(request: Request) -> bool:
+    key = names.ANNOTATION_PLACEMENT
+    return bool(decisions.annotations_of(request.old).get(key) !=
+                decisions.annotations_of(request.obj).get(key))
+
+
+def _floor_verdict(request: Request, settings: Settings) -> Verdict:
+    """A GPU pod's placement, as it now stands, against its namespace's floor."""
+    if not scheduling.asks_gpupool(_map(_map(request.obj).get("spec"))):
+        return Verdict.allow()
+    settled = _namespace_part(request, settings, defaulting=False)
+    if settled.refusal:
+        return Verdict.deny(settled.refusal, settled.code, settled.reason)
     return Verdict.allow()
 
 
@@ -186,6 +232,10 @@ def _validate_new_pod(request: Request, settings: Settings, who: str) -> Verdict
     asked = gpu_request(request)
     if isinstance(asked, Verdict):
         return asked
+    if asked is not None:
+        floor = _floor_verdict(request, settings)
+        if not floor.allowed:
+            return floor
     spec = _map(_map(request.obj).get("spec"))
     notes = _map(_map(_map(request.obj).get("metadata")).get("annotations"))
     odd = remote.unexpected(spec, notes, asked, settings.remote)
