@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpupool.contract import annotations as records
-from gpupool.controller.figures import cluster_state
+from gpupool.controller.figures import cluster_state, pool_figures
 from gpupool.controller.observed import observe
 from gpupool.controller.remotepreempt import PreemptionConfig, RemotePlanner
 from gpupool.controller.remotewaiting import candidates, waiting
@@ -86,3 +86,18 @@ def test_the_controllers_cluster_state_holds_a_gpu_served_to_a_node_without_gpus
     state = cluster_state(observe([device("g1", 0)], [], [], [served]))
     g1 = [n.name for n in state.nodes].index("g1")
     assert int(state.unit_free[g1][0]) == 0 and "cpu-node" in [n.name for n in state.nodes]
+
+
+def test_pool_figures_count_a_slice_served_to_a_node_without_gpus_on_its_gpu() -> None:
+    alloc = Allocation("uid-low-r", "cpu-node", 1000, 1024,
+                       (Slice("GPU-g1-0", 0, 80 * GIB, 10, "main"),), False, "g1")
+    served = sign({"metadata": {"name": "r", "namespace": "low", "uid": "uid-low-r",
+                                "annotations": {**records.encode(alloc, "2026-01-01T00:00:00Z"),
+                                                "gpupool.io/placement": "remote-required"}},
+                   "spec": {"nodeName": "cpu-node", "containers": [{
+                       "name": "main", "resources": {"limits": {
+                           "gpupool.io/remote-gpu": "1", "gpupool.io/gpu-memory": str(80 * GIB),
+                           "gpupool.io/gpu-core": "10"}}}]},
+                   "status": {"phase": "Running"}})
+    figures, _ = pool_figures(observe([device("g1", 0)], [], [], [served]))
+    assert [(f.gpus, f.allocated_milli) for f in figures] == [(1, 1000)]

@@ -289,7 +289,7 @@ def poll(check: Callable[[], bool], what: str, procs: tuple[tuple[Proc, str], ..
 class Components:
     """``gpupool webhook``, ``extender`` and ``controller`` against ``url``, ready."""
 
-    def __init__(self, url: str, root: Path, world: World, metrics_every_s: float = 3600.0):
+    def __init__(self, url: str, root: Path, world: World, metrics_every_s: float = 10.0):
         self.root = root
         cmd = gpupool_argv()
         self.webhook_port, self.extender_port = free_port(), free_port()
@@ -682,10 +682,9 @@ class Driver:
 
 
 @contextlib.contextmanager
-def control_path(url: str, root: Path, metrics_every_s: float = 3600.0) -> Iterator[Driver]:
+def control_path(url: str, root: Path, metrics_every_s: float = 10.0) -> Iterator[Driver]:
     """The components running against ``url`` (seeded with ``seed_objects``), and a driver;
-    ``metrics_every_s``: the controller's ``--metrics-every`` (by default its cluster
-    figures are worked out at its first round only: they are not on a slice's path)."""
+    ``metrics_every_s``: the controller's ``--metrics-every`` (its own default, 10 s)."""
     world = World(url)
     components = None
     try:

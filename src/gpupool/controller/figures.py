@@ -209,6 +209,8 @@ def pool_figures(observed: Observed, pool_label: str = POOL_LABEL
             row[1] += healthy[i][j]
             row[2] += used_l[i][j]
             row[3] += free[i][j]
+        if not node.gpus:  # the home of remote slices served elsewhere
+            continue
         first = node.gpus[0]
         acc[first.model, pool_of(placed[node.name, first.uuid], pool_label)][4] += \
             frag_l[i] // weight
