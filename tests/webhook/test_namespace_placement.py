@@ -271,3 +271,21 @@ def test_a_namespace_with_nothing_set_changes_no_verdict(obj: Obj) -> None:
         with_ns, without = in_namespace(labels), settings()
         assert mutated(obj, with_ns) == mutated(obj, without)
         assert validated(obj, with_ns) == validated(obj, without)
+
+
+# -- the shipped configurations send every request a namespace setting concerns -------------
+def test_the_webhook_configurations_send_the_pods_a_namespace_setting_concerns() -> None:
+    from .cel import conditions
+    from .test_deploy import HOOKS, MUTATING
+
+    s = in_namespace({DEFAULT: "remote-allowed", MINIMUM: "remote-allowed"})
+    silent = review(train())
+    assert mutated(train(), s).patch
+    assert conditions(MUTATING, silent["request"]) is True
+    below = review(train("local"))
+    assert not validated(train("local"), s).allowed
+    assert conditions(HOOKS["pods.validate.gpupool.io"], below["request"]) is True
+    before = train("remote-allowed")
+    edited = review(train("local"), operation="UPDATE", old=before)
+    assert not validate(read_review(body(edited)), s).allowed
+    assert conditions(HOOKS["pods.validate.gpupool.io"], edited["request"]) is True

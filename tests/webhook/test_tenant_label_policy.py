@@ -103,3 +103,16 @@ def test_the_chart_exempts_exactly_the_groups_of_tenancy_label_writers() -> None
     refused = policy.admit(write({TEAM: "b"}, {TEAM: "a"}, groups=("system:masters",)))
     assert not refused.allowed
     assert "only members of platform-admins, namespace-operator may" in refused.message
+
+
+@pytest.mark.parametrize("label", ["tenant.gpupool.io/placement",
+                                   "tenant.gpupool.io/placement-minimum"])
+def test_a_tenant_may_not_set_or_lower_its_namespaces_placement_labels(label: str) -> None:
+    from gpupool.webhook.placement import LABELS
+
+    assert label in LABELS
+    for new, old in (({label: "local"}, {label: "remote-required"}), ({}, {label: "local"}),
+                     ({label: "remote-allowed"}, None)):
+        outcome = POLICY.admit(write(new, old))
+        assert outcome.applies and not outcome.allowed, (new, old)
+        assert label in outcome.message

@@ -1,7 +1,9 @@
 """Which rule judges which request: ``mutate`` and ``validate`` turn a ``Request`` into a
 ``Verdict``. Pure: no I/O; every rule is in its own module.
 
-Mutating (``/mutate``), pods CREATE: gpupool's scheduler and the implied
+Mutating (``/mutate``), pods CREATE: a GPU pod that writes no ``gpupool.io/placement`` is
+given its namespace's default or minimum first, and is from then on a pod that wrote it
+(``placement``; below the minimum: refused); gpupool's scheduler and the implied
 ``gpupool.io/gpu`` (``scheduling``); for a ``remote-required`` pod the client side of its
 remote slice instead (``remote``: its count as ``gpupool.io/remote-gpu``, the sidecar, the
 provider's settings), refused when no provider is configured or the pod already carries
@@ -13,8 +15,10 @@ Validating (``/validate``):
   (``environment``), and a GPU ask the scheduler can read (``contract.podspec_request``;
   burst limits, ``contract.burst``, only on a pod that asks a shared slice); what a pod
   carries of a remote slice's client side is exactly what the webhook wrote
-  (``remote.unexpected``);
-* pods and pods/status UPDATE: decision annotations change only by their writers;
+  (``remote.unexpected``); its placement is not below its namespace's minimum
+  (``placement``);
+* pods and pods/status UPDATE: decision annotations change only by their writers; a
+  changed ``gpupool.io/placement`` is not below the namespace's minimum;
 * pods/ephemeralcontainers UPDATE: the new ephemeral containers' environment;
 * pods/binding CREATE: a Binding carries a decision only from gpupool's extender;
 * pods/eviction CREATE by a node agent: only of a pod on its own node (``evictions``);
