@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_burst.py [--nodes 500 5000] [--pods 500]
         [--latency-ms 2 5] [--inflight 16] [--qps 0 50] [--before REF]
-        [--variants no-op before off after] [--share adaptive|all] [--mix]
+        [--variants no-op before off after] [--share adaptive|all] [--mix] [--profile DIR]
 
 Every run starts from a fresh cluster on the FAKE API server (a child process; N nodes ×
 8 GPUs of 80 GiB; ``--busy`` of the GPU share already held by signed pods with their

@@ -13,8 +13,9 @@
 * bind: ``gate.bindable_request`` — the pod as the API server has it must exist, be
   pending, unbound, of gpupool's scheduler and of the UID asked, and its request is made
   from it — then ``binder.Binder``: ``Placer.decide`` among the one node against the
-  freshest state, a compare-and-swap on the node's GPULedger, then one Binding that also
-  carries the signed decision annotations (docs/design/extender.md).
+  freshest state (or the pod's assumed allocation, when nothing it rested on changed:
+  ``state.assumptions``), a compare-and-swap on the node's GPULedger, then one Binding
+  that also carries the signed decision annotations (docs/design/extender.md).
 * remote GPU slices (``core.serving.ServingPlacer``, docs/design/remote.md): a pod whose
   slice may be served by another node passes filter on every node that can be its home
   (``homes``: the reason of the others from ``explain_home``), prioritize ranks those by

@@ -8,7 +8,8 @@ exists, is pending and unbound, names gpupool's scheduler, has the UID asked) an
 1. In the node's turn (``turns``: this replica's binds on one node write its ledger one
    after another), under the cache lock: let go of whatever the pod held before its
    Binding (its assumption, a bind of an earlier attempt, its leftover ledger entries:
-   ``Commitments.readopt``), decide among the one node against the freshest state, hold
+   ``Commitments.readopt``), decide among the one node against the freshest state (the
+   assumed allocation itself when nothing it rested on changed: ``Holdings.assumed``), hold
    the allocation (``bind``).
 2. Check the ledger's entries at the version read plus the new allocation fit the
    node's GPUs, and write the entry with that resourceVersion as a precondition (it
