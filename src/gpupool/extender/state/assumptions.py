@@ -40,11 +40,13 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:  # the CLI reads this module's defaults before anything heavy is loaded
+    import numpy as np
 
-from gpupool.core.placement import Placer
-from gpupool.core.request import PodRequest
+    from gpupool.core.placement import Placer
+    from gpupool.core.request import PodRequest
 
 ASSUME = "assume"  # the holdings' source of an assumption
 ASSUME_EXPIRY_S = 35.0
