@@ -12,8 +12,10 @@ so its CPU is not counted against the client.
   adds an entry and drops an older one, so a ledger keeps about 8 entries), through
   ``KubeApi`` (lightkube), and, as the baseline, the same requests as bare httpx calls
   on the same transport (``ApiTransport``): what lightkube adds on top of its own HTTP
-  client. In alternating rounds of 50 in the same run; p50 / p99 per write, the writing
-  thread's CPU, and the ratio KubeApi / bare httpx.
+  client; and ``KubeApi`` with the bind path's writes built by lightkube, as before
+  ``gpupool.kube.wire`` (the label ``KubeApi, lightkube``). In alternating rounds of 50
+  in the same run; p50 / p99 per write, the writing thread's CPU, and the ratios KubeApi
+  / bare httpx and KubeApi / KubeApi through lightkube.
 * **watch**: an extender (cache, informers, ``Extender``) on ``--nodes`` nodes × 8 GPUs
   binds ``--pods`` pods in-process (filter → prioritize → bind). Every bind makes the API
   server send two watch events (the pod MODIFIED, the GPULedger MODIFIED); the CPU time
@@ -62,7 +64,9 @@ from machine import line as machine_line
 GPUS = 8
 KEYS = SigningKeys().added(0.0)  # the decision keys of the benchmark's extender
 GPU_MIB = 81920
-ROUND = 50  # writes per path before switching to the other
+ROUND = 50  # writes per path before switching to the next
+LIGHTKUBE = "KubeApi, lightkube"
+PATHS = ("bare httpx", LIGHTKUBE, "KubeApi")
 WATCHED = ("informer-pods", "informer-gpuledgers")
 SHAPES = [{"gpupool.io/gpu-memory": "10240", "gpupool.io/gpu-core": "20"},
           {"gpupool.io/gpu-memory": "20480", "gpupool.io/gpu-core": "40"},
@@ -185,11 +189,13 @@ def measure_writes(n: int) -> None:
     rounds = max(1, n // ROUND)
     per_path = rounds * ROUND
     ledgers = 16
-    api = fake_api(write_seed(2 * per_path + 2 * ROUND, 2 * ledgers))
+    api = fake_api(write_seed(len(PATHS) * (per_path + ROUND), len(PATHS) * ledgers))
     try:
         writers = {}
-        for k, label in enumerate(("bare httpx", "KubeApi")):
+        for k, label in enumerate(PATHS):
             client = BareHttpx(api.url) if k == 0 else KubeApi.connect(server=api.url)
+            if label == LIGHTKUBE:  # the writes as lightkube builds them (kube.wire off)
+                client._wire.url = lambda *a, **kw: None  # type: ignore[method-assign,union-attr]
             offset = k * (per_path + ROUND)
             pods = [f"w-{offset + j}" for j in range(per_path + ROUND)]
             names = [f"l-{j + k * ledgers}" for j in range(ledgers)]
@@ -211,13 +217,13 @@ def measure_writes(n: int) -> None:
             w.api.close()
     finally:
         api.close()
-    base, kube = writers["bare httpx"], writers["KubeApi"]
+    base, kube, old = writers["bare httpx"], writers["KubeApi"], writers[LIGHTKUBE]
     print(f"\nAPI writes to the fake API server (child process), {per_path} of each per path")
-    print(f"{'write':34} {'p50 ms':>7} {'p99 ms':>7} {'mean ms':>8} {'client CPU p50 ms':>18}")
+    print(f"{'write':42} {'p50 ms':>7} {'p99 ms':>7} {'mean ms':>8} {'client CPU p50 ms':>18}")
     for label, w in writers.items():
         for what, attr in (("Binding", "binds"), ("GPULedger patch (CAS)", "patches")):
             times = getattr(w, attr)
-            print(f"{what + ', ' + label:34} {pct(times, 0.5) * 1e3:7.3f} "
+            print(f"{what + ', ' + label:42} {pct(times, 0.5) * 1e3:7.3f} "
                   f"{pct(times, 0.99) * 1e3:7.3f} {statistics.fmean(times) * 1e3:8.3f} "
                   f"{pct(w.cpu[attr], 0.5) * 1e3:18.3f}")
     for what, attr in (("Binding", "binds"), ("GPULedger patch", "patches")):
@@ -225,6 +231,9 @@ def measure_writes(n: int) -> None:
         print(f"ratio KubeApi / bare httpx, {what}: p50 {pct(k, 0.5) / pct(b, 0.5):.2f}, "
               f"p99 {pct(k, 0.99) / pct(b, 0.99):.2f}, client CPU p50 "
               f"{pct(kube.cpu[attr], 0.5) / pct(base.cpu[attr], 0.5):.2f}")
+        print(f"ratio KubeApi / {LIGHTKUBE}, {what}: client CPU p50 "
+              f"{pct(kube.cpu[attr], 0.5) / pct(old.cpu[attr], 0.5):.2f}, p50 "
+              f"{pct(getattr(kube, attr), 0.5) / pct(getattr(old, attr), 0.5):.2f}")
 
 
 # -- watch side -------------------------------------------------------------------------------

@@ -464,4 +464,5 @@ def test_only_the_kube_api_and_its_transport_import_an_http_client() -> None:
                 found.add(str(path.relative_to(src)))
     # httpx under lightkube, no other Kubernetes client; the node agent reads the slice
     # servers' own status port (/usage of remote slices, not the Kubernetes API)
-    assert found == {"kube/api.py", "kube/connection.py", "nodeagent/slices.py"}
+    assert found == {"kube/api.py", "kube/connection.py", "kube/wire.py",
+                     "nodeagent/slices.py"}

@@ -59,6 +59,7 @@ from gpupool.kube import kubeconfig as kubeconfig_rules
 from gpupool.kube.connection import WATCH_MARGIN_S, ApiTransport, tls_context
 from gpupool.kube.errors import KubeError, from_status
 from gpupool.kube.summaries import PodSummary
+from gpupool.kube.wire import MERGE_PATCH, Wire
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -77,6 +78,7 @@ GPUDevice = create_global_resource(names.GROUP, _V, "GPUDevice", "gpudevices")
 ResourceClass = create_global_resource(names.GROUP, _V, "ResourceClass", "resourceclasses")
 ResourceGroup = create_global_resource(names.GROUP, _V, "ResourceGroup", "resourcegroups")
 GPULedger = create_global_resource(names.GROUP, _V, "GPULedger", "gpuledgers")
+_LEDGERS = ("apis", names.GROUP, _V, "gpuledgers")  # the path of GPULedgers (``Wire``)
 TenantQuota = create_global_resource(names.GROUP, _V, "TenantQuota", "tenantquotas")
 GPUPermission = create_global_resource(names.GROUP, _V, "GPUPermission", "gpupermissions")
 PodGroup = create_namespaced_resource(names.PODGROUP_GROUP, names.PODGROUP_VERSION, "PodGroup",
@@ -203,6 +205,7 @@ class KubeApi:
             self.client = lightkube.Client(single, timeout=httpx2.Timeout(timeout_s),
                                            field_manager=FIELD_MANAGER, trust_env=trust_env,
                                            transport=transport)
+            self._wire = Wire(self.client)
 
     @classmethod
     def connect(cls, kubeconfig: str | None = None, server: str | None = None,
@@ -308,6 +311,19 @@ class KubeApi:
         """Create the pod's Binding; the API server copies ``annotations`` onto the pod in
         the same write. ``Conflict`` if the pod is already bound or is another pod."""
         what = f"bind pod {namespace}/{name} to {node}"
+        url = self._wire.url(("api", "v1", "namespaces"), (namespace, "pods", name, "binding"),
+                             write=True)
+        if url is not None:
+            meta: dict[str, Any] = {"name": name, "namespace": namespace}
+            if uid:
+                meta["uid"] = uid
+            if annotations:
+                meta["annotations"] = dict(annotations)
+            body = {"apiVersion": "v1", "kind": "Binding", "metadata": meta,
+                    "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
+            with _translated(what):
+                self._wire.send("POST", url, body)  # the answer (a Status) is not read
+            return
         binding = Pod.Binding(
             metadata=ObjectMeta(name=name, namespace=namespace, uid=uid or None,
                                 annotations=dict(annotations) if annotations else None),
@@ -385,6 +401,9 @@ class KubeApi:
 
     def get_ledger(self, node: str) -> KubeObject:
         with _translated(f"get GPULedger {node}"):
+            url = self._wire.url(_LEDGERS, (node,), write=False)
+            if url is not None:
+                return self._wire.decoded(self._wire.send("GET", url))
             return dict(self.client.get(GPULedger, node))
 
     def create_ledger(self, obj: Mapping[str, Any]) -> KubeObject:
@@ -394,9 +413,12 @@ class KubeApi:
     def patch_ledger(self, node: str, patch: Mapping[str, Any],
                      resource_version: str | None) -> KubeObject:
         """Merge-patch the ledger; with ``resource_version`` only if it is still current."""
+        body = versioned(patch, resource_version)
         with _translated(f"update GPULedger {node}"):
-            return dict(self.client.patch(GPULedger, node, versioned(patch, resource_version),
-                                          patch_type=PatchType.MERGE))
+            url = self._wire.url(_LEDGERS, (node,), write=True)
+            if url is not None:
+                return self._wire.decoded(self._wire.send("PATCH", url, body, MERGE_PATCH))
+            return dict(self.client.patch(GPULedger, node, body, patch_type=PatchType.MERGE))
 
 
     # -- Secrets and ConfigMaps (gpupool's own keys and certificates) ------------------------

@@ -127,7 +127,8 @@ class ApiTransport(httpx2.BaseTransport):
 
     def handle_request(self, request: httpx2.Request) -> httpx2.Response:
         silence = self._bound_watch_read(request)
-        with self._inside_io(httpx2.ConnectError):
+        self._enter(httpx2.ConnectError)
+        try:
             response = self._send(request, silence)
             sock = _socket_of(response)
             if sock is not None:
@@ -135,6 +136,8 @@ class ApiTransport(httpx2.BaseTransport):
                     self._reading.add(sock)
                     if self.closed:  # closed while this answer's head was on its way
                         _shut_down(sock)
+        finally:
+            self._leave()
         assert isinstance(response.stream, httpx2.SyncByteStream)
         response.stream = _Reading(response.stream, self, sock, silence)
         return response
@@ -153,6 +156,8 @@ class ApiTransport(httpx2.BaseTransport):
     def _bound_watch_read(self, request: httpx2.Request) -> tuple[int, float] | None:
         """For a watch with ``timeoutSeconds`` and no read timeout: (the seconds the
         server was asked to take, the read timeout set)."""
+        if b"watch=" not in request.url.query:  # most requests: not a watch (no parsing)
+            return None
         params = request.url.params
         seconds = params.get("timeoutSeconds")
         if params.get("watch") not in ("true", "1") or not seconds or not seconds.isdigit():
@@ -168,15 +173,17 @@ class ApiTransport(httpx2.BaseTransport):
                    ) -> bytes | None:
         """The next piece of an answer's body (``None`` at its end), read as a thread inside
         (``close`` frees no socket meanwhile); none is read once the client is closed."""
-        with self._inside_io(httpx2.ReadError):
-            try:
-                return next(chunks, None)
-            except httpx2.TransportError as exc:
-                if self.closed:
-                    raise httpx2.ReadError("the client was closed") from None
-                if isinstance(exc, httpx2.ReadTimeout):
-                    raise _silent(exc, silence) from None
-                raise
+        self._enter(httpx2.ReadError)
+        try:
+            return next(chunks, None)
+        except httpx2.TransportError as exc:
+            if self.closed:
+                raise httpx2.ReadError("the client was closed") from None
+            if isinstance(exc, httpx2.ReadTimeout):
+                raise _silent(exc, silence) from None
+            raise
+        finally:
+            self._leave()
 
     def done_reading(self, sock: socket.socket | None) -> None:
         """An answer's reader let go of ``sock``: ``close`` no longer shuts it down (its
@@ -195,20 +202,25 @@ class ApiTransport(httpx2.BaseTransport):
                 _shut_down(sock)
         self._close_pool_when_unused()
 
-    @contextlib.contextmanager
-    def _inside_io(self, refusal: type[httpx2.TransportError]) -> Iterator[None]:
-        """Count the calling thread as inside a request or a read while the block runs (the
-        connections stay open); ``refusal`` once the client is closed."""
+    def _enter(self, refusal: type[httpx2.TransportError]) -> None:
+        """Count the calling thread as inside a request or a read until ``_leave`` (the
+        connections stay open meanwhile); ``refusal`` once the client is closed. (A pair of
+        calls, not a context manager: this runs for every request and every piece read.)"""
         with self._lock:
             if self.closed:
                 raise refusal("the client was closed")
             self._inside += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._inside -= 1
-            self._close_pool_when_unused()
+
+    def _leave(self) -> None:
+        """The calling thread came out of a request or a read: the last one out of a closed
+        client closes the connections."""
+        with self._lock:
+            self._inside -= 1
+            unused = self.closed and self._inside == 0 and self._pool_open
+            if unused:
+                self._pool_open = False
+        if unused:
+            self._inner.close()
 
     def _close_pool_when_unused(self) -> None:
         """Close every connection once the client is closed and no thread is inside (once)."""
