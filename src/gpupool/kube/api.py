@@ -5,7 +5,9 @@ through one maintained client: the lists, the watches, the writes, and the
 Binding and GPULedger compare-and-swap on the extender's bind path are all made
 by one lightkube client per ``KubeApi`` (httpx underneath, one pool of kept-alive
 connections), on the transport ``gpupool.kube.connection.ApiTransport`` (httpx's
-own, plus TCP keep-alive, bounded watch reads and a ``close`` that ends them).
+own, plus TCP keep-alive, bounded watch reads and a ``close`` that ends them). The bind
+path's Binding and GPULedger read and compare-and-swap skip lightkube's request building
+and answer decoding (``gpupool.kube.wire``: the same requests, on the same httpx client).
 lightkube reads the configuration and sets up TLS and the credentials: a token,
 the in-cluster service account's token file (read again after a 401, when the
 kubelet has rotated it), an exec plugin, a client certificate, basic auth.
