@@ -279,9 +279,34 @@ def test_a_lost_slice_is_placed_again_on_another_node_with_a_new_signed_decision
                        or {})
     assert uid in fake.get("gpuledgers", other)["spec"]["entries"]
     assert [e["reason"] for e in fake.objects("events")] == ["GpupoolSlicePlacedAgain"]
+    stale = replica.cache.pods[uid]  # the cache may not have seen the move yet
+    if stale.decision is not None and stale.decision.served_by == before:
+        assert replacer.replace(stale) == f"already served from {other}"
+    assert wait_for(lambda: replica.cache.pods[uid].decision.served_by == other)
     assert replacer.sweep() == {}  # the decision moved: nothing is lost any more
+    assert served_by(fake, pod) == other
+    assert [e["reason"] for e in fake.objects("events")] == ["GpupoolSlicePlacedAgain"]
     rules = grants(rendered(tmp_path, "remote.provider=stub"), "gpupool-extender")
     assert refused(needed(fake.requests), rules) == set()
+
+
+def test_a_sweep_on_a_cache_that_has_not_seen_the_move_does_not_move_the_slice_again(
+        fake: FakeApiServer, replica: Replica) -> None:
+    pod = fake.seed("pods", remote("train", 30000))
+    assert bind(replica, pod, "cpu-a") == ""
+    before = served_by(fake, pod)
+    lose(fake, pod, before)
+    uid = pod["metadata"]["uid"]
+    assert wait_for(lambda: replica.cache.pods[uid].slice_lost == before)
+    stale = replica.cache.pods[uid]  # the facts as the first sweep saw them
+    replacer = replica.extender.replacer
+    assert replacer is not None
+    (other,) = {"gpu-a1", "gpu-a2"} - {before}
+    assert replacer.replace(stale) == other
+    assert replacer.replace(stale) == f"already served from {other}"
+    assert served_by(fake, pod) == other
+    assert uid in fake.get("gpuledgers", other)["spec"]["entries"]
+    assert [e["reason"] for e in fake.objects("events")] == ["GpupoolSlicePlacedAgain"]
 
 
 def test_a_relabelled_pod_is_placed_again_in_the_group_bind_recorded(

@@ -93,6 +93,11 @@ class Replacer:
             meta = pod.get("metadata") or {}
             if meta.get("uid") != f.uid:
                 return "the pod is gone"
+            # the cache may not have seen a move already made (by this sweep's last round or
+            # the other replica): the pod as read now must still be served by the lost node
+            now = records.decode(f.uid, meta.get("annotations") or {}).allocation.served_by
+            if now != f.slice_lost:
+                return f"already served from {now or 'its own node'}"
             # the group bind recorded and signed, never the pod's label now: its author can
             # relabel a bound pod (the webhook is not sent label changes)
             # a running pod's slice stays behind a slice server, even on its own node
