@@ -13,6 +13,10 @@ Rules (docs/design/groups-quota-classes.md, "Layering"):
 * The adapters ``gpupool.extender``, ``gpupool.nodeagent``, ``gpupool.controller``,
   ``gpupool.sim``, ``gpupool.webhook`` and ``gpupool.remote`` do not import each other,
   nor the CLI.
+* ``gpupool.http`` (the HTTP/1.1 edge the extender and the webhook share: framing,
+  connection rules, uvicorn's configuration) sits below the adapters, beside
+  ``gpupool.kube``: it imports only the core and the contract of gpupool, and neither
+  ``gpupool.kube`` nor anything below it (security, the contract, the core) imports it.
 * Only ``gpupool.kube`` imports ``lightkube`` or ``kubernetes``.
 * No product module imports ``gpupool_testing`` (the test fakes, never installed).
 * ``gpupool.security`` (decision signatures, certificates: pure cryptography) imports
@@ -45,6 +49,7 @@ REPO = Path(__file__).resolve().parents[1]
 SRC = REPO / "src"
 ROOT = "gpupool"
 ADAPTERS = ("extender", "nodeagent", "controller", "sim", "webhook", "remote")
+BELOW_HTTP = ("kube", "security", "contract", "core")
 
 CORE_FORBIDDEN = {
     "lightkube": "a Kubernetes client",
@@ -175,6 +180,10 @@ def import_violation(importer: str, target: str, root: str = ROOT) -> str | None
         ok = theirs in ("", "core", "contract") or (theirs is None and top in CONTRACT_STDLIB)
         if not ok:
             return f"imports {target}: the contract imports only the core, json and pure stdlib"
+    if mine == "http" and theirs not in (None, "", "core", "contract", "http"):
+        return f"imports {target}: the HTTP edge imports only the core and the contract of {root}"
+    if mine in BELOW_HTTP and theirs == "http":
+        return f"imports {target}: the HTTP edge is above {root}.{mine}"
     if mine in ADAPTERS and theirs is not None and theirs != mine and theirs in (*ADAPTERS, "cli"):
         return f"imports {target}: adapters do not import each other or the CLI"
     return None
@@ -432,6 +441,11 @@ BAD = [
     ("security/a.py", "from datetime import datetime\nT = datetime.now()", "wall clock"),
     ("webhook/a.py", "from gpupool.extender import cache", "adapters do not import each other"),
     ("remote/a.py", "from gpupool.nodeagent import monitor", "adapters do not import each other"),
+    ("http/a.py", "from gpupool.extender.edge import sizing", "only the core and the contract"),
+    ("http/a.py", "from gpupool.webhook import server", "only the core and the contract"),
+    ("http/a.py", "from gpupool.kube import tlsstore", "only the core and the contract"),
+    ("kube/a.py", "from gpupool.http import framing", "the HTTP edge is above"),
+    ("security/a.py", "from gpupool.http import framing", "only the core and the contract"),
 ]
 
 GOOD = [
@@ -448,6 +462,9 @@ GOOD = [
     ("cli/a.py", "from gpupool.sim import trace\nfrom gpupool.extender import app"),
     ("security/a.py", "from cryptography.hazmat.primitives.asymmetric import ed25519"),
     ("extender/a.py", "from gpupool.security import signing"),
+    ("webhook/a.py", "from gpupool.http.connections import ConnectionRules"),
+    ("extender/edge/a.py", "from gpupool.http import framing, serving"),
+    ("http/a.py", "from gpupool.contract import jsondepth\nimport uvicorn"),
 ]
 
 

@@ -123,7 +123,7 @@ def webhook(tmp_path: Path) -> Iterator[Webhook]:
         keeper = CertificateKeeper(api, plan(), tls, time.time, metrics)
         keeper.refresh()
         server = HttpsServer(WebhookApp(SETTINGS, metrics, lambda: tls.loaded).app, tls,
-                             "127.0.0.1", 0)
+                             "127.0.0.1", 0, closed=metrics.closed)
         port = server.start()
         try:
             yield Webhook(fake, api, keeper, tls, metrics, port)

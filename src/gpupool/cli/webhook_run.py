@@ -51,7 +51,7 @@ def serve(args: argparse.Namespace, api: WebhookApi) -> int:
         informer = view.informer(api).start()
         app = WebhookApp(settings_of(args, api.fork(), view.placement_of), metrics,
                          lambda: tls.loaded)
-        server = HttpsServer(app.app, tls, args.host, args.port)
+        server = HttpsServer(app.app, tls, args.host, args.port, closed=metrics.closed)
         port = server.start()
         if args.metrics_port:
             start_http_server(args.metrics_port, registry=metrics.registry)

@@ -1,11 +1,12 @@
-"""The extender's HTTP/1.1 connections: who may hold one, and for how long.
+"""HTTP/1.1 connections: who may hold one, and for how long.
 
 ``guarded_protocol`` makes a subclass of uvicorn's httptools protocol (the one uvicorn
 uses for ``http="httptools"``) that
 
 * closes a TLS connection at once when the client's certificate (already verified
-  against the CA by the TLS handshake) does not name one of ``client_names``: another
-  certificate of the same CA (a server certificate, a node's) is not kube-scheduler's;
+  against the CA by the TLS handshake) does not name one of ``client_names`` (the
+  extender: another certificate of the same CA, a server's or a node's, is not
+  kube-scheduler's);
 * closes a connection that sends nothing for ``idle_s`` after it opened or after its
   last answer (uvicorn's keep-alive timer, armed at the start as well);
 * closes a connection whose request (headers and body) has not fully arrived
@@ -15,14 +16,18 @@ uses for ``http="httptools"``) that
   body's bytes never count as a head's, whatever the chunking.
 
 A server holds at most ``max_connections``. Beyond, either uvicorn answers 503 (the
-verbs: only kube-scheduler gets past the certificate check), or, with ``recycle``, the
-connection that has been quiet longest and is not being answered is closed to make room
-(the probes: anyone the network lets in can open connections there, and the kubelet's
-probe must always get one; it opens a new connection per probe). ``PROBE_RULES`` are the
-probe port's: few connections, recycled, closed after ``PROBE_IDLE_S`` idle.
+extender's verbs: only kube-scheduler gets past the certificate check), or, with
+``recycle``, the connection that has been quiet longest and is not being answered is
+closed to make room (a port anyone the network lets in can reach, where the kubelet's
+probe or the API server must always get a connection: the extender's probe port, the
+webhook's port).
 
-Each close is counted in ``gpupool_extender_connections_closed_total{reason}``. The TLS
-handshake itself is bounded by asyncio (60 s).
+Each close is counted in the server's ``closed`` counter by ``reason``
+(``client-certificate``, ``idle``, ``slow-request``, ``header-too-large``, ``recycled``).
+The TLS handshake itself is bounded by asyncio (60 s).
+
+The defaults (``HEADER_BYTES``, ``MAX_CONNECTIONS``, 30 s idle, 10 s to read a request)
+are the extender's verbs'; other servers pass their own ``ConnectionRules``.
 """
 
 from __future__ import annotations
@@ -37,8 +42,7 @@ from typing import Any
 from prometheus_client import Counter
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from gpupool.extender.edge.framing import Framing
-from gpupool.extender.edge.tls import peer_name
+from gpupool.http.framing import Framing
 
 log = logging.getLogger(__name__)
 _EVENTS = itertools.count()  # orders connections' activity (the loop's clock ticks in ms)
@@ -47,9 +51,6 @@ HEADER_BYTES = 64 * 1024
 MAX_CONNECTIONS = 768  # connections + calls at once on the verbs' port; beyond, 503:
 # kube-scheduler's binds in flight at 50 pods/s lasting 15 s each, within the 1,024
 # file descriptors a container commonly gets (docs/operations.md)
-PROBE_CONNECTIONS = 64  # the kubelet's probes, Prometheus, and room to spare
-PROBE_IDLE_S = 2.0  # the kubelet does not keep probe connections; Prometheus reconnects
-PROBE_HEADER_BYTES = 8 * 1024  # GET /healthz, /readyz, /metrics
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,11 +61,6 @@ class ConnectionRules:
     client_names: frozenset[str] | None = None  # None: no client certificate asked
     max_connections: int = MAX_CONNECTIONS
     recycle: bool = False  # at max_connections: close the quietest (else uvicorn's 503)
-
-
-PROBE_RULES = ConnectionRules(idle_s=PROBE_IDLE_S, read_s=PROBE_IDLE_S,
-                              header_bytes=PROBE_HEADER_BYTES,
-                              max_connections=PROBE_CONNECTIONS, recycle=True)
 
 
 def guarded_protocol(rules: ConnectionRules, closed: Counter) -> type[asyncio.Protocol]:
@@ -178,3 +174,14 @@ def allowed(peercert: Any, names: Iterable[str]) -> bool:
     """Whether a verified peer certificate's subject common name is one of ``names``."""
     name = peer_name(peercert)
     return name is not None and name in set(names)
+
+
+def peer_name(peercert: Any) -> str | None:
+    """The subject common name of a peer certificate as ``getpeercert()`` returns it."""
+    if not isinstance(peercert, dict):
+        return None
+    for rdn in peercert.get("subject", ()):
+        for key, value in rdn:
+            if key == "commonName":
+                return str(value)
+    return None

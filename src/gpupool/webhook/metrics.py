@@ -40,6 +40,10 @@ class Metrics:
         self.reloads = Counter("gpupool_webhook_certificate_reloads_total",
                                "Serving certificates loaded (first one included)",
                                registry=self.registry)
+        self.closed = Counter("gpupool_webhook_connections_closed_total",
+                              "Connections the webhook closed, by reason (idle, slow-request, "
+                              "header-too-large, recycled)", ["reason"],
+                              registry=self.registry)
         self.bundle_writes = Counter("gpupool_webhook_ca_bundle_writes_total",
                                      "caBundle updates written to webhook configurations",
                                      registry=self.registry)

@@ -9,6 +9,17 @@
 * ``GET /healthz``: the process answers; ``GET /readyz``: a certificate is served.
 
 Rules run on a worker thread, so one large body never holds up the others.
+
+The port is reachable by the API server, the kubelet's probes and anyone else the
+network lets in, so its connections follow ``WEBHOOK_RULES`` (``gpupool.http``, the edge
+the extender's port uses too): a request head over ``HEADER_BYTES`` closes the
+connection, whatever the chunking (a body's bytes never count as head bytes); a request
+not whole ``READ_S`` after its first byte (a slow head or a slow body) closes it; a
+connection silent ``IDLE_S`` after its last answer is closed; and at most
+``MAX_CONNECTIONS`` are held: past that, the one quiet longest and not being answered is
+closed to make room, so connections others hold idle never keep the API server's review
+or the kubelet's probe out. Each close is counted in
+``gpupool_webhook_connections_closed_total{reason}``.
 """
 
 from __future__ import annotations
@@ -22,12 +33,15 @@ from collections.abc import Callable
 from typing import Any
 
 import uvicorn
+from prometheus_client import Counter
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
+from gpupool.http.connections import ConnectionRules
+from gpupool.http.serving import uvicorn_config
 from gpupool.webhook.admission import Settings, mutate, validate
 from gpupool.webhook.metrics import Metrics
 from gpupool.webhook.review import BadReview, Request, Verdict, answer, read_review, uid_of
@@ -38,6 +52,23 @@ log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 8 * 1024 * 1024
 """An AdmissionReview holds the object and the old object (each at most ~1.5 MB in etcd)."""
 Rule = Callable[[Request, Settings], Verdict]
+
+HEADER_BYTES = 16 * 1024
+"""The API server's request head is a few hundred bytes, the kubelet's probe's fewer."""
+READ_S = 10.0
+"""A whole request, head and ``MAX_BODY_BYTES`` of body, from its first byte: the API
+server sends a review at once, and gives up on it after ``timeoutSeconds`` (5 s in the
+shipped configurations, 30 s at most)."""
+IDLE_S = 30.0
+"""The API server keeps its connections alive between reviews; one unused this long
+is closed (it reconnects: a TLS handshake, about a millisecond)."""
+MAX_CONNECTIONS = 512
+"""Reviews in flight at once from every API server, the probes and room to spare, within
+the 1,024 file descriptors a container commonly gets (the Kubernetes client's own
+connections use others)."""
+WEBHOOK_RULES = ConnectionRules(idle_s=IDLE_S, read_s=READ_S, header_bytes=HEADER_BYTES,
+                                max_connections=MAX_CONNECTIONS, recycle=True)
+GRACEFUL_S = 5  # reviews in flight at shutdown: answered within this
 
 
 class TooLarge(Exception):
@@ -135,10 +166,14 @@ def _log(endpoint: str, request: Request, verdict: Verdict) -> None:
 
 
 class HttpsServer:
-    """uvicorn serving ``app`` over TLS on a thread; the certificate follows ``tls``."""
+    """uvicorn serving ``app`` over TLS on a thread; the certificate follows ``tls``;
+    connections follow ``rules`` (closes counted in ``closed``, by reason)."""
 
-    def __init__(self, app: Any, tls: ServingTls, host: str = "0.0.0.0", port: int = 8443):
+    def __init__(self, app: Any, tls: ServingTls, host: str = "0.0.0.0", port: int = 8443, *,
+                 rules: ConnectionRules = WEBHOOK_RULES, closed: Counter | None = None):
         self.app, self.tls, self.host, self.port = app, tls, host, port
+        self.rules = rules
+        self.closed = closed if closed is not None else _orphan_counter()
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -149,8 +184,7 @@ class HttpsServer:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, self.port))
         self.port = sock.getsockname()[1]
-        config = uvicorn.Config(self.app, log_level="warning", lifespan="off", access_log=False,
-                                timeout_keep_alive=30, timeout_graceful_shutdown=5,
+        config = uvicorn_config(self.app, self.closed, self.rules, graceful_s=GRACEFUL_S,
                                 ssl_certfile=str(self.tls.cert_file),
                                 ssl_keyfile=str(self.tls.key_file))
         config.load()
@@ -175,3 +209,9 @@ class HttpsServer:
             self._server.should_exit = True
         if self._thread is not None:
             self._thread.join(timeout=10)
+
+
+def _orphan_counter() -> Counter:
+    """A counter in no registry, for servers whose caller keeps no metrics."""
+    return Counter("gpupool_webhook_connections_closed_total", "closed connections",
+                   ["reason"], registry=None)

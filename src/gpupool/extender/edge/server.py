@@ -1,5 +1,6 @@
 """Serving the extender's apps with uvicorn: the configuration ``gpupool extender`` runs
-(mutual TLS from a ``ReloadingContext``, guarded connections), and ``ThreadedServer``,
+(``gpupool.http.serving.uvicorn_config``: mutual TLS from a ``ReloadingContext``, guarded
+connections), and ``ThreadedServer``,
 the same on a thread (the probe port, loopback tests, benchmarks)."""
 
 from __future__ import annotations
@@ -12,22 +13,10 @@ from typing import Any
 import uvicorn
 from prometheus_client import Counter
 
-from gpupool.extender.edge.connections import PROBE_RULES, ConnectionRules, guarded_protocol
+from gpupool.extender.edge.connections import PROBE_RULES, ConnectionRules
+from gpupool.http.serving import uvicorn_config
 
-
-def uvicorn_config(app: Any, closed: Counter, rules: ConnectionRules | None = None,
-                   tls: ssl.SSLContext | None = None, **kwargs: Any) -> uvicorn.Config:
-    """uvicorn on its C stack (httptools, uvloop) with ``rules`` applied to every
-    connection, and TLS from ``tls`` (a listening context, e.g. ``ReloadingContext``'s)."""
-    rules = rules or ConnectionRules()
-    factory = (lambda _config, _default: tls) if tls is not None else None
-    return uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False,
-                          http=guarded_protocol(rules, closed), loop="uvloop",
-                          timeout_keep_alive=max(1, round(rules.idle_s)),
-                          timeout_graceful_shutdown=1,
-                          limit_concurrency=None if rules.recycle else rules.max_connections,
-                          ws="none",
-                          ssl_context_factory=factory, **kwargs)
+__all__ = ["ThreadedServer", "probe_server", "uvicorn_config"]
 
 
 class ThreadedServer:

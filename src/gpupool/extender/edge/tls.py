@@ -110,13 +110,3 @@ class TlsSource:
                              certs.CLIENT_SCHEDULER, now, client=True)
         return ServingMaterial(leaf.pair.cert, leaf.pair.key, ca.cert)
 
-
-def peer_name(peercert: Any) -> str | None:
-    """The subject common name of a peer certificate as ``getpeercert()`` returns it."""
-    if not isinstance(peercert, dict):
-        return None
-    for rdn in peercert.get("subject", ()):
-        for key, value in rdn:
-            if key == "commonName":
-                return str(value)
-    return None

@@ -1,0 +1,29 @@
+"""uvicorn configured for a server others can reach: its C stack (httptools, uvloop) with
+``ConnectionRules`` applied to every connection (``connections.guarded_protocol``)."""
+
+from __future__ import annotations
+
+import ssl
+from typing import Any
+
+import uvicorn
+from prometheus_client import Counter
+
+from gpupool.http.connections import ConnectionRules, guarded_protocol
+
+
+def uvicorn_config(app: Any, closed: Counter, rules: ConnectionRules | None = None,
+                   tls: ssl.SSLContext | None = None, *, graceful_s: int = 1,
+                   **kwargs: Any) -> uvicorn.Config:
+    """uvicorn on its C stack with ``rules`` applied to every connection (closes counted
+    in ``closed`` by reason), TLS from ``tls`` (a listening context) when given, and
+    ``graceful_s`` for the requests in flight at shutdown; ``kwargs`` go to uvicorn."""
+    rules = rules or ConnectionRules()
+    factory = (lambda _config, _default: tls) if tls is not None else None
+    return uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False,
+                          http=guarded_protocol(rules, closed), loop="uvloop",
+                          timeout_keep_alive=max(1, round(rules.idle_s)),
+                          timeout_graceful_shutdown=graceful_s,
+                          limit_concurrency=None if rules.recycle else rules.max_connections,
+                          ws="none",
+                          ssl_context_factory=factory, **kwargs)
