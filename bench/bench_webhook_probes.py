@@ -44,11 +44,12 @@ import uvicorn
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "testing")]
 
+from gpupool_testing.rawhttp import Dropped, exchange, read_answer  # noqa: E402
+
 from gpupool.webhook.admission import Settings  # noqa: E402
 from gpupool.webhook.metrics import Metrics  # noqa: E402
 from gpupool.webhook.server import MAX_BODY_BYTES, HttpsServer, WebhookApp  # noqa: E402
 from gpupool.webhook.tls import ServingTls  # noqa: E402
-from gpupool_testing.rawhttp import Dropped, exchange, read_answer  # noqa: E402
 from tests.webhook.builders import body, gpu_pod, pod, review  # noqa: E402
 
 from machine import line as machine_line  # noqa: E402
