@@ -72,32 +72,27 @@ def test_a_remote_slice_served_to_a_node_without_gpus_holds_its_gpu() -> None:
     assert [(p.node, [v.name for v in p.victims]) for p in plan.preemptions] == [("g1", ["r"])]
 
 
-def test_the_controllers_cluster_state_holds_a_gpu_served_to_a_node_without_gpus() -> None:
+def served_elsewhere() -> dict[str, Any]:
+    """A running remote-required pod on a node without GPUs, its slice (all of GPU g1)
+    served from g1."""
     alloc = Allocation("uid-low-r", "cpu-node", 1000, 1024,
                        (Slice("GPU-g1-0", 0, 80 * GIB, 10, "main"),), False, "g1")
-    served = sign({"metadata": {"name": "r", "namespace": "low", "uid": "uid-low-r",
-                                "annotations": {**records.encode(alloc, "2026-01-01T00:00:00Z"),
-                                                "gpupool.io/placement": "remote-required"}},
-                   "spec": {"nodeName": "cpu-node", "containers": [{
-                       "name": "main", "resources": {"limits": {
-                           "gpupool.io/remote-gpu": "1", "gpupool.io/gpu-memory": str(80 * GIB),
-                           "gpupool.io/gpu-core": "10"}}}]},
-                   "status": {"phase": "Running"}})
-    state = cluster_state(observe([device("g1", 0)], [], [], [served]))
+    return sign({"metadata": {"name": "r", "namespace": "low", "uid": "uid-low-r",
+                              "annotations": {**records.encode(alloc, "2026-01-01T00:00:00Z"),
+                                              "gpupool.io/placement": "remote-required"}},
+                 "spec": {"nodeName": "cpu-node", "containers": [{
+                     "name": "main", "resources": {"limits": {
+                         "gpupool.io/remote-gpu": "1", "gpupool.io/gpu-memory": str(80 * GIB),
+                         "gpupool.io/gpu-core": "10"}}}]},
+                 "status": {"phase": "Running"}})
+
+
+def test_the_controllers_cluster_state_holds_a_gpu_served_to_a_node_without_gpus() -> None:
+    state = cluster_state(observe([device("g1", 0)], [], [], [served_elsewhere()]))
     g1 = [n.name for n in state.nodes].index("g1")
     assert int(state.unit_free[g1][0]) == 0 and "cpu-node" in [n.name for n in state.nodes]
 
 
 def test_pool_figures_count_a_slice_served_to_a_node_without_gpus_on_its_gpu() -> None:
-    alloc = Allocation("uid-low-r", "cpu-node", 1000, 1024,
-                       (Slice("GPU-g1-0", 0, 80 * GIB, 10, "main"),), False, "g1")
-    served = sign({"metadata": {"name": "r", "namespace": "low", "uid": "uid-low-r",
-                                "annotations": {**records.encode(alloc, "2026-01-01T00:00:00Z"),
-                                                "gpupool.io/placement": "remote-required"}},
-                   "spec": {"nodeName": "cpu-node", "containers": [{
-                       "name": "main", "resources": {"limits": {
-                           "gpupool.io/remote-gpu": "1", "gpupool.io/gpu-memory": str(80 * GIB),
-                           "gpupool.io/gpu-core": "10"}}}]},
-                   "status": {"phase": "Running"}})
-    figures, _ = pool_figures(observe([device("g1", 0)], [], [], [served]))
+    figures, _ = pool_figures(observe([device("g1", 0)], [], [], [served_elsewhere()]))
     assert [(f.gpus, f.allocated_milli) for f in figures] == [(1, 1000)]
