@@ -275,6 +275,60 @@ def test_room_on_the_pods_own_node_comes_first_then_its_zone_then_any(
         ("anywhere", "g3", "own node")]  # may run anywhere: the lowest priority goes
 
 
+def affinity(*terms: list[dict[str, Any]], fields: list[dict[str, Any]] | None = None
+             ) -> dict[str, Any]:
+    """``spec.affinity`` whose required node affinity has one term per ``terms`` (its
+    matchExpressions), and a term of ``fields`` (matchFields) when given."""
+    out: list[dict[str, Any]] = [{"matchExpressions": t} for t in terms]
+    if fields is not None:
+        out.append({"matchFields": fields})
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": out}}}
+
+
+def test_required_node_affinity_says_where_the_pod_may_run_as_a_node_selector_does(
+        fake: FakeApiServer) -> None:
+    for pod in (victim("own", "g2", 80 * GIB, 7), victim("zone", "g1", 80 * GIB, 5),
+                victim("far", "g3", 80 * GIB, 1),
+                waiting("on-g2", 60 * GIB, 1000, affinity=affinity(
+                    [{"key": HOSTNAME, "operator": "In", "values": ["g2"]}])),
+                waiting("on-c1", 60 * GIB, 900, affinity=affinity(
+                    [{"key": HOSTNAME, "operator": "NotIn", "values": ["g1", "g2", "g3"]},
+                     {"key": ZONE_LABEL, "operator": "Exists"}])),
+                waiting("anywhere", 60 * GIB, 800)):
+        fake.seed("pods", pod)
+    world = World(fake)
+    try:
+        plan = world.round()
+    finally:
+        world.close()
+    assert [(p.preemptor.name, p.node, p.tier) for p in plan.preemptions] == [
+        ("on-g2", "g2", "own node"),
+        ("on-c1", "g1", f"{ZONE_LABEL}=a"),  # only c1 (no GPU) admits it: its zone first
+        ("anywhere", "g3", "own node")]
+
+
+def test_node_affinity_terms_are_any_of_and_narrow_a_node_selector(
+        fake: FakeApiServer) -> None:
+    """Terms are ORed (one by labels, one by the node's name through matchFields); a
+    nodeSelector beside them must hold too: g3 is named but is not in zone a."""
+    for pod in (victim("own", "g2", 80 * GIB, 7), victim("zone", "g1", 80 * GIB, 5),
+                victim("far", "g3", 80 * GIB, 1),
+                waiting("either", 60 * GIB, 1000, nodeSelector={ZONE_LABEL: "a"},
+                        affinity=affinity(
+                            [{"key": HOSTNAME, "operator": "In", "values": ["g2"]}],
+                            fields=[{"key": "metadata.name", "operator": "In",
+                                     "values": ["g3"]}]))):
+        fake.seed("pods", pod)
+    world = World(fake)
+    try:
+        plan = world.round()
+    finally:
+        world.close()
+    assert [(p.preemptor.name, p.node, p.tier) for p in plan.preemptions] == [
+        ("either", "g2", "own node")]  # g3 (priority 1) would be cheaper, but is not its own
+
+
 def test_nothing_is_sent_once_the_term_has_ended(fake: FakeApiServer) -> None:
     fill(fake, "g3")
     fake.seed("pods", victim("a", "g1", 80 * GIB, 1))

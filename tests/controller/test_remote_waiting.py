@@ -15,7 +15,7 @@ from gpupool.controller.remotewaiting import candidates, waiting
 from gpupool.core.allocation import Allocation, Slice
 
 from .builders import GIB, device, sign
-from .test_remote_preemption_api import LATER, victim
+from .test_remote_preemption_api import LATER, affinity, victim
 from .test_remote_preemption_api import waiting as pending
 
 
@@ -26,7 +26,16 @@ def test_what_no_api_server_serves_is_skipped_with_a_reason_never_raised() -> No
     bad_time = pending("when", 40 * GIB)
     bad_time["status"]["conditions"][0]["lastTransitionTime"] = "yesterday"
     no_meta: dict[str, Any] = {"metadata": "broken", "spec": [], "status": None}
+    bad_op = pending("op", 40 * GIB, affinity=affinity(
+        [{"key": "zone", "operator": "Near", "values": ["a"]}]))
+    bad_gt = pending("gt", 40 * GIB, affinity=affinity(
+        [{"key": "cores", "operator": "Gt", "values": ["1k"]}]))
+    bad_terms = pending("terms", 40 * GIB, affinity={"nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": "any"}}})
+    bad_field = pending("field", 40 * GIB, affinity=affinity(fields=[
+        {"key": "metadata.uid", "operator": "In", "values": ["x"]}]))
     found, skips, _ = waiting([bad_priority, flag_priority, bad_selector, bad_time, no_meta,
+                               bad_op, bad_gt, bad_terms, bad_field,
                                pending("fine", 40 * GIB)], LATER, 30.0)
     assert [w.name for w in found] == ["fine"]
     assert {s.pod: s.reason for s in skips} == {
@@ -34,7 +43,29 @@ def test_what_no_api_server_serves_is_skipped_with_a_reason_never_raised() -> No
         "lab/flag": "spec.priority True is not an integer",
         "lab/where": "spec.nodeSelector is not a map of strings",
         "lab/when": "condition PodScheduled has lastTransitionTime 'yesterday', not a time",
-        "default/": "the pod's metadata must be a map, got str"}
+        "default/": "the pod's metadata must be a map, got str",
+        "lab/op": "spec.affinity.nodeAffinity: operator 'Near' is not one of In, NotIn, "
+                  "Exists, DoesNotExist, Gt, Lt",
+        "lab/gt": "spec.affinity.nodeAffinity: cores Gt needs one integer, got ['1k']",
+        "lab/terms": "spec.affinity.nodeAffinity: nodeSelectorTerms is not a list",
+        "lab/field": "spec.affinity.nodeAffinity: matchFields key 'metadata.uid' is not "
+                     "metadata.name"}
+
+
+def test_a_node_admits_the_pod_when_every_selector_pair_and_one_affinity_term_match(
+        ) -> None:
+    pod = pending("p", 40 * GIB, nodeSelector={"pool": "x"}, affinity=affinity(
+        [{"key": "cores", "operator": "Gt", "values": ["8"]}],
+        [],  # an empty term matches no node
+        fields=[{"key": "metadata.name", "operator": "In", "values": ["named"]}]))
+    (w,), _, _ = waiting([pod], LATER, 30.0)
+    assert w.admits("big", {"pool": "x", "cores": "16"})
+    assert not w.admits("big", {"pool": "y", "cores": "16"})  # the nodeSelector too
+    assert not w.admits("small", {"pool": "x", "cores": "4"})
+    assert not w.admits("odd", {"pool": "x", "cores": "16k"})  # Gt compares integers only
+    assert w.admits("named", {"pool": "x"})
+    (plain,), _, _ = waiting([pending("q", 40 * GIB)], LATER, 30.0)
+    assert plain.admits("any", {})
 
 
 def test_a_placed_pod_whose_priority_cannot_be_read_is_never_a_victim() -> None:

@@ -18,7 +18,8 @@ it asked and what became of it. Each round:
    same room. Otherwise the core chooses (``core.victims.select`` with ``Room`` and
    ``below(priority)``: the fewest pods of strictly lower priority, then the lowest
    priorities, ...), tier by tier in ``ServingPlacer``'s order as seen from the nodes the
-   pod may run on (its ``spec.nodeSelector`` over the nodes' labels): those nodes
+   pod may run on (``Waiting.admits``: its ``spec.nodeSelector`` and required node
+   affinity over the nodes' names and labels; taints are not read): those nodes
    themselves, then the nodes of their topology domains (most specific label first),
    then any node; the first tier with an answer wins. The victims leave the scratch
    state and the slice is held there on the node they free (placed by the core's
@@ -36,7 +37,7 @@ from __future__ import annotations
 
 import random
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -204,7 +205,7 @@ class RemotePlanner:
             self._hold(state, part, c, None)  # room now: kube-scheduler places it
             return None
         why = ""
-        for tier, rows in tiers(state, labels, w.selector, self.config.domains):
+        for tier, rows in tiers(state, labels, w.admits, self.config.domains):
             chosen = select(Room(state, part, c, rows), ready, below(w.priority), {},
                             self.config.limits)
             if isinstance(chosen, NoVictims):
@@ -274,16 +275,17 @@ def _rows(state: ClusterState, names: Iterable[str]) -> Any:
     return np.array([state.index[n] for n in names if n in state.index], np.int64)
 
 
-def tiers(state: ClusterState, labels: Mapping[str, Labels], selector: Sequence[tuple[str, str]],
-          domains: Sequence[str]) -> list[tuple[str, list[int]]]:
+def tiers(state: ClusterState, labels: Mapping[str, Labels],
+          admits: Callable[[str, Mapping[str, str]], bool], domains: Sequence[str]
+          ) -> list[tuple[str, list[int]]]:
     """The state's GPU nodes (rows) in ``ServingPlacer``'s tiers, as seen from the nodes the
-    pod may run on (those whose labels match ``selector``): those nodes, then each domain
+    pod may run on (those ``admits`` by name and labels): those nodes, then each domain
     label's nodes sharing a value with them, then any other; empty tiers left out. Without
     node labels (``labels`` empty) every row is one tier, "any node"."""
     rows = [i for i, n in enumerate(state.nodes) if n.gpus]
     if not labels:
         return [("any node", rows)] if rows else []
-    homes = {n for n, ls in labels.items() if all(dict(ls).get(k) == v for k, v in selector)}
+    homes = {n for n, ls in labels.items() if admits(n, dict(ls))}
     out: list[tuple[str, list[int]]] = []
     left = list(rows)
     own = [i for i in left if state.nodes[i].name in homes]

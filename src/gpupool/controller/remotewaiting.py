@@ -5,8 +5,15 @@ node yet, not being deleted, phase ``Pending``, asking GPUs, ``spec.preemptionPo
 ``Never``, and refused by kube-scheduler (``PodScheduled`` ``False``, reason
 ``Unschedulable``) for at least the grace period. A pod that cannot be read — a broken
 annotation, a ``spec.priority`` that is not an integer, a ``spec.nodeSelector`` that is
-not a map of strings, a condition time that is not a time — is a ``Skip`` with the reason,
-never an error.
+not a map of strings, a required node affinity that is not one, a condition time that is
+not a time — is a ``Skip`` with the reason, never an error.
+
+Where a pod may run (``Waiting.admits``) is read as kube-scheduler reads it: every pair of
+``spec.nodeSelector`` and, when ``spec.affinity.nodeAffinity`` has
+``requiredDuringSchedulingIgnoredDuringExecution``, one of its ``nodeSelectorTerms`` (a
+term: all of its ``matchExpressions`` over the node's labels, with the core's selector
+requirements, and all of its ``matchFields`` over ``metadata.name``; an empty term matches
+no node; ``Gt``/``Lt`` compare integers). Taints and tolerations are not read.
 
 ``candidates`` reads the pods gpupool placed (``Observed.holdings``: decisions signed for
 them) as the core's ``Candidate`` values, with the priority each pod's ``spec.priority``
@@ -16,6 +23,7 @@ gives. A gang's members are never candidates: a single pod does not evict a gang
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -27,7 +35,36 @@ from gpupool.controller.observed import PodHolding
 from gpupool.core.errors import InvalidInput
 from gpupool.core.quota import Charge, amount_of_allocation
 from gpupool.core.request import PodRequest, Serving
+from gpupool.core.selector import Operator, Requirement
 from gpupool.core.victims import Candidate
+
+NAME_FIELD = "metadata.name"  # the one field matchFields may name
+_INTEGER = re.compile(r"-?[0-9]+")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeTerm:
+    """One ``nodeSelectorTerm`` of a required node affinity: all of ``labels`` (its
+    matchExpressions) over the node's labels and all of ``fields`` (its matchFields) over
+    the node's name; an empty term matches no node."""
+
+    labels: tuple[Requirement, ...] = ()
+    fields: tuple[Requirement, ...] = ()
+
+    def matches(self, name: str, labels: Mapping[str, str]) -> bool:
+        if not self.labels and not self.fields:
+            return False
+        return all(_holds(r, labels) for r in self.labels) and \
+            all(_holds(r, {NAME_FIELD: name}) for r in self.fields)
+
+
+def _holds(req: Requirement, labels: Mapping[str, str]) -> bool:
+    """``req`` over ``labels``; ``Gt``/``Lt`` only over an integer value, as kube-scheduler
+    compares them (the core's requirement compares quantities)."""
+    if req.operator in (Operator.GT, Operator.LT) and \
+            not _INTEGER.fullmatch(labels.get(req.key, "")):
+        return False
+    return req.matches(labels)
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,10 +78,18 @@ class Waiting:
     request: PodRequest
     created: str  # metadata.creationTimestamp, as written (RFC 3339 sorts as text)
     selector: tuple[tuple[str, str], ...] = ()  # spec.nodeSelector: where it may run
+    terms: tuple[NodeTerm, ...] = ()  # its required node affinity (empty: none)
 
     @property
     def pod(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+    def admits(self, node: str, labels: Mapping[str, str]) -> bool:
+        """Whether the pod may run on node ``node`` with ``labels``: every nodeSelector
+        pair, and one term of its required node affinity when it has one."""
+        if any(labels.get(k) != v for k, v in self.selector):
+            return False
+        return not self.terms or any(t.matches(node, labels) for t in self.terms)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +142,55 @@ def _selector(pod: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
             isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
         raise InvalidInput("spec.nodeSelector is not a map of strings")
     return tuple(sorted(value.items()))
+
+
+AFFINITY = "spec.affinity.nodeAffinity"
+
+
+def _terms(pod: Mapping[str, Any]) -> tuple[NodeTerm, ...]:
+    """The required node affinity's terms (empty: none); ``InvalidInput`` names what is
+    not one."""
+    node = _map(_map(_map(pod.get("spec")).get("affinity")).get("nodeAffinity"))
+    required = node.get("requiredDuringSchedulingIgnoredDuringExecution")
+    if required is None:
+        return ()
+    terms = _map(required).get("nodeSelectorTerms")
+    if not isinstance(terms, list):
+        raise InvalidInput(f"{AFFINITY}: nodeSelectorTerms is not a list")
+    try:
+        return tuple(NodeTerm(_requirements(_map(t).get("matchExpressions"), False),
+                              _requirements(_map(t).get("matchFields"), True))
+                     for t in terms)
+    except InvalidInput as exc:
+        raise InvalidInput(f"{AFFINITY}: {exc}") from None
+
+
+def _requirements(raw: Any, fields: bool) -> tuple[Requirement, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise InvalidInput(f"{'matchFields' if fields else 'matchExpressions'} is not a list")
+    out = []
+    for r in raw:
+        r = _map(r)
+        key, op, values = r.get("key"), r.get("operator"), r.get("values") or []
+        try:
+            operator = Operator(op)
+        except ValueError:
+            known = ", ".join(o.value for o in Operator)
+            raise InvalidInput(f"operator {op!r:.40} is not one of {known}") from None
+        if not isinstance(key, str) or not isinstance(values, list) or \
+                not all(isinstance(v, str) for v in values):
+            raise InvalidInput(f"a requirement on {key!r:.40} needs a key and values that "
+                               "are strings")
+        if fields and key != NAME_FIELD:
+            raise InvalidInput(f"matchFields key {key!r:.40} is not {NAME_FIELD}")
+        if operator in (Operator.GT, Operator.LT) and (
+                len(values) != 1 or not _INTEGER.fullmatch(values[0])):
+            raise InvalidInput(f"{key} {operator.value} needs one integer, got "
+                               f"{values!r:.40}")
+        out.append(Requirement(key, operator, tuple(values)))
+    return tuple(out)
 
 
 def unschedulable_since(pod: Mapping[str, Any]) -> float | None:
@@ -155,14 +249,14 @@ def _read(pod: Mapping[str, Any], uid: str, ns: str, name: str
     if not request.gpus or request.serving is not Serving.REMOTE_REQUIRED:
         return None
     priority = priority_of(pod)
-    selector = _selector(pod)
+    selector, terms = _selector(pod), _terms(pod)
     if _map(pod.get("spec")).get("preemptionPolicy") == "Never":
         return Skip(uid, f"{ns}/{name}", "its preemptionPolicy is Never")
     since = unschedulable_since(pod)
     if since is None:
         return None
     created = str(_map(pod.get("metadata")).get("creationTimestamp") or "")
-    return since, Waiting(uid, ns, name, priority, request, created, selector)
+    return since, Waiting(uid, ns, name, priority, request, created, selector, terms)
 
 
 def in_gang(pod: Mapping[str, Any]) -> bool:
