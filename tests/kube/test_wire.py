@@ -5,6 +5,7 @@ through lightkube as before; the answers are read as before."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import msgspec
@@ -15,6 +16,7 @@ from lightkube.config.models import Cluster, User
 
 from gpupool.kube.api import KubeApi
 from gpupool.kube.errors import KubeError, NotFound
+from gpupool.kube.wire import Wire
 
 from .rawhttp import Answer, RawServer, Request
 
@@ -46,7 +48,7 @@ def _recorded(fast: bool, prefix: str = "") -> list[Request]:
         config = KubeConfig.from_one(cluster=Cluster(server=server.url + prefix), user=User())
         api = KubeApi(config, trust_env=False)
         if not fast:
-            api._wire.url = lambda *a, **k: None  # type: ignore[method-assign]
+            api._wire = None
         try:
             _calls(api)
         finally:
@@ -80,8 +82,22 @@ def test_the_body_keeps_non_ascii_text_floats_and_big_integers() -> None:
     assert sent["metadata"] == {"resourceVersion": "7"}
 
 
+def test_a_lightkube_not_built_as_the_pinned_one_sends_everything_through_lightkube(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    def other_lightkube(self: Wire, client: object) -> None:
+        raise AttributeError("'GenericSyncClient' object has no attribute '_client'")
+
+    fast = _recorded(True)
+    monkeypatch.setattr(Wire, "__init__", other_lightkube)
+    with caplog.at_level(logging.WARNING, logger="gpupool.kube.wire"):
+        slow = _recorded(True)
+    assert [_seen(r) for r in slow] == [_seen(r) for r in fast]
+    assert "differs from the pinned ones" in caplog.text
+
+
 def test_names_that_are_not_kubernetes_names_go_through_lightkube(fake: FakeApiServer,
                                                                   api: KubeApi) -> None:
+    assert api._wire is not None
     assert api._wire.url(("api",), ("Pod_A",), write=True) is None
     assert api._wire.url(("api",), ("a/b",), write=True) is None
     assert api._wire.url(("api",), ("a?b",), write=False) is None

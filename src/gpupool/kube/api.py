@@ -207,7 +207,7 @@ class KubeApi:
             self.client = lightkube.Client(single, timeout=httpx2.Timeout(timeout_s),
                                            field_manager=FIELD_MANAGER, trust_env=trust_env,
                                            transport=transport)
-            self._wire = Wire(self.client)
+            self._wire = Wire.of(self.client)
 
     @classmethod
     def connect(cls, kubeconfig: str | None = None, server: str | None = None,
@@ -313,9 +313,9 @@ class KubeApi:
         """Create the pod's Binding; the API server copies ``annotations`` onto the pod in
         the same write. ``Conflict`` if the pod is already bound or is another pod."""
         what = f"bind pod {namespace}/{name} to {node}"
-        url = self._wire.url(("api", "v1", "namespaces"), (namespace, "pods", name, "binding"),
-                             write=True)
-        if url is not None:
+        url = self._url(("api", "v1", "namespaces"), (namespace, "pods", name, "binding"),
+                        write=True)
+        if url is not None and self._wire is not None:
             meta: dict[str, Any] = {"name": name, "namespace": namespace}
             if uid:
                 meta["uid"] = uid
@@ -401,10 +401,15 @@ class KubeApi:
                       ) -> Iterator[tuple[str, KubeObject]]:
         return self._watch(GPULedger, "GPULedgers", resource_version, timeout_s)
 
+    def _url(self, path: tuple[str, ...], names: tuple[str, ...], write: bool
+             ) -> httpx2.URL | None:
+        """The bind path's URL (``Wire.url``); None: send through lightkube."""
+        return self._wire.url(path, names, write) if self._wire is not None else None
+
     def get_ledger(self, node: str) -> KubeObject:
         with _translated(f"get GPULedger {node}"):
-            url = self._wire.url(_LEDGERS, (node,), write=False)
-            if url is not None:
+            url = self._url(_LEDGERS, (node,), write=False)
+            if url is not None and self._wire is not None:
                 return self._wire.decoded(self._wire.send("GET", url))
             return dict(self.client.get(GPULedger, node))
 
@@ -417,8 +422,8 @@ class KubeApi:
         """Merge-patch the ledger; with ``resource_version`` only if it is still current."""
         body = versioned(patch, resource_version)
         with _translated(f"update GPULedger {node}"):
-            url = self._wire.url(_LEDGERS, (node,), write=True)
-            if url is not None:
+            url = self._url(_LEDGERS, (node,), write=True)
+            if url is not None and self._wire is not None:
                 return self._wire.decoded(self._wire.send("PATCH", url, body, MERGE_PATCH))
             return dict(self.client.patch(GPULedger, node, body, patch_type=PatchType.MERGE))
 

@@ -20,6 +20,7 @@ not one is sent through lightkube, as before (``url`` answers ``None``).
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable
 from typing import Any, cast
@@ -31,6 +32,8 @@ from lightkube.core.generic_client import GenericSyncClient
 
 # a DNS-1123 subdomain: what Kubernetes accepts as the name of a namespace, pod, node or
 # custom object; nothing in it needs escaping in a URL path
+log = logging.getLogger(__name__)
+
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 _ENCODE = msgspec.json.Encoder().encode
 _DECODE = msgspec.json.Decoder().decode
@@ -54,6 +57,22 @@ class Wire:
         manager = generic._field_manager
         self._write_query = None if manager is None else \
             str(httpx2.QueryParams({"fieldManager": manager}))
+        probe = self.url(("api", "v1", "namespaces"), ("a",), write=False)
+        if probe is None or probe != self._http.base_url.join("api/v1/namespaces/a"):
+            raise TypeError(f"this httpx builds {probe} where {base}api/v1/namespaces/a "
+                            "was meant")
+
+    @classmethod
+    def of(cls, client: lightkube.Client) -> Wire | None:
+        """``Wire`` on ``client``; None (every call then goes through lightkube) when the
+        installed lightkube or httpx is not built as this module reads it (it reads a few
+        of their private attributes, as the pinned versions have them)."""
+        try:
+            return cls(client)
+        except (AttributeError, AssertionError, TypeError) as exc:
+            log.warning("the bind path's requests go through lightkube's request building: "
+                        "this lightkube or httpx differs from the pinned ones (%s)", exc)
+            return None
 
     def url(self, path: tuple[str, ...], names: tuple[str, ...], write: bool
             ) -> httpx2.URL | None:
