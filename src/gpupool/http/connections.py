@@ -24,7 +24,8 @@ webhook's port).
 
 Each close is counted in the server's ``closed`` counter by ``reason``
 (``client-certificate``, ``idle``, ``slow-request``, ``header-too-large``, ``recycled``).
-The TLS handshake itself is bounded by asyncio (60 s).
+The TLS handshake comes before: asyncio bounds it (60 s), unless the rules bound it
+(``handshakes``: ``gpupool.http.handshakes``).
 
 The defaults (``HEADER_BYTES``, ``MAX_CONNECTIONS``, 30 s idle, 10 s to read a request)
 are the extender's verbs'; other servers pass their own ``ConnectionRules``.
@@ -43,6 +44,7 @@ from prometheus_client import Counter
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gpupool.http.framing import Framing
+from gpupool.http.handshakes import HandshakeRules
 
 log = logging.getLogger(__name__)
 _EVENTS = itertools.count()  # orders connections' activity (the loop's clock ticks in ms)
@@ -61,6 +63,7 @@ class ConnectionRules:
     client_names: frozenset[str] | None = None  # None: no client certificate asked
     max_connections: int = MAX_CONNECTIONS
     recycle: bool = False  # at max_connections: close the quietest (else uvicorn's 503)
+    handshakes: HandshakeRules | None = None  # None: asyncio's 60 s, unbounded in number
 
 
 def guarded_protocol(rules: ConnectionRules, closed: Counter) -> type[asyncio.Protocol]:

@@ -42,8 +42,12 @@ class Metrics:
                                registry=self.registry)
         self.closed = Counter("gpupool_webhook_connections_closed_total",
                               "Connections the webhook closed, by reason (idle, slow-request, "
-                              "header-too-large, recycled)", ["reason"],
-                              registry=self.registry)
+                              "header-too-large, recycled, handshake-timeout, "
+                              "handshake-recycled)", ["reason"], registry=self.registry)
+        self.over_budget = Counter("gpupool_webhook_over_budget_total",
+                                   "Reviews answered 429 unread: their body would have taken "
+                                   "the bodies held at once past the budget", ["endpoint"],
+                                   registry=self.registry)
         self.bundle_writes = Counter("gpupool_webhook_ca_bundle_writes_total",
                                      "caBundle updates written to webhook configurations",
                                      registry=self.registry)

@@ -30,6 +30,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import uvicorn
@@ -40,7 +41,9 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
+from gpupool.http.budget import BodyBudget
 from gpupool.http.connections import ConnectionRules
+from gpupool.http.handshakes import HandshakeRules
 from gpupool.http.serving import uvicorn_config
 from gpupool.webhook.admission import Settings, mutate, validate
 from gpupool.webhook.metrics import Metrics
@@ -51,6 +54,13 @@ log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
 """An AdmissionReview holds the object and the old object (each at most ~1.5 MB in etcd)."""
+BODY_BUDGET_BYTES = 4 * MAX_BODY_BYTES
+"""Bytes of bodies held at once over all connections: four max-size reviews being read or
+judged (a decoded review takes several times its bytes; the Deployment's limit is
+384 MiB), thousands of ordinary ones (a few KiB each)."""
+RETRY_AFTER_S = 1
+"""A body past the budget: 429 and Retry-After 1; the API server's client retries it
+within the webhook's ``timeoutSeconds`` (5 s), then the failure policy applies."""
 Rule = Callable[[Request, Settings], Verdict]
 
 HEADER_BYTES = 16 * 1024
@@ -66,33 +76,66 @@ MAX_CONNECTIONS = 512
 """Reviews in flight at once from every API server, the probes and room to spare, within
 the 1,024 file descriptors a container commonly gets (the Kubernetes client's own
 connections use others)."""
-WEBHOOK_RULES = ConnectionRules(idle_s=IDLE_S, read_s=READ_S, header_bytes=HEADER_BYTES,
-                                max_connections=MAX_CONNECTIONS, recycle=True)
+HANDSHAKE_S = 5.0
+"""A TLS handshake takes about a millisecond on a cluster network; one not done in this
+time is closed (the API server's own call is given 5 s)."""
+MAX_HANDSHAKES = 64
+"""Handshakes in progress at once: a rolling restart of every API server reconnects a few
+dozen at most; past this the oldest is closed (its file descriptor counts too)."""
 GRACEFUL_S = 5  # reviews in flight at shutdown: answered within this
+
+
+@dataclass(frozen=True, slots=True)
+class Sizes:
+    """The port's sizes (``gpupool webhook``'s flags; the defaults above)."""
+
+    header_bytes: int = HEADER_BYTES
+    read_s: float = READ_S
+    idle_s: float = IDLE_S
+    max_connections: int = MAX_CONNECTIONS
+    max_body_bytes: int = MAX_BODY_BYTES
+    body_budget_bytes: int = BODY_BUDGET_BYTES
+    handshake_s: float = HANDSHAKE_S
+    max_handshakes: int = MAX_HANDSHAKES
+
+    def rules(self) -> ConnectionRules:
+        return ConnectionRules(idle_s=self.idle_s, read_s=self.read_s,
+                               header_bytes=self.header_bytes,
+                               max_connections=self.max_connections, recycle=True,
+                               handshakes=HandshakeRules(self.handshake_s,
+                                                         self.max_handshakes))
+
+
+WEBHOOK_RULES = Sizes().rules()
 
 
 class TooLarge(Exception):
     pass
 
 
-async def _body(request: HttpRequest) -> bytes:
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise TooLarge
+async def _body(request: HttpRequest, limit: int) -> bytes:
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
-        if size > MAX_BODY_BYTES:
+        if size > limit:
             raise TooLarge
         chunks.append(chunk)
     return b"".join(chunks)
 
 
+def _declared(request: HttpRequest) -> int | None:
+    declared = request.headers.get("content-length", "")
+    return int(declared) if declared.isdigit() else None
+
+
 class WebhookApp:
     """The starlette app of one webhook process."""
 
-    def __init__(self, settings: Settings, metrics: Metrics, ready: Callable[[], bool]):
+    def __init__(self, settings: Settings, metrics: Metrics, ready: Callable[[], bool],
+                 sizes: Sizes = Sizes()):
         self.settings = settings
+        self.sizes = sizes
+        self.budget = BodyBudget(sizes.body_budget_bytes)
         self.metrics = metrics
         self.ready = ready
         self.app = Starlette(routes=[
@@ -103,17 +146,41 @@ class WebhookApp:
         ])
 
     def _endpoint(self, name: str, rule: Rule) -> Callable[[HttpRequest], Any]:
+        limit = self.sizes.max_body_bytes
+        too_large = {"error": f"the body is larger than {limit} bytes"}
+
         async def handle(request: HttpRequest) -> Response:
-            try:
-                body = await _body(request)
-            except TooLarge:
+            declared = _declared(request)
+            if declared is not None and declared > limit:
                 self.metrics.bad.labels(name).inc()
-                return JSONResponse({"error": f"the body is larger than {MAX_BODY_BYTES} "
-                                              "bytes"}, 413)
-            code, out = await run_in_threadpool(self.decide, name, rule, body)
+                return JSONResponse(too_large, 413)
+            held = declared if declared is not None else limit
+            if not self.budget.reserve(held):
+                return self._busy(name, held)
+            try:
+                body = await _body(request, limit)
+            except TooLarge:
+                self.budget.release(held)
+                self.metrics.bad.labels(name).inc()
+                return JSONResponse(too_large, 413)
+            try:
+                code, out = await run_in_threadpool(self.decide, name, rule, body)
+            finally:
+                self.budget.release(held)
             return Response(json.dumps(out, separators=(",", ":")), code,
                             media_type="application/json")
         return handle
+
+    def _busy(self, endpoint: str, size: int) -> Response:
+        """429 for a body that would take the bodies held past the budget (unread)."""
+        self.metrics.over_budget.labels(endpoint).inc()
+        log.warning("%s: refused a body of %d bytes: %d bytes of other reviews are held, "
+                    "the budget is %d", endpoint, size, self.budget.reading,
+                    self.budget.cap_bytes)
+        return JSONResponse({"error": f"gpupool webhook: {self.budget.reading} bytes of other "
+                                      "reviews are being read; this one would pass the "
+                                      f"{self.budget.cap_bytes}-byte budget, try again"},
+                            429, headers={"Retry-After": str(RETRY_AFTER_S)})
 
     def decide(self, endpoint: str, rule: Rule, body: bytes) -> tuple[int, dict[str, Any]]:
         """(HTTP status, body) for one review; never raises."""
@@ -170,9 +237,9 @@ class HttpsServer:
     connections follow ``rules`` (closes counted in ``closed``, by reason)."""
 
     def __init__(self, app: Any, tls: ServingTls, host: str = "0.0.0.0", port: int = 8443, *,
-                 rules: ConnectionRules = WEBHOOK_RULES, closed: Counter | None = None):
+                 sizes: Sizes = Sizes(), closed: Counter | None = None):
         self.app, self.tls, self.host, self.port = app, tls, host, port
-        self.rules = rules
+        self.rules = sizes.rules()
         self.closed = closed if closed is not None else _orphan_counter()
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None

@@ -63,6 +63,7 @@ from gpupool.extender.metrics import Metrics
 from gpupool.extender.preemption import proposals
 from gpupool.extender.service import READY_KINDS, Extender
 from gpupool.extender.wire import protocol
+from gpupool.http.budget import BodyBudget
 
 log = logging.getLogger(__name__)
 BIND_THREADS = 16  # kube-scheduler binds asynchronously, up to its parallelism (16)
@@ -133,9 +134,18 @@ class ExtenderApp:
         self.metrics = metrics
         self.inline_bytes = INLINE_BYTES
         self.refused = metrics.refused_bodies
-        self.reading = 0  # bytes of the bodies being read or decided now
+        self.budget = BodyBudget(self.limits.budget_bytes)  # bodies being read or decided
         self.verbs = {f"/{name}": (name, handler, metrics.latency.labels(name))
                       for name, handler in handlers.items()}
+
+    @property
+    def reading(self) -> int:
+        """Bytes of the bodies being read or decided now."""
+        return self.budget.reading
+
+    @reading.setter
+    def reading(self, size: int) -> None:
+        self.budget.reading = size
 
     def paths(self) -> set[str]:
         """Every path served: the verbs' and the fallback's."""
@@ -160,7 +170,7 @@ class ExtenderApp:
         try:
             answer = await self._answer(name, handler, receive, size, reserved)
         finally:
-            self.reading -= reserved if isinstance(reserved, int) else 0
+            self.budget.release(reserved if isinstance(reserved, int) else 0)
         if answer is None:  # the scheduler went away: nobody to answer
             return
         latency.observe(time.perf_counter() - start)
@@ -176,10 +186,9 @@ class ExtenderApp:
             return (f"gpupool {name}: the request body is {size} bytes, more than the {limit} "
                     "this extender accepts (sized by --max-nodes and --node-cache-capable)")
         want = size if size is not None else limit
-        if self.reading + want > self.limits.budget_bytes:
-            return (f"gpupool {name}: {self.reading} bytes of other requests are being read; "
-                    "this one would pass the extender's budget, try again")
-        self.reading += want
+        if not self.budget.reserve(want):
+            return (f"gpupool {name}: {self.budget.reading} bytes of other requests are being "
+                    "read; this one would pass the extender's budget, try again")
         return want
 
     async def _answer(self, name: str, handler: Handler, receive: Receive, size: int | None,
