@@ -162,6 +162,11 @@ def _slice_flags(p: argparse.ArgumentParser) -> None:
     r.add_argument("--remote-preemption-per-minute", type=bounded(int, 1, 10_000), default=10,
                    metavar="N", help="evictions remote preemption starts per minute, "
                                      "cluster-wide (default 10)")
+    r.add_argument("--remote-preemption-hold", type=bounded(float, 1, 86_400), default=120.0,
+                   metavar="SECONDS",
+                   help="how long the room remote preemption makes is held for its pod in the "
+                        "serving node's GPU ledger, as the extender's --preemption-hold "
+                        "(default 120)")
     r.add_argument("--topology-label", action="append", metavar="LABEL",
                    help="a node label whose value is a topology domain, as the extender's "
                         "--topology-label (repeatable, most specific first; default "

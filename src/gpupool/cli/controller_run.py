@@ -99,7 +99,8 @@ def _remote_preemptor(args: argparse.Namespace, api: ControllerApi,
     except InvalidInput as exc:
         raise SystemExit(f"gpupool controller: --topology-label: {exc}") from None
     config = PreemptionConfig(True, args.remote_preemption_grace,
-                              args.remote_preemption_per_minute, domains=domains)
+                              args.remote_preemption_per_minute, domains=domains,
+                              hold_s=args.remote_preemption_hold)
     return RemotePreemptor(api, RemotePlanner(config), metrics.remote_preempted,
                            host=identity())
 

@@ -69,7 +69,9 @@ class PreemptionConfig:
     ``per_minute``: evictions started per minute, cluster-wide; ``retry_s``: when a refused
     eviction may be tried again; ``promise_s``: how long the room made for a pod is kept
     for it while it stays pending; ``domains``: the topology labels, most specific first
-    (the extender's ``--topology-labels``)."""
+    (the extender's ``--topology-labels``); ``hold_s``: how long the hold written in the
+    serving node's GPULedger keeps the room made for a pod (the extender's
+    ``--preemption-hold``)."""
 
     enabled: bool = True
     grace_s: float = 30.0
@@ -78,6 +80,7 @@ class PreemptionConfig:
     promise_s: float = 120.0
     domains: tuple[str, ...] = (ZONE_LABEL,)
     limits: Limits = field(default_factory=Limits)
+    hold_s: float = 120.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +191,11 @@ class RemotePlanner:
     def promise(self, uid: str, alloc: Allocation, now: float) -> None:
         """Keep the room ``alloc`` holds for pod ``uid`` for ``promise_s``."""
         self._m.promised[uid] = (alloc, now + self.config.promise_s)
+
+    def unpromise(self, uid: str) -> None:
+        """Forget the room promised to pod ``uid`` (its hold was not written: the pod is
+        planned afresh in a later round)."""
+        self._m.promised.pop(uid, None)
 
     # -- one preemptor ---------------------------------------------------------------------
     def _one(self, state: ClusterState, w: Waiting, ready: Sequence[Candidate],

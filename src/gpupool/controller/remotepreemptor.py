@@ -3,18 +3,27 @@
 ``RemotePreemptor.round`` asks ``remotepreempt.RemotePlanner`` for this round's plan and
 carries it out, preemptor by preemptor:
 
+* the hold first (``remoteholds``): the GPULedgers are read once per round that has a
+  preemption to carry out; a pod that already has a live hold or a bind in one of them is
+  left alone (a second round or a new leader writes no second hold and evicts nobody);
+  otherwise its hold (``kind: hold``, ``expires`` after ``hold_s``, ``displaces`` = the
+  victims) is written in the serving node's ledger by compare-and-swap after the
+  extender's fit check. A conflict, no room, or an error writes nothing and evicts
+  nobody: the pod is planned afresh in a later round (``unheld``, once per preemptor);
 * an Event ``GpupoolRemotePreempting`` (Normal) on the preemptor naming the node, the
   victims and the serving tier;
 * per victim, an Event ``GpupoolRemotePreempted`` (Warning) saying for whom, then
   ``pods/eviction`` (policy/v1) with the victim's uid as a precondition (a pod deleted and
   made again under the name is not evicted). The API server refuses with HTTP 429 while a
   PodDisruptionBudget allows no disruption: then an Event
-  ``GpupoolRemotePreemptionBlocked`` and no further eviction for that preemptor this round;
+  ``GpupoolRemotePreemptionBlocked`` and no further eviction for that preemptor this round,
+  and its hold is removed (at the version written; one that cannot be removed expires);
   the victim may be chosen again after the retry time — never forced;
 * a preemptor left waiting is logged once per reason (not an Event each round);
 * every outcome counted (``gpupool_controller_remote_preemption_total{outcome}``):
   ``evicted``, ``blocked``, ``failed``, ``gone`` and ``deferred`` per victim,
-  ``no-victims`` and ``invalid`` per pod left waiting (once per reason).
+  ``no-victims`` and ``invalid`` per pod left waiting (once per reason), ``unheld`` per
+  preemptor whose hold was not written.
 
 Once the leader's term has ended (``ended``), nothing more is sent.
 """
@@ -29,7 +38,9 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
+from gpupool.contract.ledger import View
 from gpupool.controller.observed import Observed
+from gpupool.controller.remoteholds import RemoteHolds
 from gpupool.controller.remotepreempt import Preemption, RemotePlanner, RoundPlan, Victim
 from gpupool.controller.remotewaiting import Skip
 from gpupool.core.eligibility import Catalogue
@@ -53,6 +64,7 @@ class Outcome(StrEnum):
     DEFERRED = "deferred"  # over the per-minute cap this round
     NO_VICTIMS = "no-victims"  # a preemptor no eviction could help (or may not preempt)
     INVALID = "invalid"  # a preemptor that could not be read
+    UNHELD = "unheld"  # a preemptor whose hold was not written: nobody evicted this round
 
 
 OUTCOMES = tuple(o.value for o in Outcome)
@@ -67,6 +79,7 @@ class RemotePreemptor:
         self.tally = tally
         self.clock = clock
         self.host = host
+        self.holds = RemoteHolds(api, planner.config.hold_s)
         self._told: dict[str, str] = {}  # pod uid -> the reason last logged
 
     def round(self, observed: Observed, pods: Iterable[Mapping[str, Any]],
@@ -78,6 +91,7 @@ class RemotePreemptor:
         now = self.clock()
         plan = self.planner.plan(observed, pods, node_labels, catalogue, now)
         self._tell(plan.skipped)
+        views: dict[str, View] | None = None
         for p in plan.preemptions:
             if p.deferred:
                 for _ in p.victims:
@@ -88,10 +102,46 @@ class RemotePreemptor:
             if ended is not None and ended.is_set():
                 log.warning("the leader's term ended: remote preemption stops for this round")
                 break
-            self._preempt(p, now, ended)
+            if views is None:
+                try:
+                    views = self.holds.read()
+                except KubeError as exc:
+                    log.warning("remote preemption waits: the GPU ledgers cannot be read: %s",
+                                exc)
+                    for q in plan.preemptions:
+                        self.planner.unpromise(q.preemptor.uid)
+                    break
+            held = self._hold(p, views, observed, now)
+            if held is not None:
+                self._preempt(p, now, ended, held)
         return plan
 
-    def _preempt(self, p: Preemption, now: float, ended: threading.Event | None) -> None:
+    def _hold(self, p: Preemption, views: dict[str, View], observed: Observed, now: float
+              ) -> View | None:
+        """Write ``p``'s hold (the ledger as written), else None: nobody is evicted."""
+        w = p.preemptor
+        where = self.holds.holding(views, w.uid, now)
+        if where is not None:
+            log.info("remote preemption: pod %s has room held or is bound on node %s "
+                     "already: nobody evicted for it", w.pod, where)
+            return None
+        written = self.holds.write(p, views.get(p.node) or View(p.node), observed, now)
+        if written.view is None:
+            self.planner.unpromise(w.uid)
+            self._count(Outcome.UNHELD)
+            log.info("remote preemption for pod %s not carried out (planned again later): %s",
+                     w.pod, written.why)
+            if written.conflict:  # read again before another hold on that node this round
+                try:
+                    views[p.node] = self.holds.fetch(p.node)
+                except KubeError as exc:
+                    log.warning("reading the GPU ledger of %s: %s", p.node, exc)
+            return None
+        views[p.node] = written.view
+        return written.view
+
+    def _preempt(self, p: Preemption, now: float, ended: threading.Event | None,
+                 held: View) -> None:
         w = p.preemptor
         log.warning("remote preemption: %s", p.describe())
         self._event(w.namespace, w.name, w.uid, EVENT_PREEMPTING, p.describe(), False)
@@ -99,6 +149,9 @@ class RemotePreemptor:
             if ended is not None and ended.is_set():
                 return
             if not self._evict(p, v, now):
+                if not self.holds.remove(held, w.uid):
+                    log.info("the hold of pod %s on node %s stays until it expires",
+                             w.pod, p.node)
                 return  # refused: the rest waits for a plan made again later
 
     def _evict(self, p: Preemption, v: Victim, now: float) -> bool:
