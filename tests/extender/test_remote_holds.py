@@ -8,7 +8,7 @@ controller's remote preemption, docs/remote.md) relies on."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -16,11 +16,18 @@ import pytest
 from gpupool_testing.fake_apiserver import FakeApiServer
 
 from gpupool.contract import names
+from gpupool.controller.catalogue import catalogue_of
+from gpupool.controller.loop import Controller, TenancyWorld
+from gpupool.controller.remotepreempt import PreemptionConfig, RemotePlanner, RoundPlan
+from gpupool.controller.remotepreemptor import RemotePreemptor
 from gpupool.core.allocation import Allocation, Slice
 from gpupool.extender.state.ledger import HOLD, Entry
+from gpupool.kube.controller_ops import ControllerApi
+from gpupool.kube.keystore import read_signing_keys
+from gpupool.security.signing import claims_of
 from tests.waiting import wait_for
 
-from .builders import Replica
+from .builders import NAMESPACE, Replica
 from .test_remote_slices import ALL, SERVING, bind, in_state, local, remote, seed, served_by
 
 
@@ -69,6 +76,60 @@ def test_a_live_hold_keeps_the_serving_room_for_its_remote_pod_alone(
 def test_an_expired_hold_keeps_nothing(fake: FakeApiServer, replica: Replica) -> None:
     pre = fake.seed("pods", remote("pre", 30000, priority=1000))
     hold_for(fake, replica, pre, time.time() - 1)
+    other = fake.seed("pods", remote("other", 30000, priority=1))
+    assert bind(replica, other, "cpu-b") == ""
+    assert served_by(fake, other) == "gpu-b1"
+
+
+# -- the controller's remote preemption writes the hold, a real extender replica honours it --
+
+def controller_round(fake: FakeApiServer, clock: Callable[[], float]) -> RoundPlan:
+    """One round of the controller's remote preemption (grace 0) on ``fake``, counting the
+    decisions the extender replica signed."""
+    api = ControllerApi.open(server=fake.url)
+    try:
+        ring = read_signing_keys(api, NAMESPACE)[0].public()
+
+        def verify(uid: str, ns: str, name: str, notes: Any, signature: str | None) -> str:
+            return ring.verify(claims_of(uid, ns, name, notes), signature)
+
+        controller = Controller(api, verify=verify)
+        observed = controller.list_world()
+        labels, permissions, quotas, _ = TenancyWorld.listed(api).snapshot()
+        preemptor = RemotePreemptor(api, RemotePlanner(PreemptionConfig(grace_s=0.0)),
+                                    clock=clock)
+        return preemptor.round(observed, controller.listed_pods, labels,
+                               catalogue_of(observed, quotas, permissions))
+    finally:
+        api.close()
+
+
+def refused_by_scheduler(pod: dict[str, Any]) -> dict[str, Any]:
+    pod["status"] = {"phase": "Pending", "conditions": [{
+        "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+        "lastTransitionTime": stamp(time.time() - 3600), "message": "gpupool: no room"}]}
+    return pod
+
+
+@pytest.fixture
+def evicting(fake: FakeApiServer, replica: Replica) -> dict[str, Any]:
+    """Zone a's GPUs full with pods of priority 5000 (nobody's victims); low (priority 1)
+    served by gpu-b1; pre (priority 1000) pending, refused by kube-scheduler."""
+    for p in fake.objects("pods"):
+        fake.delete("pods", p["metadata"]["name"], p["metadata"]["namespace"])
+    for n in ("gpu-a1", "gpu-a2"):
+        fill = local(f"top-{n}", 40960)
+        fill["spec"]["priority"] = 5000
+        assert bind(replica, fake.seed("pods", fill), n) == ""
+    low = fake.seed("pods", remote("low", 30000, priority=1))
+    assert bind(replica, low, "cpu-b") == "" and served_by(fake, low) == "gpu-b1"
+    return fake.seed("pods", refused_by_scheduler(remote("pre", 30000, priority=1000)))
+
+
+def test_the_controllers_hold_expires_when_the_preemptor_never_comes(
+        fake: FakeApiServer, replica: Replica, evicting: dict[str, Any]) -> None:
+    controller_round(fake, lambda: time.time() - 600)  # its hold expired long ago
+    assert fake.get("pods", "low", "default") is None
     other = fake.seed("pods", remote("other", 30000, priority=1))
     assert bind(replica, other, "cpu-b") == ""
     assert served_by(fake, other) == "gpu-b1"
