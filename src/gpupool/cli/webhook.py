@@ -22,6 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 from gpupool.cli.args import KUBECONFIG_HELP, add_log_level, bounded, user_text
 from gpupool.contract.slices import PROVIDERS
+from gpupool.webhook import sizes as port
+
+KIB, MIB = 1024, 1024 * 1024
 
 if TYPE_CHECKING:
     from gpupool.kube.api import KubeApi
@@ -91,6 +94,40 @@ def register(subparsers: Any) -> None:
     p.add_argument("--controller-account", default="gpupool-controller", metavar="NAME",
                    help="service account (in --namespace) that writes the state of remote "
                         "slices' servers (default gpupool-controller)")
+    z = p.add_argument_group("the HTTPS port's sizes (docs/webhook.md, \"Its port\")")
+    z.add_argument("--max-header-kib", type=bounded(int, 1, 1024),
+                   default=port.HEADER_BYTES // KIB, metavar="N",
+                   help=f"a longer request head closes the connection (default "
+                        f"{port.HEADER_BYTES // KIB})")
+    z.add_argument("--request-seconds", type=bounded(float, 0, 300, above=True),
+                   default=port.READ_S, metavar="SECONDS",
+                   help=f"a request not whole this long after its first byte closes the "
+                        f"connection (default {port.READ_S:g})")
+    z.add_argument("--idle-seconds", type=bounded(float, 0, 3600, above=True),
+                   default=port.IDLE_S, metavar="SECONDS",
+                   help=f"a connection silent this long after its last answer is closed "
+                        f"(default {port.IDLE_S:g})")
+    z.add_argument("--max-connections", type=bounded(int, 1, 1_000_000),
+                   default=port.MAX_CONNECTIONS, metavar="N",
+                   help=f"connections held; past this the quietest is closed (default "
+                        f"{port.MAX_CONNECTIONS})")
+    z.add_argument("--max-body-mib", type=bounded(int, 1, 1024),
+                   default=port.MAX_BODY_BYTES // MIB, metavar="MIB",
+                   help=f"a larger review body is answered 413 (default "
+                        f"{port.MAX_BODY_BYTES // MIB})")
+    z.add_argument("--body-budget-mib", type=bounded(int, 1, 65_536),
+                   default=port.BODY_BUDGET_BYTES // MIB, metavar="MIB",
+                   help=f"review bodies held at once over all connections; past this a "
+                        f"review is answered 429 with Retry-After (default "
+                        f"{port.BODY_BUDGET_BYTES // MIB})")
+    z.add_argument("--handshake-seconds", type=bounded(float, 0, 60, above=True),
+                   default=port.HANDSHAKE_S, metavar="SECONDS",
+                   help=f"a TLS handshake not done this long after the connection was "
+                        f"accepted closes it (default {port.HANDSHAKE_S:g})")
+    z.add_argument("--max-handshakes", type=bounded(int, 1, 100_000),
+                   default=port.MAX_HANDSHAKES, metavar="N",
+                   help=f"TLS handshakes in progress at once; past this the oldest is closed "
+                        f"(default {port.MAX_HANDSHAKES})")
     r = p.add_argument_group("remote GPU slices (docs/remote.md)")
     r.add_argument("--remote-provider", choices=PROVIDERS, default="none",
                    help="the data plane of remote slices: stub (gpupool's stand-in), lupine, "
@@ -133,6 +170,19 @@ def settings_of(args: argparse.Namespace, api: KubeApi | None = None,
     return Settings(args.scheduler_name, writers, args.guard == "all-pods",
                     frozenset({agent}), _pod_node(api) if api is not None else None,
                     remote_of(args), namespaces)
+
+
+def sizes_of(args: argparse.Namespace) -> port.Sizes:
+    """The port's sizes the flags say; a budget smaller than one body: a one-line exit."""
+    if args.body_budget_mib < args.max_body_mib:
+        raise SystemExit(f"gpupool webhook: --body-budget-mib ({args.body_budget_mib}) must "
+                         f"hold at least one body of --max-body-mib ({args.max_body_mib})")
+    return port.Sizes(header_bytes=args.max_header_kib * KIB, read_s=args.request_seconds,
+                      idle_s=args.idle_seconds, max_connections=args.max_connections,
+                      max_body_bytes=args.max_body_mib * MIB,
+                      body_budget_bytes=args.body_budget_mib * MIB,
+                      handshake_s=args.handshake_seconds,
+                      max_handshakes=args.max_handshakes)
 
 
 def check_remote(args: argparse.Namespace) -> None:
@@ -181,6 +231,7 @@ def run(args: argparse.Namespace) -> int:
     for noisy in ("httpx", "httpx2"):  # one line per API request at INFO
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.root.level))
     check_remote(args)
+    sizes_of(args)
     from gpupool.kube.webhook_ops import WebhookApi  # the Kubernetes client: once flags pass
 
     api = WebhookApi.open(kubeconfig=args.kubeconfig, server=args.server)

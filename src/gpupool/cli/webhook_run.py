@@ -20,7 +20,7 @@ from pathlib import Path
 
 from prometheus_client import start_http_server
 
-from gpupool.cli.webhook import plan_of, settings_of
+from gpupool.cli.webhook import plan_of, settings_of, sizes_of
 from gpupool.kube.errors import KubeError
 from gpupool.kube.webhook_ops import WebhookApi
 from gpupool.webhook.certificates import CertificateKeeper
@@ -49,9 +49,11 @@ def serve(args: argparse.Namespace, api: WebhookApi) -> int:
         quick = api.with_timeout(NAMESPACE_READ_S)  # a namespace the watch has not shown
         view = NamespaceView(quick.get_namespace_labels)
         informer = view.informer(api).start()
+        sizes = sizes_of(args)
         app = WebhookApp(settings_of(args, api.fork(), view.placement_of), metrics,
-                         lambda: tls.loaded)
-        server = HttpsServer(app.app, tls, args.host, args.port, closed=metrics.closed)
+                         lambda: tls.loaded, sizes)
+        server = HttpsServer(app.app, tls, args.host, args.port, sizes=sizes,
+                             closed=metrics.closed)
         port = server.start()
         if args.metrics_port:
             start_http_server(args.metrics_port, registry=metrics.registry)

@@ -18,8 +18,13 @@ not whole ``READ_S`` after its first byte (a slow head or a slow body) closes it
 connection silent ``IDLE_S`` after its last answer is closed; and at most
 ``MAX_CONNECTIONS`` are held: past that, the one quiet longest and not being answered is
 closed to make room, so connections others hold idle never keep the API server's review
-or the kubelet's probe out. Each close is counted in
-``gpupool_webhook_connections_closed_total{reason}``.
+or the kubelet's probe out. A TLS handshake not done ``HANDSHAKE_S`` after the
+connection was accepted closes it, and at most ``MAX_HANDSHAKES`` are in progress (past
+that the oldest is closed). Each close is counted in
+``gpupool_webhook_connections_closed_total{reason}``. The bodies held at once over all
+connections are bounded (``BODY_BUDGET_BYTES``, the extender's budget from
+``gpupool.http.budget``): a review whose body would pass it is answered 429 with
+Retry-After unread. The sizes are ``sizes.Sizes``, the command's flags.
 """
 
 from __future__ import annotations
@@ -30,7 +35,6 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import uvicorn
@@ -42,71 +46,19 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from gpupool.http.budget import BodyBudget
-from gpupool.http.connections import ConnectionRules
-from gpupool.http.handshakes import HandshakeRules
 from gpupool.http.serving import uvicorn_config
 from gpupool.webhook.admission import Settings, mutate, validate
 from gpupool.webhook.metrics import Metrics
 from gpupool.webhook.review import BadReview, Request, Verdict, answer, read_review, uid_of
+from gpupool.webhook.sizes import GRACEFUL_S, MAX_BODY_BYTES, RETRY_AFTER_S, Sizes
 from gpupool.webhook.tls import ServingTls
 
 log = logging.getLogger(__name__)
 
-MAX_BODY_BYTES = 8 * 1024 * 1024
-"""An AdmissionReview holds the object and the old object (each at most ~1.5 MB in etcd)."""
-BODY_BUDGET_BYTES = 4 * MAX_BODY_BYTES
-"""Bytes of bodies held at once over all connections: four max-size reviews being read or
-judged (a decoded review takes several times its bytes; the Deployment's limit is
-384 MiB), thousands of ordinary ones (a few KiB each)."""
-RETRY_AFTER_S = 1
-"""A body past the budget: 429 and Retry-After 1; the API server's client retries it
-within the webhook's ``timeoutSeconds`` (5 s), then the failure policy applies."""
 Rule = Callable[[Request, Settings], Verdict]
-
-HEADER_BYTES = 16 * 1024
-"""The API server's request head is a few hundred bytes, the kubelet's probe's fewer."""
-READ_S = 10.0
-"""A whole request, head and ``MAX_BODY_BYTES`` of body, from its first byte: the API
-server sends a review at once, and gives up on it after ``timeoutSeconds`` (5 s in the
-shipped configurations, 30 s at most)."""
-IDLE_S = 30.0
-"""The API server keeps its connections alive between reviews; one unused this long
-is closed (it reconnects: a TLS handshake, about a millisecond)."""
-MAX_CONNECTIONS = 512
-"""Reviews in flight at once from every API server, the probes and room to spare, within
-the 1,024 file descriptors a container commonly gets (the Kubernetes client's own
-connections use others)."""
-HANDSHAKE_S = 5.0
-"""A TLS handshake takes about a millisecond on a cluster network; one not done in this
-time is closed (the API server's own call is given 5 s)."""
-MAX_HANDSHAKES = 64
-"""Handshakes in progress at once: a rolling restart of every API server reconnects a few
-dozen at most; past this the oldest is closed (its file descriptor counts too)."""
-GRACEFUL_S = 5  # reviews in flight at shutdown: answered within this
-
-
-@dataclass(frozen=True, slots=True)
-class Sizes:
-    """The port's sizes (``gpupool webhook``'s flags; the defaults above)."""
-
-    header_bytes: int = HEADER_BYTES
-    read_s: float = READ_S
-    idle_s: float = IDLE_S
-    max_connections: int = MAX_CONNECTIONS
-    max_body_bytes: int = MAX_BODY_BYTES
-    body_budget_bytes: int = BODY_BUDGET_BYTES
-    handshake_s: float = HANDSHAKE_S
-    max_handshakes: int = MAX_HANDSHAKES
-
-    def rules(self) -> ConnectionRules:
-        return ConnectionRules(idle_s=self.idle_s, read_s=self.read_s,
-                               header_bytes=self.header_bytes,
-                               max_connections=self.max_connections, recycle=True,
-                               handshakes=HandshakeRules(self.handshake_s,
-                                                         self.max_handshakes))
-
-
-WEBHOOK_RULES = Sizes().rules()
+DEFAULT_SIZES = Sizes()
+WEBHOOK_RULES = DEFAULT_SIZES.rules()
+__all__ = ["MAX_BODY_BYTES", "WEBHOOK_RULES", "HttpsServer", "Sizes", "WebhookApp"]
 
 
 class TooLarge(Exception):
@@ -132,7 +84,7 @@ class WebhookApp:
     """The starlette app of one webhook process."""
 
     def __init__(self, settings: Settings, metrics: Metrics, ready: Callable[[], bool],
-                 sizes: Sizes = Sizes()):
+                 sizes: Sizes = DEFAULT_SIZES):
         self.settings = settings
         self.sizes = sizes
         self.budget = BodyBudget(sizes.body_budget_bytes)
@@ -237,7 +189,7 @@ class HttpsServer:
     connections follow ``rules`` (closes counted in ``closed``, by reason)."""
 
     def __init__(self, app: Any, tls: ServingTls, host: str = "0.0.0.0", port: int = 8443, *,
-                 sizes: Sizes = Sizes(), closed: Counter | None = None):
+                 sizes: Sizes = DEFAULT_SIZES, closed: Counter | None = None):
         self.app, self.tls, self.host, self.port = app, tls, host, port
         self.rules = sizes.rules()
         self.closed = closed if closed is not None else _orphan_counter()
