@@ -15,8 +15,8 @@ MAX_BODY_BYTES = 8 * 1024 * 1024
 """An AdmissionReview holds the object and the old object (each at most ~1.5 MB in etcd)."""
 BODY_BUDGET_BYTES = 4 * MAX_BODY_BYTES
 """Bytes of bodies held at once over all connections: four max-size reviews being read or
-judged (a decoded review takes several times its bytes; the Deployment's limit is
-384 MiB), thousands of ordinary ones (a few KiB each)."""
+judged (about 16 MiB each with its decoded form: 64 MiB over the 96 MiB a replica
+needs, well within the chart's 384 MiB), thousands of ordinary ones (a few KiB each)."""
 RETRY_AFTER_S = 1
 """A body past the budget: 429 and Retry-After 1; the API server's client retries it
 within the webhook's ``timeoutSeconds`` (5 s), then the failure policy applies."""
