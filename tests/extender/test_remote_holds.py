@@ -133,3 +133,17 @@ def test_the_controllers_hold_expires_when_the_preemptor_never_comes(
     other = fake.seed("pods", remote("other", 30000, priority=1))
     assert bind(replica, other, "cpu-b") == ""
     assert served_by(fake, other) == "gpu-b1"
+
+
+def test_the_controllers_hold_keeps_the_freed_room_from_a_pod_of_lower_priority(
+        fake: FakeApiServer, replica: Replica, evicting: dict[str, Any]) -> None:
+    controller_round(fake, time.time)
+    assert fake.get("pods", "low", "default") is None  # evicted
+    uid = evicting["metadata"]["uid"]
+    assert wait_for(lambda: uid in replica.cache.holds)
+    assert wait_for(lambda: "low" not in {f.name for f in replica.cache.pods.values()})
+    assert wait_for(lambda: uid in replica.cache.state.allocations)  # the room is its
+    other = fake.seed("pods", remote("other", 30000, priority=1))
+    assert "none of its 2 other nodes with GPUs has room" in bind(replica, other, "cpu-b")
+    assert bind(replica, evicting, "cpu-b") == ""
+    assert served_by(fake, evicting) == "gpu-b1"

@@ -144,11 +144,12 @@ class Holdings:
 
     def _wait(self, alloc: Allocation, source: str, charge: Charge | None) -> None:
         """Park a holding that does not fit this replica's view yet (e.g. its own binds in
-        flight took the room); it is retried whenever something on the node is released."""
-        queue = self.waiting.setdefault(alloc.node, {})
+        flight took the room); it is retried whenever something on the GPUs it needs is
+        released (keyed by ``gpu_node``: a remote slice's room is on its serving node)."""
+        queue = self.waiting.setdefault(alloc.gpu_node, {})
         _, sources, _ = queue.get(alloc.key, (alloc, set(), charge))
         queue[alloc.key] = (alloc, sources | {source}, charge)
-        self.waiting_on[alloc.key] = alloc.node
+        self.waiting_on[alloc.key] = alloc.gpu_node
 
     def _unwait(self, key: str, source: str | None = None) -> None:
         node = self.waiting_on.get(key)
@@ -207,8 +208,8 @@ class Holdings:
         self.sources.pop(key, None)
         if self.charges.pop(key, None) is not None:
             self.catalogue.quotas.refund(key)
-        if alloc is not None and alloc.node in self.waiting:
-            self._retry(alloc.node)
+        if alloc is not None and alloc.gpu_node in self.waiting:
+            self._retry(alloc.gpu_node)  # the GPUs it let go (a remote slice's: elsewhere)
 
     def _finish(self, key: str) -> None:
         self._unwait(key)
