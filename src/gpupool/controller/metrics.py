@@ -135,9 +135,10 @@ class ControllerMetrics:
             "gpupool_controller_remote_preemption_total",
             "Preemption for remote slices: per victim evicted, blocked (a disruption budget), "
             "failed, gone or deferred (over the per-minute cap); per pod left waiting, "
-            "no-victims or invalid", ["outcome"], registry=r)
+            "no-victims, invalid or unheld (its room could not be held: nobody evicted)",
+            ["outcome"], registry=r)
         for outcome in ("evicted", "blocked", "failed", "gone", "deferred", "no-victims",
-                        "invalid"):
+                        "invalid", "unheld"):
             self.remote_preemption.labels(outcome)
         self._lock = threading.Lock()
         for result in ("ok", "failed"):
