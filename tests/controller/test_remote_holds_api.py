@@ -12,6 +12,7 @@ from gpupool_testing.fake_apiserver import FakeApiServer
 
 from gpupool.contract import names
 from gpupool.contract.ledger import HOLD, Entry, stamp, view_of
+from gpupool.controller.remoteledgers import REDRIVE_S
 from gpupool.core.allocation import Allocation, Slice
 from gpupool.kube.controller_ops import ControllerApi
 from tests.rbac_grants import grants, manifest, needed, refused, writes
@@ -76,20 +77,58 @@ def test_the_hold_is_in_the_serving_nodes_ledger_before_any_eviction(
     assert entry.allocation.node == "g1"
 
 
-def test_a_new_leader_writes_no_second_hold_and_evicts_nobody_for_a_held_pod(
+def test_a_new_leader_writes_no_second_hold_and_evicts_nobody_while_the_hold_is_young(
         fake: FakeApiServer) -> None:
     """The last leader wrote big's hold, then stopped before evicting: its victim a still
-    runs. A fresh controller plans the same eviction, finds the hold and leaves it."""
+    runs. A fresh controller finds the hold: big's room is held, nothing is planned for it
+    until the hold is old enough that its evictions should have been seen."""
     scene(fake)
     seeded_hold(fake, "uid-lab-big", "lab/big", "g1", 40 * GIB, ("uid-low-a",))
     world = World(fake)
     try:
         plan = world.round()
-        world.round()
+        world.clock.now += REDRIVE_S - 2
+        later = world.round()
     finally:
         world.close()
-    assert [p.preemptor.name for p in plan.preemptions] == ["big"]
+    assert plan.preemptions == () == later.preemptions
+    assert later.next_s is not None and later.next_s <= LATER + REDRIVE_S
     assert ledger_writes(fake) == [] and evictions(fake) == [] and pods(fake) == {"a", "big"}
+
+
+def test_a_new_leader_evicts_the_victims_of_a_hold_whose_evictions_were_never_sent(
+        fake: FakeApiServer) -> None:
+    scene(fake)
+    seeded_hold(fake, "uid-lab-big", "lab/big", "g1", 40 * GIB, ("uid-low-a",))
+    world = World(fake)
+    world.clock.now = LATER + REDRIVE_S + 1
+    try:
+        plan = world.round()
+        world.clock.now += 1
+        world.round()  # a is leaving now: evicted once
+    finally:
+        world.close()
+    assert [(p.preemptor.name, p.written, [v.name for v in p.victims])
+            for p in plan.preemptions] == [("big", True, ["a"])]
+    assert ledger_writes(fake) == [] and len(evictions(fake)) == 1 and pods(fake) == {"big"}
+    assert set(entries(fake, "g1")) == {"uid-lab-big"} and world.count("evicted") == 1
+
+
+def test_an_old_hold_whose_victims_are_already_leaving_is_not_driven_again(
+        fake: FakeApiServer) -> None:
+    fill(fake, "g2", "g3")
+    leaving = victim("a", "g1", 80 * GIB, 1)
+    leaving["metadata"]["deletionTimestamp"] = "2026-01-01T00:59:00Z"
+    fake.seed("pods", leaving)
+    fake.seed("pods", waiting("big", 40 * GIB))
+    seeded_hold(fake, "uid-lab-big", "lab/big", "g1", 40 * GIB, ("uid-low-a",))
+    world = World(fake)
+    world.clock.now = LATER + REDRIVE_S + 1
+    try:
+        plan = world.round()
+    finally:
+        world.close()
+    assert plan.preemptions == () and evictions(fake) == [] and ledger_writes(fake) == []
 
 
 def test_two_rounds_of_one_controller_write_one_hold(fake: FakeApiServer) -> None:
@@ -124,16 +163,63 @@ def test_a_conflict_on_the_ledger_write_evicts_nobody_and_a_later_round_plans_ag
 
 def test_another_pods_live_hold_is_counted_no_eviction_for_room_it_takes(
         fake: FakeApiServer) -> None:
-    """g1's ledger holds 60 GiB for pod other: evicting a would not make big's 40 GiB."""
+    """g1's ledger holds 60 GiB for pod other: evicting a would not make big's 40 GiB. The
+    planner counts the hold (the state cannot take it beside a: g1 is not planned on)."""
     scene(fake)
     seeded_hold(fake, "uid-lab-other", "lab/other", "g1", 60 * GIB)
+    world = World(fake)
+    try:
+        plan = world.round()
+    finally:
+        world.close()
+    assert evictions(fake) == [] and pods(fake) == {"a", "big"} and ledger_writes(fake) == []
+    assert set(entries(fake, "g1")) == {"uid-lab-other"} and world.count("unheld") == 0
+    assert [s.pod for s in plan.skipped] == ["lab/big"] and world.count("no-victims") == 1
+
+
+def test_a_live_hold_of_another_pod_on_the_only_gpu_leaves_its_victims_alone_and_says_why(
+        fake: FakeApiServer) -> None:
+    """other's hold takes all of g1 and displaces a (being evicted for other): a is
+    nobody else's victim, and big is told that the room is other's."""
+    scene(fake)
+    seeded_hold(fake, "uid-lab-other", "lab/other", "g1", 80 * GIB, ("uid-low-a",))
+    world = World(fake)
+    try:
+        plan = world.round()
+    finally:
+        world.close()
+    assert plan.preemptions == () and evictions(fake) == [] and ledger_writes(fake) == []
+    (skip,) = plan.skipped
+    assert skip.pod == "lab/big" and "lab/other on node g1" in skip.reason
+    assert world.count("unheld") == 0 and world.count("no-victims") == 1
+
+
+def test_an_expired_hold_displacing_the_victim_plans_it_again(fake: FakeApiServer) -> None:
+    scene(fake)
+    seeded_hold(fake, "uid-lab-other", "lab/other", "g1", 80 * GIB, ("uid-low-a",),
+                expires=LATER - 1)
+    world = World(fake)
+    try:
+        plan = world.round()
+    finally:
+        world.close()
+    assert [[v.name for v in p.victims] for p in plan.preemptions] == [["a"]]
+    assert pods(fake) == {"big"} and set(entries(fake, "g1")) == {"uid-lab-big"}
+
+
+def test_the_hold_of_a_pod_already_bound_counts_nothing(fake: FakeApiServer) -> None:
+    scene(fake)
+    fake.seed("pods", {"metadata": {"name": "other", "namespace": "lab",
+                                    "uid": "uid-lab-other"},
+                       "spec": {"nodeName": "c1", "containers": [{"name": "m", "image": "x"}]},
+                       "status": {"phase": "Running"}})
+    seeded_hold(fake, "uid-lab-other", "lab/other", "g1", 80 * GIB, ("uid-low-a",))
     world = World(fake)
     try:
         world.round()
     finally:
         world.close()
-    assert evictions(fake) == [] and pods(fake) == {"a", "big"}
-    assert set(entries(fake, "g1")) == {"uid-lab-other"} and world.count("unheld") == 1
+    assert pods(fake) == {"big", "other"} and len(evictions(fake)) == 1
 
 
 def test_an_expired_hold_of_another_pod_counts_nothing_and_is_dropped(

@@ -7,12 +7,13 @@ place, so pods arriving after the evictions are refused that room, and the pod i
 is served there (its bind replaces the hold). ``RemoteHolds`` is what the controller's
 preemptor asks of the ledgers:
 
-* ``read``: every GPULedger, decoded (one list per round that has something to carry out);
+* ``read``: every GPULedger, decoded (one list per round in which some pod may preempt);
 * ``holding``: whether a pod already has a live hold or a bind in any of them (a second
   round, or a new leader, never writes a second hold for one pod);
 * ``write``: the same fit check the extender runs (``FitCheck``, the victims counted out,
-  expired holds dropped), then a compare-and-swap at the version read; a conflict, no room,
-  or any error writes nothing and says why (the pod is planned again in a later round);
+  expired holds and holds of bound pods dropped), then a compare-and-swap at the version
+  read; a conflict, no room, or any error writes nothing and says why (the pod is
+  planned again in a later round);
 * ``remove``: drop the pod's hold, only while it is still one, at the version written
   (after an eviction was refused, as the extender does for its own preemptions); a hold
   that cannot be removed expires.
@@ -20,7 +21,7 @@ preemptor asks of the ledgers:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from gpupool.contract import names
@@ -83,8 +84,11 @@ class RemoteHolds:
                 return node
         return None
 
-    def write(self, p: Preemption, view: View, observed: Observed, now: float) -> Written:
-        """Write ``p``'s hold in ``view`` (the serving node's ledger as read) if it fits."""
+    def write(self, p: Preemption, view: View, observed: Observed, now: float,
+              bound: Collection[str] = ()) -> Written:
+        """Write ``p``'s hold in ``view`` (the serving node's ledger as read) if it fits;
+        the holds of pods in ``bound`` (bound to a node: their bind replaced them) count
+        nothing and are dropped, as expired ones are."""
         node = _node(observed, p.node)
         if node is None:
             return Written(None, f"node {p.node} publishes no GPUs")
@@ -94,7 +98,7 @@ class RemoteHolds:
         entry = Entry(alloc, w.pod, stamp(now), w.request.tenant, w.request.gpu_class,
                       w.request.group, HOLD, stamp(now + self.hold_s), victims)
         expired = [u for u, e in view.entries.items()
-                   if e.is_hold and u != w.uid and not live_hold(e, now)]
+                   if e.is_hold and u != w.uid and (not live_hold(e, now) or u in bound)]
         gone = set(victims)
         try:
             held = [a for a in counted(view, expired) if a.key not in gone]

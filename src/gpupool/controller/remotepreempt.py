@@ -8,8 +8,14 @@ it asked and what became of it. Each round:
 1. **The state**: the published GPUs with every counted decision held (a remote slice on
    its serving node, its pod's home included as a node without GPUs); the pods leaving
    (being deleted, or evicted and not yet seen deleted) are let go at once, so their room
-   is free; then the room promised to earlier preemptors still pending is held for them
+   is free; then the live holds in the GPULedgers (``remoteledgers``: not expired, their
+   pod not bound) take their room, and the pods they displace count nothing and are
+   nobody's victims (a node whose hold the state cannot take is not planned on this
+   round); then the room promised to earlier preemptors still pending is held for them
    again (a promise whose room another pod took is dropped, and its pod planned afresh).
+   A preemptor with a live hold of its own is not planned: its room is held; once the
+   hold is ``REDRIVE_S`` old with displaced pods still running and not leaving, those are
+   its victims again (``written``: a re-drive, no second hold).
 2. **The preemptors** (``remotewaiting.waiting``), highest priority first, then oldest.
    For each: its constraints (``core.eligibility.constraints_for``: class, selector,
    permissions, quotas, group; a refusal is not helped by evicting anyone), and its slice
@@ -43,9 +49,11 @@ from typing import Any
 
 import numpy as np
 
-from gpupool.controller import remotewaiting
+from gpupool.contract.ledger import View
+from gpupool.controller import remoteledgers, remotewaiting
 from gpupool.controller.figures import cluster_state
 from gpupool.controller.observed import Observed
+from gpupool.controller.remoteledgers import Counted, LiveHold
 from gpupool.controller.remotewaiting import Skip, Waiting
 from gpupool.core.allocation import Allocation
 from gpupool.core.eligibility import Catalogue, constraints_for
@@ -106,6 +114,7 @@ class Preemption:
     victims: tuple[Victim, ...]
     hold: Allocation  # the slice on ``node`` once the victims are gone (scratch state)
     deferred: bool = False  # over the per-minute cap: a later round
+    written: bool = False  # a re-drive: the hold is in the ledger, its evictions were not sent
 
     def describe(self) -> str:
         who = ", ".join(f"{v.pod} (priority {v.priority})" for v in self.victims)
@@ -140,10 +149,11 @@ class RemotePlanner:
         self._m = _Memory()
 
     def plan(self, observed: Observed, pods: Iterable[Mapping[str, Any]],
-             node_labels: Mapping[str, Labels], catalogue: Catalogue | None, now: float
-             ) -> RoundPlan:
+             node_labels: Mapping[str, Labels], catalogue: Catalogue | None, now: float,
+             views: Mapping[str, View] | None = None) -> RoundPlan:
         """This round's preemptions (``node_labels``: every node's labels, empty when not
-        known; ``catalogue``: classes, groups, quotas and permissions, None: none apply)."""
+        known; ``catalogue``: classes, groups, quotas and permissions, None: none apply;
+        ``views``: the GPULedgers as read, their live holds counted)."""
         if not self.config.enabled:
             return RoundPlan()
         by_uid = {remotewaiting.uid_of(p): p for p in pods}
@@ -154,15 +164,24 @@ class RemotePlanner:
         for c in cands:
             if c.leaving:
                 state.release(c.key)  # their room is free for every need
-        ready = [c for c in cands if not c.leaving and self._m.retry_at.get(c.key, 0) <= now]
-        promised = self._hold_promises(state, {w.uid for w in wanted}, now)
+        held = remoteledgers.count(state, remoteledgers.live_holds(
+            views or {}, remotewaiting.bound(by_uid.values()), now))
+        ready = [c for c in cands if not c.leaving and self._m.retry_at.get(c.key, 0) <= now
+                 and c.key not in held.displaced]
+        promised = self._hold_promises(state, {w.uid for w in wanted}, now, held)
         room = self._room(now)
         names = {h.key: h.pod for h in observed.holdings}
         out: list[Preemption] = []
+        later: list[float] = []
         for w in wanted:
-            if w.uid in promised:
+            own = held.of(w.uid)
+            found: Preemption | Skip | None
+            if own is not None:
+                found = self._redrive(w, own, cands, names, now, later)
+            elif w.uid in promised:
                 continue
-            found = self._one(state, w, ready, node_labels, catalogue, names)
+            else:
+                found = self._one(state, w, ready, node_labels, catalogue, names, held)
             if isinstance(found, Skip):
                 skips.append(found)
                 continue
@@ -172,10 +191,11 @@ class RemotePlanner:
                 found = replace(found, deferred=True)
             else:
                 room -= len(found.victims)
-                self.promise(w.uid, found.hold, now)
+                if not found.written:
+                    self.promise(w.uid, found.hold, now)
             out.append(found)
             ready = [c for c in ready if c.key not in {v.uid for v in found.victims}]
-        return RoundPlan(tuple(out), tuple(skips), self._next(out, now, due))
+        return RoundPlan(tuple(out), tuple(skips), self._next(out, now, due, later))
 
     def record(self, victim: Victim, evicted: bool, gone: bool, now: float) -> None:
         """What became of an eviction: ``evicted`` (or ``gone``: nothing to evict), else
@@ -198,9 +218,25 @@ class RemotePlanner:
         self._m.promised.pop(uid, None)
 
     # -- one preemptor ---------------------------------------------------------------------
+    def _redrive(self, w: Waiting, own: LiveHold, cands: Sequence[Candidate],
+                 names: Mapping[str, str], now: float, later: list[float]
+                 ) -> Preemption | None:
+        """Pod ``w``'s own live hold: its room is held, nothing to plan; once the hold is
+        ``REDRIVE_S`` old, the displaced pods that still run (their evictions were never
+        sent) are evicted again (``written``)."""
+        left = [c for c in remoteledgers.stranded(own, cands)
+                if self._m.retry_at.get(c.key, 0) <= now]
+        if not left:
+            return None
+        if not remoteledgers.redrive_due(own, now):
+            later.append((own.entry.bind_s or now) + remoteledgers.REDRIVE_S)
+            return None
+        victims = tuple(_victim(c, own.node, names) for c in left)
+        return Preemption(w, own.node, "held", victims, own.entry.allocation, written=True)
+
     def _one(self, state: ClusterState, w: Waiting, ready: Sequence[Candidate],
              labels: Mapping[str, Labels], catalogue: Catalogue | None,
-             names: Mapping[str, str]) -> Preemption | Skip | None:
+             names: Mapping[str, str], held: Counted) -> Preemption | Skip | None:
         try:
             c = constraints_for(state, w.request, catalogue) if catalogue is not None \
                 else NO_CONSTRAINTS
@@ -214,6 +250,9 @@ class RemotePlanner:
             return None
         why = ""
         for tier, rows in tiers(state, labels, w.admits, self.config.domains):
+            rows = [r for r in rows if state.nodes[r].name not in held.claimed]
+            if not rows:
+                continue
             chosen = select(Room(state, part, c, rows), ready, below(w.priority), {},
                             self.config.limits)
             if isinstance(chosen, NoVictims):
@@ -230,7 +269,8 @@ class RemotePlanner:
             victims = tuple(_victim(v, chosen.node, names) for v in chosen.victims)
             return Preemption(w, chosen.node, tier, victims, alloc)
         return Skip(w.uid, w.pod, f"no pods of lower priority whose eviction makes room for "
-                    f"its slice: {why or 'none on the nodes that could serve it'}")
+                    f"its slice: {why or 'none on the nodes that could serve it'}"
+                    f"{_held_note(held, w.uid)}")
 
     def _hold(self, state: ClusterState, part: Any, c: Constraints, node: str | None
               ) -> Allocation | None:
@@ -242,14 +282,17 @@ class RemotePlanner:
         state.reserve(placed)
         return placed
 
-    def _hold_promises(self, state: ClusterState, pending: set[str], now: float) -> set[str]:
-        """Hold again the room promised to pods still pending; drop the rest."""
+    def _hold_promises(self, state: ClusterState, pending: set[str], now: float,
+                       held: Counted) -> set[str]:
+        """Hold again the room promised to pods still pending (unless their hold in the
+        ledger holds it already); drop the rest."""
         kept = set()
         for uid, (alloc, until) in list(self._m.promised.items()):
             try:
                 if uid not in pending or until <= now:
                     raise GpupoolError("expired")
-                state.reserve(alloc)
+                if held.of(uid) is None:
+                    state.reserve(alloc)
                 kept.add(uid)
             except GpupoolError:
                 del self._m.promised[uid]
@@ -266,12 +309,25 @@ class RemotePlanner:
             self._m.sent.popleft()
         return max(self.config.per_minute - len(self._m.sent), 0)
 
-    def _next(self, out: list[Preemption], now: float, due: float | None) -> float | None:
-        soon = [t for t in (*self._m.retry_at.values(), due) if t is not None and t > now]
+    def _next(self, out: list[Preemption], now: float, due: float | None,
+              later: Sequence[float]) -> float | None:
+        soon = [t for t in (*self._m.retry_at.values(), due, *later)
+                if t is not None and t > now]
         if any(p.deferred for p in out) and self._m.sent:
             soon.append(self._m.sent[0] + 60.0)
         soon += [until for _, until in self._m.promised.values()]
         return min(soon, default=None)
+
+
+def _held_note(held: Counted, uid: str) -> str:
+    """Which other pods' holds took room (said when no victims were found)."""
+    others = [h for h in (held.holds or {}).values() if h.uid != uid]
+    if not others:
+        return ""
+    shown = ", ".join(f"{h.pod} on node {h.node}" for h in others[:3])
+    more = f" and {len(others) - 3} more" if len(others) > 3 else ""
+    return (f"; the room held for other pods by preemptions under way is theirs, and their "
+            f"victims are nobody else's ({shown}{more})")
 
 
 def _victim(c: Candidate, node: str, pods: Mapping[str, str]) -> Victim:

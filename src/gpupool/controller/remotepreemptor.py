@@ -3,9 +3,16 @@
 ``RemotePreemptor.round`` asks ``remotepreempt.RemotePlanner`` for this round's plan and
 carries it out, preemptor by preemptor:
 
-* the hold first (``remoteholds``): the GPULedgers are read once per round that has a
-  preemption to carry out; a pod that already has a live hold or a bind in one of them is
-  left alone (a second round or a new leader writes no second hold and evicts nobody);
+* the GPULedgers are read once per round in which some pod may preempt, before the plan:
+  the planner counts their live holds (``remoteledgers``), so it plans no victims for room
+  another pod's hold has taken, and offers no pod a hold displaces as a victim again; a
+  round whose ledgers cannot be read plans and evicts nothing;
+* a **re-drive**: a hold of a pod that may preempt, ``REDRIVE_S`` old, whose displaced
+  pods still run and are not leaving (its writer, a leader that died, never sent the
+  evictions): those pods are evicted now, through the same steps as below, without a
+  second hold;
+* the hold first (``remoteholds``): a pod that already has a live hold or a bind in a
+  ledger is left alone (a second round or a new leader writes no second hold);
   otherwise its hold (``kind: hold``, ``expires`` after ``hold_s``, ``displaces`` = the
   victims) is written in the serving node's ledger by compare-and-swap after the
   extender's fit check. A conflict, no room, or an error writes nothing and evicts
@@ -33,12 +40,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
 from gpupool.contract.ledger import View
+from gpupool.controller import remoteledgers, remotewaiting
 from gpupool.controller.observed import Observed
 from gpupool.controller.remoteholds import RemoteHolds
 from gpupool.controller.remotepreempt import Preemption, RemotePlanner, RoundPlan, Victim
@@ -89,9 +97,17 @@ class RemotePreemptor:
         if ended is not None and ended.is_set():
             return RoundPlan()
         now = self.clock()
-        plan = self.planner.plan(observed, pods, node_labels, catalogue, now)
+        pods = list(pods)
+        views: dict[str, View] = {}
+        if self._wanted(pods, now):
+            try:
+                views = self.holds.read()
+            except KubeError as exc:
+                log.warning("remote preemption waits: the GPU ledgers cannot be read: %s", exc)
+                return RoundPlan()
+        plan = self.planner.plan(observed, pods, node_labels, catalogue, now, views)
+        bound = remotewaiting.bound(pods)
         self._tell(plan.skipped)
-        views: dict[str, View] | None = None
         for p in plan.preemptions:
             if p.deferred:
                 for _ in p.victims:
@@ -102,30 +118,32 @@ class RemotePreemptor:
             if ended is not None and ended.is_set():
                 log.warning("the leader's term ended: remote preemption stops for this round")
                 break
-            if views is None:
-                try:
-                    views = self.holds.read()
-                except KubeError as exc:
-                    log.warning("remote preemption waits: the GPU ledgers cannot be read: %s",
-                                exc)
-                    for q in plan.preemptions:
-                        self.planner.unpromise(q.preemptor.uid)
-                    break
-            held = self._hold(p, views, observed, now)
+            held = self._hold(p, views, observed, now, bound)
             if held is not None:
                 self._preempt(p, now, ended, held)
         return plan
 
-    def _hold(self, p: Preemption, views: dict[str, View], observed: Observed, now: float
-              ) -> View | None:
+    def _wanted(self, pods: Iterable[Mapping[str, Any]], now: float) -> bool:
+        """Whether any pod may preempt now (only then are the ledgers read)."""
+        config = self.planner.config
+        return config.enabled and bool(remotewaiting.waiting(pods, now, config.grace_s)[0])
+
+    def _hold(self, p: Preemption, views: dict[str, View], observed: Observed, now: float,
+              bound: Collection[str]) -> View | None:
         """Write ``p``'s hold (the ledger as written), else None: nobody is evicted."""
         w = p.preemptor
+        if p.written:  # a re-drive: the hold is there, its evictions were never sent
+            log.warning("remote preemption: the hold of pod %s on node %s is %.0f s old and "
+                        "its victims still run (its writer stopped before evicting them): "
+                        "evicting them now", w.pod, p.node, remoteledgers.REDRIVE_S)
+            return views.get(p.node) or View(p.node)
         where = self.holds.holding(views, w.uid, now)
         if where is not None:
             log.info("remote preemption: pod %s has room held or is bound on node %s "
                      "already: nobody evicted for it", w.pod, where)
             return None
-        written = self.holds.write(p, views.get(p.node) or View(p.node), observed, now)
+        written = self.holds.write(p, views.get(p.node) or View(p.node), observed, now,
+                                   bound)
         if written.view is None:
             self.planner.unpromise(w.uid)
             self._count(Outcome.UNHELD)

@@ -288,3 +288,8 @@ def candidates(holdings: Iterable[PodHolding], pods: Mapping[str, Mapping[str, A
         charge = Charge(amount_of_allocation(h.allocation), h.tenant, h.gpu_class, h.group)
         out.append(Candidate(h.allocation, h.priority, charge, (), gone, h.bound_s))
     return out
+
+
+def bound(pods: Iterable[Mapping[str, Any]]) -> set[str]:
+    """The uids of ``pods`` bound to a node (``spec.nodeName`` set)."""
+    return {uid_of(p) for p in pods if _map(p.get("spec")).get("nodeName")}
