@@ -16,6 +16,7 @@ import pytest
 from gpupool_testing.rawhttp import read_answer
 
 from gpupool.webhook.server import HttpsServer, Sizes, WebhookApp
+from tests.waiting import wait_for
 
 from .conftest import HOST, SETTINGS, Webhook
 from .test_edge import HANG_GUARD_S, _annotated, assert_review_answered
@@ -122,3 +123,21 @@ def test_the_sizes_default_to_the_documented_values(field: str) -> None:
     assert getattr(Sizes(), field) == {"handshake_s": 5.0, "max_handshakes": 64,
                                        "body_budget_bytes": 32 * 1024 * 1024}[field]
     assert Sizes().body_budget_bytes == 4 * Sizes().max_body_bytes
+
+
+def test_clients_gone_mid_body_give_their_share_of_the_budget_back(webhook: Webhook) -> None:
+    sizes = Sizes(body_budget_bytes=300 * KIB)
+    with served(webhook, sizes) as small:
+        for i in range(3):  # the whole budget declared, 10 bytes of each sent, then gone
+            with started(small, _annotated(100 * KIB, f"gone-{i}"), 10) as sock:
+                assert not closed_within(sock, 0.2)  # the server is reading its body
+        assert wait_for(lambda: small.post("/validate", _annotated(100 * KIB, "after-1"))[0]
+                        == 200)
+
+
+def closed_within(sock: socket.socket, seconds: float) -> bool:
+    sock.settimeout(seconds)
+    try:
+        return sock.recv(1) == b""
+    except TimeoutError:
+        return False

@@ -109,13 +109,12 @@ class WebhookApp:
             held = declared if declared is not None else limit
             if not self.budget.reserve(held):
                 return self._busy(name, held)
-            try:
-                body = await _body(request, limit)
-            except TooLarge:
-                self.budget.release(held)
-                self.metrics.bad.labels(name).inc()
-                return JSONResponse(too_large, 413)
-            try:
+            try:  # released however the read ends: a client gone mid-body included
+                try:
+                    body = await _body(request, limit)
+                except TooLarge:
+                    self.metrics.bad.labels(name).inc()
+                    return JSONResponse(too_large, 413)
                 code, out = await run_in_threadpool(self.decide, name, rule, body)
             finally:
                 self.budget.release(held)
