@@ -45,7 +45,7 @@ class Holdings:
         self.finished: OrderedDict[str, None] = OrderedDict()
         self.conflicts = 0  # holdings that could not be reserved when they arrived
         self.waiting: dict[str, dict[str, tuple[Allocation, set[str], Charge | None]]] = {}
-        self.waiting_on: dict[str, str] = {}  # key -> node of its waiting holding
+        self.waiting_on: dict[str, tuple[str, ...]] = {}  # key -> the nodes it waits on
         self.assumptions = Assumptions()
 
     def hold(self, alloc: Allocation, source: str, charge: Charge | None = None) -> bool:
@@ -144,30 +144,41 @@ class Holdings:
 
     def _wait(self, alloc: Allocation, source: str, charge: Charge | None) -> None:
         """Park a holding that does not fit this replica's view yet (e.g. its own binds in
-        flight took the room); it is retried whenever something on the GPUs it needs is
-        released (keyed by ``gpu_node``: a remote slice's room is on its serving node)."""
-        queue = self.waiting.setdefault(alloc.gpu_node, {})
-        _, sources, _ = queue.get(alloc.key, (alloc, set(), charge))
-        queue[alloc.key] = (alloc, sources | {source}, charge)
-        self.waiting_on[alloc.key] = alloc.gpu_node
+        flight took the room); it is retried whenever something is released on a node it
+        needs: its own (CPU and memory) or the one whose GPUs hold its slices (a remote
+        slice's serving node)."""
+        for node in alloc.nodes:
+            queue = self.waiting.setdefault(node, {})
+            _, sources, _ = queue.get(alloc.key, (alloc, set(), charge))
+            queue[alloc.key] = (alloc, sources | {source}, charge)
+        self.waiting_on[alloc.key] = alloc.nodes
 
     def _unwait(self, key: str, source: str | None = None) -> None:
-        node = self.waiting_on.get(key)
-        if node is None:
+        nodes = self.waiting_on.get(key)
+        if nodes is None:
             return
-        queue = self.waiting.get(node, {})
-        entry = queue.get(key)
-        if entry is not None and source is not None:
-            entry[1].discard(source)
-            if entry[1]:
-                return
-        queue.pop(key, None)
-        del self.waiting_on[key]
+        for node in nodes:
+            queue = self.waiting.get(node, {})
+            entry = queue.get(key)
+            if entry is not None and source is not None:
+                entry[1].discard(source)
+                if entry[1]:
+                    continue
+            queue.pop(key, None)
+            if not queue:
+                self.waiting.pop(node, None)
+        if all(key not in self.waiting.get(n, {}) for n in nodes):
+            del self.waiting_on[key]
 
     def _retry(self, node: str) -> None:
         queue = self.waiting.pop(node, {})
         for key, (alloc, sources, charge) in queue.items():
-            self.waiting_on.pop(key, None)
+            for other in self.waiting_on.pop(key, ()):
+                queue_there = self.waiting.get(other)
+                if other != node and queue_there is not None:
+                    queue_there.pop(key, None)
+                    if not queue_there:
+                        del self.waiting[other]
             for source in sorted(sources):
                 self.hold(alloc, source, charge)
 
@@ -208,8 +219,10 @@ class Holdings:
         self.sources.pop(key, None)
         if self.charges.pop(key, None) is not None:
             self.catalogue.quotas.refund(key)
-        if alloc is not None and alloc.gpu_node in self.waiting:
-            self._retry(alloc.gpu_node)  # the GPUs it let go (a remote slice's: elsewhere)
+        if alloc is not None:
+            for node in alloc.nodes:  # its own node's CPU and memory, its slices' GPUs
+                if node in self.waiting:
+                    self._retry(node)
 
     def _finish(self, key: str) -> None:
         self._unwait(key)
