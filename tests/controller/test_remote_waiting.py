@@ -7,12 +7,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from gpupool.contract import annotations as records
 from gpupool.controller.figures import cluster_state, pool_figures
 from gpupool.controller.observed import observe
 from gpupool.controller.remotepreempt import PreemptionConfig, RemotePlanner
 from gpupool.controller.remotewaiting import candidates, waiting
 from gpupool.core.allocation import Allocation, Slice
+from gpupool.core.serving import ZONE_LABEL
 
 from .builders import GIB, device, sign
 from .test_remote_preemption_api import LATER, affinity, victim
@@ -127,3 +130,25 @@ def test_the_controllers_cluster_state_holds_a_gpu_served_to_a_node_without_gpus
 def test_pool_figures_count_a_slice_served_to_a_node_without_gpus_on_its_gpu() -> None:
     figures, _ = pool_figures(observe([device("g1", 0)], [], [], [served_elsewhere()]))
     assert [(f.gpus, f.allocated_milli) for f in figures] == [(1, 1000)]
+
+
+NO_HOME_LABELS = {"g1": ((ZONE_LABEL, "a"),), "c1": ((ZONE_LABEL, "a"),)}
+
+
+@pytest.mark.parametrize("where", [
+    {"nodeSelector": {"pool": "does-not-exist"}},
+    {"affinity": affinity(fields=[{"key": "metadata.name", "operator": "In",
+                                   "values": ["no-such-node"]}])},
+], ids=["a node selector", "a node affinity"])
+def test_a_pod_no_node_admits_evicts_nobody_round_after_round(where: dict[str, Any]) -> None:
+    """kube-scheduler can place it nowhere: evicting others would only churn them."""
+    pod = pending("p", 40 * GIB, **where)
+    planner = RemotePlanner(PreemptionConfig())
+    for round_no in range(3):  # past each promise and hold
+        objs = [victim(f"v{round_no}", "g1", 80 * GIB, 1), pod]
+        plan = planner.plan(observe([device("g1", 0)], [], [], objs), objs, NO_HOME_LABELS,
+                            None, LATER + round_no * 130.0)
+        assert plan.preemptions == ()
+        assert [s.reason for s in plan.skipped] == [
+            "evicting others would not help: no node matches its nodeSelector and required "
+            "node affinity, so kube-scheduler can place it nowhere"]

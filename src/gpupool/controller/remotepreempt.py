@@ -248,6 +248,10 @@ class RemotePlanner:
         if feasible(state, part, c)[0].any():
             self._hold(state, part, c, None)  # room now: kube-scheduler places it
             return None
+        if labels and not any(w.admits(n, dict(ls)) for n, ls in labels.items()):
+            return Skip(w.uid, w.pod, "evicting others would not help: no node matches its "
+                        "nodeSelector and required node affinity, so kube-scheduler can "
+                        "place it nowhere")
         why = ""
         for tier, rows in tiers(state, labels, w.admits, self.config.domains):
             rows = [r for r in rows if state.nodes[r].name not in held.claimed]
