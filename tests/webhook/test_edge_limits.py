@@ -31,10 +31,20 @@ def served(webhook: Webhook, sizes: Sizes) -> Iterator[Webhook]:
     server = HttpsServer(app.app, webhook.tls, "127.0.0.1", 0, sizes=sizes,
                          closed=webhook.metrics.closed)
     port = server.start()
+    APPS[port] = app
     try:
         yield dataclasses.replace(webhook, port=port)
     finally:
         server.stop()
+        del APPS[port]
+
+
+APPS: dict[int, WebhookApp] = {}  # by port, while ``served``
+
+
+def small_budget_reading(webhook: Webhook) -> int:
+    """Bytes of bodies the server on ``webhook``'s port holds now."""
+    return APPS[webhook.port].budget.reading
 
 
 def sample(webhook: Webhook, name: str, labels: dict[str, str]) -> float:
@@ -54,7 +64,9 @@ def test_a_body_past_the_budget_gets_429_with_retry_after_and_the_rest_are_answe
     sizes = Sizes(body_budget_bytes=150 * KIB)
     with served(webhook, sizes) as small:
         held = _annotated(100 * KIB, "held-1")
-        with started(small, held, 10) as first:
+        first_part = len(held) - 10  # all but its last bytes: they are what it holds
+        with started(small, held, first_part) as first:
+            assert wait_for(lambda: small_budget_reading(small) >= first_part)
             with small.connect() as sock:  # 100 KiB more would pass 150 KiB
                 sent = _annotated(100 * KIB, "over-1")
                 sock.sendall(f"POST /validate HTTP/1.1\r\nHost: {HOST}\r\nContent-Length: "
@@ -65,7 +77,7 @@ def test_a_body_past_the_budget_gets_429_with_retry_after_and_the_rest_are_answe
             assert answer.headers.get(b"retry-after") == b"1"
             assert "try again" in json.loads(answer.body)["error"]
             assert_review_answered(small, "small-1")  # a few KiB still fit
-            first.sendall(held[10:])
+            first.sendall(held[first_part:])
             first.settimeout(HANG_GUARD_S)
             answer = read_answer(first)
             assert answer.status == 200
@@ -141,3 +153,17 @@ def closed_within(sock: socket.socket, seconds: float) -> bool:
         return sock.recv(1) == b""
     except TimeoutError:
         return False
+
+
+def test_heads_that_declare_large_bodies_and_send_none_keep_no_review_out(
+        webhook: Webhook) -> None:
+    sizes = Sizes(body_budget_bytes=400 * KIB, max_body_bytes=100 * KIB)
+    with served(webhook, sizes) as small:
+        socks = [started(small, _annotated(100 * KIB - 512, f"head-{i}"), 0) for i in range(4)]
+        try:
+            assert_review_answered(small, "small-2")
+            status, out = small.post("/validate", _annotated(100 * KIB - 512, "large-2"))
+            assert status == 200 and out["response"]["uid"] == "large-2"
+        finally:
+            for sock in socks:
+                sock.close()

@@ -65,12 +65,36 @@ class TooLarge(Exception):
     pass
 
 
-async def _body(request: HttpRequest, limit: int) -> bytes:
+class OverBudget(Exception):
+    pass
+
+
+class _Held:
+    """The bytes of one body taken from the budget so far: as they arrive, never what a
+    head declares (a head alone, declaring the largest body, would hold its share for the
+    whole request deadline)."""
+
+    def __init__(self, budget: BodyBudget):
+        self.budget = budget
+        self.bytes = 0
+
+    def take(self, size: int) -> None:
+        if not self.budget.reserve(size):
+            raise OverBudget
+        self.bytes += size
+
+    def release(self) -> None:
+        self.budget.release(self.bytes)
+        self.bytes = 0
+
+
+async def _body(request: HttpRequest, limit: int, held: _Held) -> bytes:
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
             raise TooLarge
+        held.take(len(chunk))
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -106,18 +130,20 @@ class WebhookApp:
             if declared is not None and declared > limit:
                 self.metrics.bad.labels(name).inc()
                 return JSONResponse(too_large, 413)
-            held = declared if declared is not None else limit
-            if not self.budget.reserve(held):
-                return self._busy(name, held)
+            if declared is not None and declared > self.budget.cap_bytes - self.budget.reading:
+                return self._busy(name, declared)  # cannot fit now: refused unread
+            held = _Held(self.budget)
             try:  # released however the read ends: a client gone mid-body included
                 try:
-                    body = await _body(request, limit)
+                    body = await _body(request, limit, held)
                 except TooLarge:
                     self.metrics.bad.labels(name).inc()
                     return JSONResponse(too_large, 413)
+                except OverBudget:
+                    return self._busy(name, declared if declared is not None else limit)
                 code, out = await run_in_threadpool(self.decide, name, rule, body)
             finally:
-                self.budget.release(held)
+                held.release()
             return Response(json.dumps(out, separators=(",", ":")), code,
                             media_type="application/json")
         return handle
