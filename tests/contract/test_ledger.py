@@ -3,6 +3,10 @@ until its expiry, its times round-trip, and an undecodable entry is left out and
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
+
 from gpupool.contract.devices import parse_time
 from gpupool.contract.ledger import HOLD, Entry, live_hold, stamp, view_of
 from gpupool.core.allocation import Allocation, Slice
@@ -35,3 +39,10 @@ def test_an_undecodable_entry_is_left_out_and_told() -> None:
     assert list(view.entries) == ["uid-p"] and view.entries["uid-p"].displaces == ("v",)
     assert view.resource_version == "7"
     assert len(told) == 1 and told[0].startswith("GPULedger g1: ") and "uid-bad" in told[0]
+
+
+@pytest.mark.parametrize("obj", [{"metadata": "x", "spec": "y"}, {"spec": {"entries": "z"}},
+                                 {"metadata": {"name": "g1"}, "spec": None}])
+def test_a_ledger_whose_parts_are_not_maps_reads_as_empty(obj: dict[str, Any]) -> None:
+    told: list[str] = []
+    assert view_of(obj, warn=told.append).entries == {}

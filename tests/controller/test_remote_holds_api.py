@@ -280,3 +280,42 @@ def test_the_hold_lasts_what_the_controller_flag_says(fake: FakeApiServer) -> No
     finally:
         api.close()
     assert holds == {(): 120.0, ("--remote-preemption-hold", "45"): 45.0}
+
+
+def test_the_pods_own_expired_hold_counts_none_of_its_victims_out(fake: FakeApiServer) -> None:
+    """Its new hold replaces it: a pod the old hold displaced, still running and not among
+    the new victims, still holds its room (else an over-committing hold is written)."""
+    from gpupool.controller import remotewaiting
+    from gpupool.controller.loop import Controller
+    from gpupool.controller.remotepreempt import Preemption, Victim
+
+    from .builders import verify
+
+    fill(fake, "g2", "g3")
+    pod = waiting("big", 80 * GIB)
+    for p in (victim("a1", "g1", 40 * GIB, 1), victim("a2", "g1", 40 * GIB, 2), pod):
+        fake.seed("pods", p)
+
+    def bound(uid: str) -> dict[str, Any]:
+        return Entry(Allocation(uid, "g1", 0, 0, (Slice("GPU-g1-0", 0, 40 * GIB, 10),)),
+                     "low/x", stamp(LATER - 1000)).to_json()
+    old = Entry(Allocation("uid-lab-big", "g1", 0, 0, (Slice("GPU-g1-0", 0, 40 * GIB, 10),)),
+                "lab/big", stamp(LATER - 500), kind=HOLD, expires=stamp(LATER - 300),
+                displaces=("uid-low-a1",))
+    fake.seed("gpuledgers", {"apiVersion": names.API_VERSION, "kind": "GPULedger",
+                             "metadata": {"name": "g1"}, "spec": {"node": "g1", "entries": {
+                                 "uid-low-a1": bound("uid-low-a1"),
+                                 "uid-low-a2": bound("uid-low-a2"),
+                                 "uid-lab-big": old.to_json()}}})
+    world = World(fake)
+    try:
+        observed = Controller(world.api, verify=verify).list_world()
+        (w,), _, _ = remotewaiting.waiting([pod], LATER, 30.0)
+        hold = Allocation(w.uid, "g1", 0, 0, (Slice("GPU-g1-0", 0, 80 * GIB, 10),))
+        a2_only = Preemption(w, "g1", "own node", (Victim("uid-low-a2", "low", "a2", "g1", 2),),
+                             hold)
+        written = world.preemptor.holds.write(a2_only, world.preemptor.holds.read()["g1"],
+                                              observed, LATER)
+    finally:
+        world.close()
+    assert written.view is None and "has no room" in written.why

@@ -386,3 +386,21 @@ def test_the_controller_loop_preempts_for_a_waiting_pod(fake: FakeApiServer) -> 
         thread.join(30)
         world.close()
     assert pods(fake) == {"big"} and world.count("evicted") == 1
+
+
+def test_a_remote_required_gang_member_evicts_nobody(fake: FakeApiServer) -> None:
+    """The extender refuses a gang with remote-required members: room made would serve
+    nobody, and would be made again after each hold expired."""
+    fill(fake, "g2", "g3")
+    fake.seed("pods", victim("a", "g1", 80 * GIB, 1))
+    pod = waiting("member", 40 * GIB)
+    pod["metadata"]["labels"] = {names.LABEL_GANG: "g"}
+    fake.seed("pods", pod)
+    world = World(fake)
+    try:
+        plan = world.round()
+    finally:
+        world.close()
+    assert plan.preemptions == () and evictions(fake) == []
+    assert [s.reason for s in plan.skipped] == [
+        "evicting others would not help: a gang's members cannot have remote GPU slices"]

@@ -39,3 +39,38 @@ def test_a_remote_slice_parked_on_its_gpus_is_retried_when_a_slice_there_is_rele
     assert not h.hold(remote, "ledger")  # the victim's slice is in its way: parked
     h.unhold("victim", "pod")  # the victim leaves (its home is "other", its GPUs g's)
     assert "remote" in state.allocations and not h.waiting and not h.waiting_on
+
+
+def remote(key: str, gpu_node: str, home: str = "h") -> Allocation:
+    return Allocation(key, home, 100, 256,
+                      (Slice(f"GPU-{gpu_node}-0", 0, 80 * GIB, 100, "main"),), False, gpu_node)
+
+
+def test_the_pods_own_record_is_not_lost_when_a_stale_ledger_entry_is_retried() -> None:
+    state = ClusterState([Node("h", 1000, 4096), Node("o", 1000, 4096),
+                          Node("g1", 8000, 65536, (Gpu("GPU-g1-0", 0, "A100", 80 * GIB),)),
+                          Node("g2", 8000, 65536, (Gpu("GPU-g2-0", 0, "A100", 80 * GIB),))])
+    h = Holdings(state, Catalogue())
+    assert h.hold(remote("a", "g1", "o"), "pod")  # g1 full
+    assert h.hold(remote("b", "g2", "o"), "pod")  # g2 full
+    assert not h.hold(remote("x", "g1"), "ledger")  # x's ledger entry (stale): parked
+    assert not h.hold(remote("x", "g2"), "pod")  # x's own record: parked too
+    h.unhold("a", "pod")  # g1 frees first
+    h.unhold("b", "pod")  # then g2
+    # the pod's own record wins over a ledger entry: x is held on g2 in the end
+    assert state.allocations["x"].gpu_node == "g2"
+    assert not h.waiting and not h.waiting_on
+
+
+def test_a_ledger_entry_parked_after_the_pods_own_record_does_not_replace_it() -> None:
+    state = ClusterState([Node("h", 1000, 4096), Node("o", 1000, 4096),
+                          Node("g1", 8000, 65536, (Gpu("GPU-g1-0", 0, "A100", 80 * GIB),)),
+                          Node("g2", 8000, 65536, (Gpu("GPU-g2-0", 0, "A100", 80 * GIB),))])
+    h = Holdings(state, Catalogue())
+    assert h.hold(remote("a", "g1", "o"), "pod")
+    assert h.hold(remote("b", "g2", "o"), "pod")
+    assert not h.hold(remote("x", "g2"), "pod")  # its own record first
+    assert not h.hold(remote("x", "g1"), "ledger")  # then a stale ledger entry
+    h.unhold("a", "pod")
+    h.unhold("b", "pod")
+    assert state.allocations["x"].gpu_node == "g2" and not h.waiting

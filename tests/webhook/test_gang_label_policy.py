@@ -65,3 +65,17 @@ def test_the_policy_is_bound_to_deny() -> None:
     assert binding["spec"] == {"policyName": "gpupool-gang-label",
                                "validationActions": ["Deny"]}
     assert POLICY.failure_policy == "Fail"
+
+
+@pytest.mark.parametrize("sub", ["", "status"])
+def test_the_label_is_guarded_on_the_pod_and_its_status_and_kubelets_updates_pass(
+        sub: str) -> None:
+    """A pods/status UPDATE carries the whole pod and the API server keeps its metadata."""
+    adds = review(pod({GANG: "shield"}), operation="UPDATE", old=pod({}), sub=sub)["request"]
+    outcome = POLICY.admit(adds)
+    assert outcome.applies and not outcome.allowed
+    kubelet = review(pod({GANG: "a"}), operation="UPDATE", old=pod({GANG: "a"}), sub=sub,
+                     user="system:node:gpu-1")["request"]
+    assert POLICY.admit(kubelet).allowed
+    rules = DOCS[0]["spec"]["matchConstraints"]["resourceRules"]
+    assert rules[0]["resources"] == ["pods", "pods/status"]

@@ -178,6 +178,10 @@ def vouches(view: View | None, uid: str, namespace: str, name: str,
         (entry.group or "") == (notes.get(names.ANNOTATION_RESOURCE_GROUP) or "")
 
 
+def _mapping(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
 def view_of(obj: Mapping[str, Any], memo: dict[tuple[str, str], Entry] | None = None,
             warn: Warn = _quiet) -> View:
     """Decode a GPULedger object; undecodable entries are told ``warn`` and left out.
@@ -185,8 +189,8 @@ def view_of(obj: Mapping[str, Any], memo: dict[tuple[str, str], Entry] | None = 
     ``memo`` (uid, raw entry JSON) -> Entry spares re-decoding the unchanged entries
     of a ledger that a watch delivers again and again.
     """
-    meta = obj.get("metadata") or {}
-    spec = obj.get("spec") or {}
+    meta = _mapping(obj.get("metadata"))
+    spec = _mapping(obj.get("spec"))
     raw = spec.get("entries") or {}
     entries: dict[str, Entry] = {}
     for uid, value in (raw.items() if isinstance(raw, Mapping) else ()):

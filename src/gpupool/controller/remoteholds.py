@@ -21,6 +21,7 @@ preemptor asks of the ledgers:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
@@ -55,6 +56,14 @@ class Written:
     conflict: bool = False  # another writer moved the ledger on first
 
 
+log = logging.getLogger(__name__)
+
+
+def _skipped(what: str) -> None:
+    """An entry no reader can decode (the CRD's schema keeps them out): left out, said."""
+    log.warning("remote preemption: %s (left out)", what)
+
+
 class RemoteHolds:
     def __init__(self, api: ControllerApi, hold_s: float,
                  memory_unit_mib: int = DEFAULT_MEMORY_UNIT_MIB):
@@ -65,13 +74,13 @@ class RemoteHolds:
 
     def read(self) -> dict[str, View]:
         """Every GPULedger by node (``KubeError`` when they cannot be listed)."""
-        views = (view_of(obj) for obj in self.api.list_ledgers().items)
+        views = (view_of(obj, warn=_skipped) for obj in self.api.list_ledgers().items)
         return {v.node: v for v in views}
 
     def fetch(self, node: str) -> View:
         """Node ``node``'s GPULedger (an empty view when there is none)."""
         try:
-            return view_of(self.api.get_ledger(node))
+            return view_of(self.api.get_ledger(node), warn=_skipped)
         except NotFound:
             return View(node)
 
@@ -101,7 +110,9 @@ class RemoteHolds:
                    if e.is_hold and u != w.uid and (not live_hold(e, now) or u in bound)]
         gone = set(victims)
         try:
-            held = [a for a in counted(view, expired) if a.key not in gone]
+            # the pod's own earlier entry is replaced by this one: neither it nor what it
+            # displaced is counted out (its victims still run unless this plan evicts them)
+            held = [a for a in counted(view, [*expired, w.uid]) if a.key not in gone]
             self.fits.check(node, held, alloc, self.memory_unit_mib)
         except GpupoolError as exc:
             return Written(None, f"the GPU ledger of {p.node} has no room for it: {exc}")

@@ -252,6 +252,9 @@ def _read(pod: Mapping[str, Any], uid: str, ns: str, name: str
     selector, terms = _selector(pod), _terms(pod)
     if _map(pod.get("spec")).get("preemptionPolicy") == "Never":
         return Skip(uid, f"{ns}/{name}", "its preemptionPolicy is Never")
+    if in_gang(pod):  # the extender refuses them: room made for one would serve nobody
+        return Skip(uid, f"{ns}/{name}", "evicting others would not help: a gang's members "
+                    "cannot have remote GPU slices")
     since = unschedulable_since(pod)
     if since is None:
         return None

@@ -146,11 +146,19 @@ class Holdings:
         """Park a holding that does not fit this replica's view yet (e.g. its own binds in
         flight took the room); it is retried whenever something is released on a node it
         needs: its own (CPU and memory) or the one whose GPUs hold its slices (a remote
-        slice's serving node)."""
+        slice's serving node). One allocation waits per key, with the sources of all: the
+        pod's own record if it is among them (it wins over a ledger's or a guess, as in
+        ``hold``), else the newest."""
+        earlier: set[str] = set()
+        for node in self.waiting_on.get(alloc.key, ()):
+            queued = self.waiting.get(node, {}).get(alloc.key)
+            if queued is not None:
+                earlier |= queued[1]
+                if "pod" in queued[1] and source != "pod":
+                    alloc, charge = queued[0], queued[2]
+        self._unwait(alloc.key)
         for node in alloc.nodes:
-            queue = self.waiting.setdefault(node, {})
-            _, sources, _ = queue.get(alloc.key, (alloc, set(), charge))
-            queue[alloc.key] = (alloc, sources | {source}, charge)
+            self.waiting.setdefault(node, {})[alloc.key] = (alloc, earlier | {source}, charge)
         self.waiting_on[alloc.key] = alloc.nodes
 
     def _unwait(self, key: str, source: str | None = None) -> None:
