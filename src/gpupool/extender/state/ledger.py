@@ -1,28 +1,11 @@
 """The per-node GPU ledger: the compare-and-swap record that keeps replicas honest.
 
-One cluster-scoped ``GPULedger`` object per node (name = node name) lists every
-GPU slice committed on that node, keyed by pod UID::
-
-    spec:
-      node: n7
-      entries:
-        <pod uid>: {pod: ns/name, allocation: <the gpupool.io/allocation JSON>,
-                    bindTime: <RFC 3339>, tenant: ns, class: <class or "">, group: <group or "">}
-        <pod uid>: {..., kind: hold, expires: <RFC 3339>, displaces: [<victim uid>, ...]}
-
-An entry of kind ``hold`` (absent ``kind``: a bind) is room a preemption is making for a
-pending pod: the slices it will take once the pods it ``displaces`` (its victims, being
-evicted) are gone. Until it ``expires`` it stands for those victims in every fit check
-(``counted``): the victims' own entries stay (they still vouch for their decisions) but
-count nothing while a live hold displaces them, so the ledger never holds more than the
-node's GPUs, and the room goes to no one else. The pod's bind replaces it.
-
-The entries, their decoding and the fit check live in ``gpupool.contract.ledger`` (the
-controller writes holds too); this module reads and writes the objects. An extender adds
-its pod's entry with a merge patch that carries the
-resourceVersion it checked (``Conflict`` when another replica wrote first), and
-only after ``FitCheck`` showed that the entries at that version plus the new
-allocation do not over-commit any GPU of the node. See docs/design/extender.md.
+The object's format, what a hold is, the entries' decoding and the fit check:
+``gpupool.contract.ledger`` (the controller writes holds too). This module reads and
+writes the objects: an extender adds its pod's entry with a merge patch that carries the
+resourceVersion it checked (``Conflict`` when another replica wrote first), and only
+after ``FitCheck`` showed that the entries at that version plus the new allocation do
+not over-commit any GPU of the node. See docs/design/extender.md.
 """
 
 from __future__ import annotations
