@@ -328,3 +328,24 @@ def test_a_slice_released_by_its_server_is_reported_released_by_the_sidecar(
     assert client.state == "released" and not client.ready()
     with pytest.raises(OSError):
         StubClient("127.0.0.1", client.port, timeout_s=2)  # the data plane is closed
+
+
+def test_another_pods_certificate_is_refused_before_it_says_anything_and_not_held(
+        loop: LoopThread, authority: Authority) -> None:
+    """Any tenant holds a session certificate (its own pod's): the server must not wait for
+    its hello nor keep its connection (each holds TLS buffers), or a few hundred idle ones
+    would exhaust the server another tenant's slice runs in. Waiting for the hello would
+    end in a timeout error instead of this refusal."""
+    server = start_server(loop, authority)
+    try:
+        other = authority.client(uid=OTHER_UID, name="other")
+        for _ in range(20):
+            with tls_to(server, other) as sock:
+                sock.settimeout(30)
+                answer = answer_of(sock)  # said without any hello sent
+                assert answer is not None and answer["ok"] is False
+                assert answer["error"] == "refused", answer
+                assert sock.recv(1) == b""  # then closed by the server
+        assert server.status()["sessions"] == {"data": 0, "control": 0}
+    finally:
+        stop(loop, server)

@@ -99,11 +99,14 @@ def raw_answer(sock: socket.socket) -> tuple[dict[str, object], bytes] | None:
     return json.loads(body[:hl]), body[hl:]
 
 
+@pytest.mark.parametrize("head", [b"nope!", b'{"op":"alloc","size":' + b"9" * 5000 + b"}",
+                                  b"[" * 5000 + b"]" * 5000],
+                         ids=["not JSON", "a 5,000-digit number", "nested 5,000 deep"])
 def test_a_header_that_is_not_json_is_refused_and_the_connection_goes_on(
-        loop: LoopThread) -> None:
+        loop: LoopThread, head: bytes) -> None:
     _, port = serve(loop)
     with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-        s.sendall(struct.pack("!II", 5, 0) + b"nope!")
+        s.sendall(struct.pack("!II", len(head), 0) + head)
         answer = raw_answer(s)
         assert answer is not None and answer[0]["error"] == "malformed-frame"
         s.sendall(encode({"op": "hello"}))

@@ -98,6 +98,9 @@ def _header(raw: bytes) -> dict[str, Any]:
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise FrameError("malformed-frame", f"the header is not JSON ({exc})",
                          fatal=False) from None
+    except (ValueError, RecursionError):  # a number too long, arrays nested too deeply
+        raise FrameError("malformed-frame", "the header is JSON no reader takes (a number of "
+                         "thousands of digits, or nesting too deep)", fatal=False) from None
     if not isinstance(header, dict):
         raise FrameError("malformed-frame", "the header is not a JSON object", fatal=False)
     return header

@@ -45,6 +45,8 @@ from gpupool.remote.usage import UsageMeter, stub_sample
 from gpupool.security import sessions
 
 log = logging.getLogger(__name__)
+REFUSED_CLOSE_S = 0.5
+"""How long a refused peer (another pod's certificate) has to close after its refusal."""
 
 REFUSALS_KEPT = 20
 
@@ -220,6 +222,14 @@ class SliceServer:
                      peer: str) -> None:
         ssl_object = writer.get_extra_info("ssl_object")
         why = self.credentials.admit(ssl_object, self.identity)
+        if why:  # not this slice's client: refused at once, nothing read or held for it
+            self._refuse(peer, why)
+            await _say(writer, frames.error("refused", why))
+            writer.close()  # the refusal is flushed first; a peer that never says goodbye
+            with contextlib.suppress(OSError, TimeoutError):  # is cut off: nothing held
+                await asyncio.wait_for(writer.wait_closed(), REFUSED_CLOSE_S)
+            writer.transport.abort()
+            return
         try:
             hello = await frames.read(reader, channel.HELLO)
             if hello is None:
