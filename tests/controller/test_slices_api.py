@@ -24,6 +24,7 @@ from gpupool.controller.sliceserver import ServerSettings
 from gpupool.controller.slicesplan import Timing
 from gpupool.core.allocation import Allocation, Slice
 from gpupool.kube.controller_ops import ControllerApi
+from gpupool.kube.errors import KubeError
 from gpupool.security import sessions
 from tests.rbac_grants import Rule, grants, needed, refused, rendered, writes
 from tests.waiting import wait_for
@@ -204,3 +205,52 @@ def test_a_remote_allowed_pod_gets_a_server_only_when_its_slice_is_served_elsewh
             stop.set()
             thread.join(30)
             api.close()
+
+
+def test_a_failed_revocation_write_keeps_the_secrets_and_revokes_them_next_round() -> None:
+    """A server Secret is the only record of its slice's serials: it goes only once they
+    are in the revocation list, and is found again when no pod is left."""
+    with FakeApiServer() as fake:
+        devices = [device("g1", 0)]
+        fake.seed("gpudevices", devices[0])
+        pod = remote_pod()
+        fake.seed("pods", pod)
+        api = ControllerApi.open(server=fake.url)
+        try:
+            keeper = SliceKeeper(api, SETTINGS, Timing(lifetime_s=600), host="test")
+
+            def keep_round() -> None:
+                pods = fake.objects("pods")
+                keeper.keep(observe_pods(devices, pods), pods, devices)
+
+            keep_round()
+            server = fake.get("secrets", f"gpupool-slice-{SLICE}-server", NS)
+            client = fake.get("secrets", f"gpupool-slice-{SLICE}", "lab")
+            serials = {sessions.credential_of(base64.b64decode(s["data"]["tls.crt"]).decode())
+                       .serial for s in (server, client)}
+            real = api.put_config_map_data
+
+            def failing(*args: Any, **kwargs: Any) -> None:
+                raise KubeError("the API server answered 500")
+            api.put_config_map_data = failing  # type: ignore[method-assign]
+            fake.delete("pods", "train", "lab")
+            keep_round()  # the revocation list cannot be written this round
+            assert fake.get("secrets", f"gpupool-slice-{SLICE}-server", NS) is not None
+            api.put_config_map_data = real  # type: ignore[method-assign]
+            keep_round()
+            keep_round()
+            crl = fake.get("configmaps", "gpupool-slice-revocations", NS)["data"]["crl.pem"]
+            ca = fake.get("secrets", "gpupool-slice-ca", NS)
+            revoked = sessions.revoked_serials(
+                crl, base64.b64decode(ca["data"]["ca.crt"]).decode())
+            assert serials <= revoked
+            assert fake.get("secrets", f"gpupool-slice-{SLICE}-server", NS) is None
+        finally:
+            api.close()
+
+
+def observe_pods(devices: list[dict[str, Any]], pods: list[dict[str, Any]]) -> Any:
+    from gpupool.controller.observed import observe
+
+    from .builders import verify
+    return observe(devices, [], [], pods, verify)

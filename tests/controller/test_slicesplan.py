@@ -208,3 +208,12 @@ def test_the_server_and_sidecar_arguments_are_what_the_commands_accept() -> None
     client = parser.parse_args(side["command"][1:] + words)
     assert client.slice_server == (f"gpupool-slice-{NAME}.gpupool-slices.svc", 14900)
     assert (client.pod_uid, client.port, client.status_port) == ("u1", 14833, 14834)
+
+
+def test_a_secret_of_another_pod_is_issued_anew_for_the_live_pod_not_deleted() -> None:
+    """Its serials are revoked; the Secret itself now carries the live pod's certificates
+    (deleting it in the same round left the new server nothing to mount)."""
+    done = run([remote()], [server()], credentials=[replace(HELD, uid="u-before")])
+    assert DeleteObject("Secret", f"gpupool-slice-{NAME}-server") not in done.actions
+    assert [a.client for a in done.actions if isinstance(a, Issue)] == [False, True]
+    assert HELD.serial in done.revoke

@@ -85,9 +85,10 @@ class SliceKeeper:
         pods = list(pods)
         remote = remote_pods(observed, pods)
         servers = server_pods(pods, self.settings.namespace)
-        try:
-            services = self._services() if remote or servers else {}
-            credentials = self._credentials() if remote or servers else []
+        try:  # listed every round: what a failed round left (a Secret kept until its
+            # serials are revoked, a Service) is found again once no pod is left
+            services = self._services()
+            credentials = self._credentials()
         except KubeError as exc:
             log.warning("remote slices: listing their objects failed (retried next round): "
                         "%s", exc)
@@ -133,10 +134,24 @@ class SliceKeeper:
         ca: PemPair | None = None
         issued = {k: (c.client_serial, c.client_expires_s) for k, c in held.items()
                   if c.client_serial}
+        revoked = True
+        if done.revoke and not (ended is not None and ended.is_set()):
+            # first: a server Secret is the only record of its serials, so it goes only
+            # once they are in the revocation list
+            try:
+                ca = ensure_ca(self.api, self.settings.namespace, now, SLICE_CA)
+                self._revoke(done.revoke, ca, now)
+            except KubeError as exc:
+                revoked = False
+                log.warning("remote slices: the revocation list was not written; the "
+                            "Secrets of released slices are kept until it is (retried next "
+                            "round): %s", exc)
         for action in done.actions:
             if ended is not None and ended.is_set():
                 log.warning("the leader's term ended: remote slices' writes stop this round")
                 return
+            if not revoked and isinstance(action, DeleteObject) and action.kind == "Secret":
+                continue
             try:
                 if isinstance(action, Issue):
                     ca = ca or ensure_ca(self.api, self.settings.namespace, now, SLICE_CA)
@@ -145,13 +160,6 @@ class SliceKeeper:
                     self._write(action, now)
             except KubeError as exc:
                 log.warning("remote slices: %s (retried next round)", exc)
-        if done.revoke:
-            try:
-                self._revoke(done.revoke, ca or ensure_ca(self.api, self.settings.namespace,
-                                                          now, SLICE_CA), now)
-            except KubeError as exc:
-                log.warning("remote slices: the revocation list was not written (retried "
-                            "next round): %s", exc)
 
     def _write(self, action: CreateObject | DeleteObject | Mark, now: float) -> None:
         ns = self.settings.namespace

@@ -300,7 +300,8 @@ def _clean(kept: Mapping[str, RemotePod], servers: Iterable[ServerSeen],
             out.revoke[c.serial] = c.expires_s
             if c.client_serial:
                 out.revoke[c.client_serial] = c.client_expires_s
-            out.actions.append(DeleteObject("Secret", slices.server_secret(c.slice_name)))
+            if c.slice_name not in kept:  # else issued anew for its live pod this round
+                out.actions.append(DeleteObject("Secret", slices.server_secret(c.slice_name)))
 
 
 def _mark(r: RemotePod, status: SliceStatus, now: float, out: SlicePlan) -> None:
