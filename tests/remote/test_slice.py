@@ -11,6 +11,7 @@ import ssl
 import struct
 from collections.abc import Iterator
 from concurrent.futures import Future
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -191,6 +192,23 @@ def test_a_slice_whose_client_never_connects_is_released(
     server = start_server(loop, authority, connect_deadline_s=0.3)
     assert wait_for(lambda: server.state == "released")
     assert server.reason == "no client connected within 0.3 s"
+
+
+def test_a_watch_round_that_fails_does_not_stop_the_watch(
+        loop: LoopThread, authority: Authority) -> None:
+    """A revocation file that cannot be read as expected (a bug's way in) is said, and the
+    deadlines and revocations are still watched: the slice is released when due."""
+    server = start_server(loop, authority, connect_deadline_s=60.0)
+    calls = []
+
+    def broken() -> None:
+        calls.append(1)
+        raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "not UTF-8")
+    server.credentials.refresh = broken  # type: ignore[method-assign]
+    assert wait_for(lambda: len(calls) >= 2)  # one failed round, and the watch went on
+    server.config = replace(server.config, connect_deadline_s=0.0)
+    assert wait_for(lambda: server.state == "released")
+    assert server.reason.startswith("no client connected within")
 
 
 def test_a_provider_that_cannot_start_is_a_clear_error_and_nothing_runs(

@@ -164,8 +164,11 @@ class SliceServer:
             if why:
                 await self.release(why)
                 return
-            self._close_invalid_sessions()
-            await self._sample()
+            try:
+                self._close_invalid_sessions()
+                await self._sample()
+            except Exception:  # a bug: said, and the watch (deadlines, revocations) goes on
+                log.exception("slice server watch round failed")
 
     def deadline_passed(self, now: float) -> str:
         """Why the slice is to be released now for lack of a client ("" if not)."""
