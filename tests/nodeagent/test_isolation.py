@@ -257,3 +257,32 @@ def test_none_is_advisory_and_says_so(kubelet: FakeKubelet, make_agent: AgentFac
     env = kubelet.admit(p, random.Random(1)).envs["main"]
     assert env["GPUPOOL_ISOLATION"] == "none" and not agent.provider.enforced
     assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=1024M"  # honoured only under MPS
+
+
+def test_a_gpu_failing_to_start_its_daemon_keeps_its_reason_while_a_restart_is_tried(
+        tmp_path: Path) -> None:
+    """Its reason does not flap to the health check's own failure while the next restart is
+    tried (what Allocate's refusal and the GPU's condition say stays why)."""
+    from gpupool.nodeagent.isolation.mps import MpsProvider
+    from gpupool.nodeagent.isolation.mpsdaemon import MpsError
+
+    seen: list[dict[str, str]] = []
+
+    class Broken:
+        uuid = "GPU-x"
+
+        def problem(self) -> str:
+            return "MPS control for GPU GPU-x: 'get_server_list' failed: no such file"
+
+        def restart(self) -> None:
+            seen.append(provider.problems())
+            raise MpsError("cannot start nvidia-cuda-mps-control for GPU GPU-x: no such file")
+
+    provider = MpsProvider(None, None, health_s=0.0)  # type: ignore[arg-type]
+    daemon = Broken()
+    provider._check(daemon)  # type: ignore[arg-type]
+    provider._retry_at.clear()  # the backoff is over
+    provider._check(daemon)  # type: ignore[arg-type]
+    assert seen[1] == {"GPU-x": "MPS: cannot start nvidia-cuda-mps-control for GPU GPU-x: "
+                                "no such file"}
+    assert provider.problems()["GPU-x"].startswith("MPS: cannot start")

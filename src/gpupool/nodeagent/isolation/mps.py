@@ -139,7 +139,8 @@ class MpsProvider:
         failing = uuid in self.problems()
         (log.info if failing else log.warning)(
             "MPS control daemon of GPU %s: %s; restarting it", uuid, problem)
-        self._set_problem(uuid, problem)
+        if not failing:  # a GPU already failing keeps its reason (why it cannot start)
+            self._set_problem(uuid, problem)  # while the restart is tried: no flapping
         self.restarts[uuid] = self.restarts.get(uuid, 0) + 1
         try:
             daemon.restart()
