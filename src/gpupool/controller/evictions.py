@@ -22,15 +22,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gpupool.contract.devices import DeviceRecord, read_device
+from gpupool.controller import podwrites
 from gpupool.controller.healing import Cause, Eviction, Healer, HealingPlan, Outcome
 from gpupool.controller.observed import Observed
 from gpupool.core.errors import InvalidInput
 from gpupool.kube.controller_ops import ControllerApi
-from gpupool.kube.errors import Conflict, KubeError, NotFound
 
 log = logging.getLogger(__name__)
 
-COMPONENT = "gpupool-controller"
 EVENT_HEALING = "GpupoolHealing"
 EVENT_BLOCKED = "GpupoolHealingBlocked"
 EVENT_SKIPPED = "GpupoolHealingSkipped"
@@ -69,13 +68,9 @@ class Evictor:
 
     def _evict(self, e: Eviction, now: float) -> None:
         self._event(e, EVENT_HEALING, f"evicting the pod to place it again: {e.reason}")
-        try:
-            self.api.evict_pod_of(e.namespace, e.name, e.uid)
-            outcome = Outcome.EVICTED
-        except (NotFound, Conflict):
-            outcome = Outcome.GONE
-        except KubeError as exc:
-            outcome = Outcome.BLOCKED if exc.code == 429 else Outcome.FAILED
+        done, exc = podwrites.evict(self.api, e.namespace, e.name, e.uid)
+        outcome = Outcome(done)
+        if exc is not None:
             log.warning("healing: eviction of pod %s/%s %s (tried again in %.0f s): %s",
                         e.namespace, e.name, "blocked by a PodDisruptionBudget"
                         if outcome is Outcome.BLOCKED else "failed",
@@ -87,13 +82,8 @@ class Evictor:
         self._count(e.cause, outcome)
 
     def _event(self, e: Eviction, reason: str, message: str, warning: bool = True) -> None:
-        try:
-            self.api.create_pod_event(e.namespace, e.name, e.uid, reason, message, warning,
-                                      COMPONENT, self.host, datetime.fromtimestamp(
-                                          self.clock(), UTC))
-        except KubeError as exc:
-            log.info("Event %s about pod %s/%s not written: %s", reason, e.namespace, e.name,
-                     exc)
+        podwrites.tell(self.api, e.namespace, e.name, e.uid, reason, message, warning,
+                       self.host, datetime.fromtimestamp(self.clock(), UTC))
 
     def _count(self, cause: Cause, outcome: Outcome) -> None:
         if self.tally is not None:

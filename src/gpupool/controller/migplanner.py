@@ -44,6 +44,7 @@ from typing import Any, Protocol
 
 from gpupool.contract import mig as contract
 from gpupool.contract.podspec_request import pod_request
+from gpupool.controller import podwrites
 from gpupool.controller.catalogue import catalogue_of
 from gpupool.controller.figures import cluster_state
 from gpupool.controller.observed import Observed
@@ -56,7 +57,6 @@ from gpupool.kube.errors import KubeError
 log = logging.getLogger(__name__)
 DEFAULT_LIMIT = 8
 """GPUs asked to change per round at most."""
-COMPONENT = "gpupool-controller"
 EVENT_SKIPPED = "GpupoolMigRepartitionSkipped"
 NOT_LISTED = ("TenantQuotas, GPUPermissions and node labels are not listed yet: no GPU is "
               "repartitioned until they are")
@@ -230,13 +230,8 @@ class MigPlanner:
             self.skipped[s.check] += 1
             message = f"no GPU is repartitioned for this pod's MIG devices: {s.reason}"
             log.info("MIG on demand: pod %s/%s skipped: %s", s.namespace, s.name, s.reason)
-            try:
-                self.api.create_pod_event(s.namespace, s.name, s.uid, EVENT_SKIPPED, message,
-                                          True, COMPONENT, self.host,
-                                          datetime.fromtimestamp(self.clock(), UTC))
-            except KubeError as exc:
-                log.info("Event %s about pod %s/%s not written: %s", EVENT_SKIPPED,
-                         s.namespace, s.name, exc)
+            podwrites.tell(self.api, s.namespace, s.name, s.uid, EVENT_SKIPPED, message,
+                           True, self.host, datetime.fromtimestamp(self.clock(), UTC))
         if self._told:
             live = {str((p.get("metadata") or {}).get("uid") or "") for p in pods}
             self._told &= live

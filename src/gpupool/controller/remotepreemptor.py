@@ -46,7 +46,7 @@ from enum import StrEnum
 from typing import Any
 
 from gpupool.contract.ledger import View
-from gpupool.controller import remoteledgers, remotewaiting
+from gpupool.controller import podwrites, remoteledgers, remotewaiting
 from gpupool.controller.observed import Observed
 from gpupool.controller.remoteholds import RemoteHolds
 from gpupool.controller.remotepreempt import Preemption, RemotePlanner, RoundPlan, Victim
@@ -54,11 +54,10 @@ from gpupool.controller.remotewaiting import Skip
 from gpupool.core.eligibility import Catalogue
 from gpupool.core.model import Labels
 from gpupool.kube.controller_ops import ControllerApi
-from gpupool.kube.errors import Conflict, KubeError, NotFound
+from gpupool.kube.errors import KubeError
 
 log = logging.getLogger(__name__)
 
-COMPONENT = "gpupool-controller"
 EVENT_PREEMPTING = "GpupoolRemotePreempting"
 EVENT_PREEMPTED = "GpupoolRemotePreempted"
 EVENT_BLOCKED = "GpupoolRemotePreemptionBlocked"
@@ -178,13 +177,9 @@ class RemotePreemptor:
                     f"evicted by gpupool to make room for the remote GPU slice of pod {w.pod} "
                     f"(priority {w.priority}, higher than this pod's {v.priority}) on node "
                     f"{v.node}", True)
-        try:
-            self.api.evict_pod_of(v.namespace, v.name, v.uid)
-            outcome = Outcome.EVICTED
-        except (NotFound, Conflict):
-            outcome = Outcome.GONE
-        except KubeError as exc:
-            outcome = Outcome.BLOCKED if exc.code == 429 else Outcome.FAILED
+        done, exc = podwrites.evict(self.api, v.namespace, v.name, v.uid)
+        outcome = Outcome(done)
+        if exc is not None:
             retry = self.planner.config.retry_s
             log.warning("remote preemption: eviction of pod %s %s (tried again in %.0f s at "
                         "the earliest): %s", v.pod, "blocked by a PodDisruptionBudget"
@@ -208,12 +203,8 @@ class RemotePreemptor:
 
     def _event(self, namespace: str, name: str, uid: str, reason: str, message: str,
                warning: bool) -> None:
-        try:
-            self.api.create_pod_event(namespace, name, uid, reason, message[:1024], warning,
-                                      COMPONENT, self.host,
-                                      datetime.fromtimestamp(self.clock(), UTC))
-        except KubeError as exc:
-            log.info("Event %s about pod %s/%s not written: %s", reason, namespace, name, exc)
+        podwrites.tell(self.api, namespace, name, uid, reason, message[:1024], warning,
+                       self.host, datetime.fromtimestamp(self.clock(), UTC))
 
     def _count(self, outcome: Outcome) -> None:
         if self.tally is not None:

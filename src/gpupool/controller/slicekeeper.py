@@ -34,6 +34,7 @@ from typing import Any
 from gpupool.contract import names, slices
 from gpupool.contract.devices import parse_time
 from gpupool.contract.slices import read_status
+from gpupool.controller import podwrites
 from gpupool.controller.observed import Observed
 from gpupool.controller.sliceserver import REVOCATIONS, Served, ServerSettings
 from gpupool.controller.slicesplan import (
@@ -59,7 +60,6 @@ from gpupool.security.certs import PemPair
 log = logging.getLogger(__name__)
 
 SLICE_CA = "gpupool-slice-ca"
-COMPONENT = "gpupool-controller"
 SELECTOR = {slices.LABEL_COMPONENT: slices.COMPONENT}
 
 Report = Callable[[SlicePlan], None]
@@ -215,11 +215,8 @@ class SliceKeeper:
             return
         if action.event is not None:
             reason, message, warning = action.event
-            try:
-                self.api.create_pod_event(s.namespace, s.name, s.uid, reason, message, warning,
-                                          COMPONENT, self.host, datetime.fromtimestamp(now, UTC))
-            except KubeError as exc:
-                log.info("Event %s about pod %s not written: %s", reason, s.ref, exc)
+            podwrites.tell(self.api, s.namespace, s.name, s.uid, reason, message, warning,
+                           self.host, datetime.fromtimestamp(now, UTC))
         if action.event is not None and action.event[2]:
             log.warning("remote slices: pod %s: %s", s.ref, action.event[1])
 
