@@ -6,7 +6,7 @@ a tenant's waiting pods as its quota holds."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -25,7 +25,9 @@ from gpupool.kube.controller_ops import ControllerApi
 from tests.waiting import wait_for
 
 from .builders import device, group, placed_pod, slices, verify
-from .test_migplanner import mig_gpu, waiting
+from .test_migplanner import api, mig_gpu, waiting
+
+__all__ = ["api"]  # the fake API server and a client on it, a fixture
 
 
 def quota(name: str, *namespaces: str, **limits: int) -> dict[str, Any]:
@@ -206,14 +208,6 @@ def test_nothing_is_planned_while_quotas_and_permissions_are_not_listed() -> Non
 
 
 # -- what the planner tells --------------------------------------------------------------------
-@pytest.fixture
-def api() -> Iterator[tuple[FakeApiServer, ControllerApi]]:
-    with FakeApiServer() as fake:
-        client = ControllerApi.open(server=fake.url)
-        yield fake, client
-        client.close()
-
-
 def test_a_skipped_pod_gets_one_event_and_is_counted_once(
         api: tuple[FakeApiServer, ControllerApi]) -> None:
     fake, client = api
