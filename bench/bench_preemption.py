@@ -34,8 +34,9 @@ import random
 import statistics
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
+
+from timing import timed
 
 from gpupool.core.allocation import Allocation, Slice
 from gpupool.core.model import uniform_node
@@ -83,15 +84,6 @@ def cache_of(state: ClusterState, cands: list[Candidate]) -> ClusterCache:
         cache.pods_on.setdefault(a.node, set()).add(a.key)
         cache.sources[a.key] = {"pod"}
     return cache
-
-
-def timed(fn: Callable[[], object], repeat: int) -> tuple[float, object]:
-    times, out = [], None
-    for _ in range(repeat):
-        start = time.perf_counter()
-        out = fn()
-        times.append((time.perf_counter() - start) * 1000)
-    return statistics.median(times), out
 
 
 def run(nodes: int, repeat: int) -> None:

@@ -37,6 +37,8 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+from timing import timed
+
 from gpupool.core.allocation import Allocation, Slice
 from gpupool.core.model import uniform_node
 from gpupool.core.quota import Charge, amount_of_allocation
@@ -86,15 +88,6 @@ def pod_of(name: str, ns: str) -> dict[str, Any]:
     return {"metadata": {"name": name, "namespace": ns, "uid": name},
             "spec": {"priority": 1000, "containers": [{"name": "c", "resources": {
                 "limits": {"gpupool.io/gpu-memory": str(DEMAND.memory_mib)}}}]}}
-
-
-def timed(fn: Callable[[], object], repeat: int) -> tuple[float, object]:
-    times, out = [], None
-    for _ in range(repeat):
-        start = time.perf_counter()
-        out = fn()
-        times.append((time.perf_counter() - start) * 1000)
-    return statistics.median(times), out
 
 
 class Bench:

@@ -23,11 +23,10 @@ from __future__ import annotations
 
 import argparse
 import random
-import statistics
-import time
-from collections.abc import Callable
 from functools import partial
 from typing import Any
+
+from timing import timed
 
 from gpupool.contract import names
 from gpupool.contract.ledger import HOLD, Entry, View, stamp
@@ -82,15 +81,6 @@ def pending(count: int) -> list[dict[str, Any]]:
                  "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
                  "lastTransitionTime": "2026-01-01T00:00:00Z"}]}}
             for i in range(count)]
-
-
-def timed(fn: Callable[[], object], repeat: int) -> tuple[float, object]:
-    times, out = [], None
-    for _ in range(repeat):
-        start = time.perf_counter()
-        out = fn()
-        times.append((time.perf_counter() - start) * 1000)
-    return statistics.median(times), out
 
 
 def baseline(obs: Observed, pods: list[dict[str, Any]]) -> int:
